@@ -1,0 +1,33 @@
+# attnlab: everything a fresh machine needs starts here. `make test` and `make sweep` install first.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+SWEEP_FLAGS ?=
+
+.PHONY: install test test-fast lint sweep clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,experiments]"
+	@touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install attnlab (editable) with dev + experiments extras
+
+test: install  ## the whole test suite (what CI runs)
+	$(PY) -m pytest -q
+
+test-fast: install  ## skip tests marked slow
+	$(PY) -m pytest -q -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check attnlab tests experiments
+	$(VENV)/bin/ruff format --check attnlab tests experiments
+
+sweep: install  ## time attention over sequence lengths x head counts; results in results/sweep/
+	$(PY) -m experiments.sweep --out results/sweep $(SWEEP_FLAGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache results

@@ -1,0 +1,639 @@
+"""Attention masks as structured objects.
+
+A mask says which (query position t, key position s) pairs may attend: **True = attend**. Every
+mask can give
+
+* ``mask.dense(T, S)``: a boolean array broadcastable to ``[..., N, T, S]`` (the logits' shape);
+* ``mask.block_layout(T, S, block_q, block_k)``: a numpy int8 array ``[ceil(T/bq), ceil(S/bk)]``
+  with ``EMPTY = 0`` (no pair in the block may attend, for any batch element), ``PARTIAL = 1``
+  and ``FULL = 2`` (every in-range pair in the block may attend, for every batch element). This
+  is what fast kernels use to skip work. The layout is always *safe*: a block is only called
+  EMPTY or FULL when that is certain. Masks whose structure is only known at run time (padding
+  with traced lengths, a traced adjacency) mark such blocks PARTIAL.
+* ``mask(q_idx, k_idx)``: the same boolean values for arbitrary 1-D position vectors, so that a
+  kernel can evaluate the mask on one block at a time without forming ``[T, S]``.
+
+Masks compose with ``&`` (both must allow) and ``|`` (either allows).
+
+Masks are JAX pytrees: their structure (window sizes, causal offset) is static metadata and
+their arrays (padding lengths, adjacency, edge lists) are leaves. So a mask can be passed as an
+ordinary argument to a ``jax.jit``-ed function; changing a window size recompiles, changing the
+lengths does not.
+
+Shape legend (as ``jax.nn.dot_product_attention``): B batch (any number of leading dims), T query
+length, S key length, N heads. Position t of the queries and s of the keys are both counted from
+0, so ``causal()`` is top-left aligned like ``jax.nn``; use ``offset`` to align queries with the
+end of a longer key sequence (decoding with a cache).
+
+Example:
+    >>> m = causal() & window(2, 0)          # each query sees itself and the 2 keys before it
+    >>> m.dense(4, 4).astype(int).tolist()
+    [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1]]
+    >>> m.block_layout(8, 8, 4, 4).tolist()    # 0 = empty, 1 = partial, 2 = full
+    [[1, 0], [1, 1]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "EMPTY",
+    "PARTIAL",
+    "FULL",
+    "Mask",
+    "Full",
+    "Causal",
+    "Window",
+    "Padding",
+    "Graph",
+    "GraphEdges",
+    "Dense",
+    "And",
+    "Or",
+    "full",
+    "causal",
+    "window",
+    "padding",
+    "graph",
+    "graph_edges",
+    "with_self_loops",
+    "as_mask",
+]
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+def _is_concrete(x) -> bool:
+    """True when ``x`` holds values known now (not a tracer inside jit/grad/vmap)."""
+    return x is None or not isinstance(x, jax.core.Tracer)
+
+
+def _num_blocks(length: int, block: int) -> int:
+    return -(-length // block)
+
+
+def _check_lengths(T: int, S: int) -> None:
+    for name, n in (("T", T), ("S", S)):
+        if not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {n!r}")
+
+
+def _check_blocks(block_q: int, block_k: int) -> None:
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if not isinstance(b, (int, np.integer)) or b <= 0:
+            raise ValueError(f"{name} must be a positive int, got {b!r}")
+
+
+class Mask:
+    """Base class. Subclasses implement ``__call__`` and, when they can, ``_layout``."""
+
+    def __call__(self, q_idx: jax.Array, k_idx: jax.Array) -> jax.Array:
+        """Evaluates the mask at query positions ``q_idx`` [T'] and key positions ``k_idx`` [S'].
+
+        Returns:
+            bool array broadcastable to ``[..., N, T', S']``.
+        """
+        raise NotImplementedError
+
+    def dense(self, T: int, S: int) -> jax.Array:
+        """The mask as a boolean array broadcastable to ``[..., N, T, S]``."""
+        _check_lengths(T, S)
+        return self(jnp.arange(T), jnp.arange(S))
+
+    @property
+    def is_static(self) -> bool:
+        """True when ``block_layout`` is exact (the structure is known at trace time)."""
+        return all(_is_concrete(leaf) for leaf in jax.tree_util.tree_leaves(self))
+
+    def block_layout(self, T: int, S: int, block_q: int, block_k: int) -> np.ndarray:
+        """Static block layout, int8 ``[ceil(T/block_q), ceil(S/block_k)]``.
+
+        0 = EMPTY, 1 = PARTIAL, 2 = FULL. Positions past T or S (in the last, short block) are
+        not counted: a short last block is FULL when every in-range pair may attend.
+        """
+        _check_lengths(T, S)
+        _check_blocks(block_q, block_k)
+        layout = np.asarray(self._layout(T, S, block_q, block_k), dtype=np.int8)
+        return layout
+
+    def _layout(self, T: int, S: int, bq: int, bk: int) -> np.ndarray:
+        # Safe default: evaluate the mask block by block when its values are known now,
+        # otherwise call every block PARTIAL.
+        if not self.is_static:
+            return np.full((_num_blocks(T, bq), _num_blocks(S, bk)), PARTIAL, np.int8)
+        return _layout_by_evaluation(self, T, S, bq, bk)
+
+    def __and__(self, other: Mask) -> Mask:
+        return And(self, as_mask(other, "other"))
+
+    def __or__(self, other: Mask) -> Mask:
+        return Or(self, as_mask(other, "other"))
+
+    def __rand__(self, other):
+        return And(as_mask(other, "other"), self)
+
+    def __ror__(self, other):
+        return Or(as_mask(other, "other"), self)
+
+
+def _classify(values: np.ndarray) -> int:
+    """values: bool [..., bq, bk] for one block, all batch dims included."""
+    if not values.any():
+        return EMPTY
+    if values.all():
+        return FULL
+    return PARTIAL
+
+
+def _layout_by_evaluation(mask: Mask, T: int, S: int, bq: int, bk: int, todo=None) -> np.ndarray:
+    """Exact layout by evaluating ``mask`` on each block (only blocks where ``todo`` is True)."""
+    nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+    layout = np.full((nq, nk), PARTIAL, np.int8)
+    if todo is None:
+        todo = np.ones((nq, nk), bool)
+    with jax.ensure_compile_time_eval():
+        for i in range(nq):
+            cols = np.nonzero(todo[i])[0]
+            if cols.size == 0:
+                continue
+            q_idx = np.arange(i * bq, min((i + 1) * bq, T))
+            row = np.asarray(mask(jnp.asarray(q_idx), jnp.arange(S)))
+            row = np.broadcast_to(row, row.shape[:-2] + (q_idx.size, S))
+            for j in cols:
+                layout[i, j] = _classify(row[..., j * bk : min((j + 1) * bk, S)])
+    return layout
+
+
+def _interval_layout(T, S, bq, bk, lo_fn, hi_fn):
+    """Layout for masks of the form ``lo(t) <= s <= hi(t)`` with lo(t) = t + c_lo, hi(t) = t + c_hi.
+
+    For a query block [t0, t1] and key block [s0, s1] the allowed set is empty iff no row
+    intersects it, and full iff every row covers it. Monotone bounds make both checks O(1).
+    """
+    nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+    t0 = np.arange(nq)[:, None] * bq
+    t1 = np.minimum(t0 + bq, T) - 1
+    s0 = np.arange(nk)[None, :] * bk
+    s1 = np.minimum(s0 + bk, S) - 1
+    # empty: even the lowest row's lower bound is past s1, or the highest row's upper bound is
+    # before s0. (Exact for bounds t + c: rows meeting each condition then always overlap.)
+    empty = (lo_fn(t0) > s1) | (hi_fn(t1) < s0)
+    # full: every row covers [s0, s1]: max lower bound <= s0 and min upper bound >= s1
+    full_ = (lo_fn(t1) <= s0) & (hi_fn(t0) >= s1)
+    layout = np.where(empty, EMPTY, np.where(full_, FULL, PARTIAL)).astype(np.int8)
+    return layout
+
+
+# ------------------------------------------------------------------------------------------
+# Structural masks (static metadata only)
+
+
+@dataclasses.dataclass(frozen=True)
+class Full(Mask):
+    """Every query attends to every key."""
+
+    def __call__(self, q_idx, k_idx):
+        return jnp.ones((q_idx.shape[0], k_idx.shape[0]), bool)
+
+    def _layout(self, T, S, bq, bk):
+        return np.full((_num_blocks(T, bq), _num_blocks(S, bk)), FULL, np.int8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Causal(Mask):
+    """Query t attends to keys s <= t + offset."""
+
+    offset: int = 0
+
+    def __call__(self, q_idx, k_idx):
+        return k_idx[None, :] <= q_idx[:, None] + self.offset
+
+    def _layout(self, T, S, bq, bk):
+        return _interval_layout(
+            T, S, bq, bk, lambda t: np.full_like(t, -(2**62)), lambda t: t + self.offset
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Window(Mask):
+    """Query t attends to keys t + offset - left <= s <= t + offset + right (truncated attention)."""
+
+    left: int
+    right: int
+    offset: int = 0
+
+    def __call__(self, q_idx, k_idx):
+        d = k_idx[None, :] - (q_idx[:, None] + self.offset)
+        return (d >= -self.left) & (d <= self.right)
+
+    def _layout(self, T, S, bq, bk):
+        return _interval_layout(
+            T,
+            S,
+            bq,
+            bk,
+            lambda t: t + self.offset - self.left,
+            lambda t: t + self.offset + self.right,
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# Data-carrying masks (arrays are pytree leaves)
+
+
+@dataclasses.dataclass(frozen=True)
+class Padding(Mask):
+    """Per-example valid lengths: query t is valid iff t < q_lengths[b], key s iff s < kv_lengths[b].
+
+    A pair may attend iff both are valid. ``dense`` has shape ``[*B, 1, T, S]``.
+    """
+
+    q_lengths: Any = None
+    kv_lengths: Any = None
+
+    def __call__(self, q_idx, k_idx):
+        ok = jnp.ones((q_idx.shape[0], k_idx.shape[0]), bool)
+        if self.q_lengths is not None:
+            lq = jnp.asarray(self.q_lengths)[..., None, None, None]  # [*B] -> [*B, 1, 1, 1]
+            ok = ok & (q_idx[:, None] < lq)
+        if self.kv_lengths is not None:
+            lk = jnp.asarray(self.kv_lengths)[..., None, None, None]
+            ok = ok & (k_idx[None, :] < lk)
+        return ok
+
+    def _layout(self, T, S, bq, bk):
+        nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+        if not self.is_static:
+            return np.full((nq, nk), PARTIAL, np.int8)
+
+        def axis_state(lengths, n, block, size):
+            # -> per-example [*B, n]: 0 none valid, 2 all (in-range) valid, 1 some
+            start = np.arange(n) * block
+            stop = np.minimum(start + block, size)
+            if lengths is None:
+                return np.full((1, n), FULL, np.int8)
+            ln = np.asarray(lengths).reshape(-1, 1)
+            return np.where(ln <= start, EMPTY, np.where(ln >= stop, FULL, PARTIAL))
+
+        sq = axis_state(self.q_lengths, nq, bq, T)[:, :, None]  # [B, nq, 1]
+        sk = axis_state(self.kv_lengths, nk, bk, S)[:, None, :]  # [B, 1, nk]
+        per_example = np.where(
+            (sq == EMPTY) | (sk == EMPTY), EMPTY, np.where((sq == FULL) & (sk == FULL), FULL, PARTIAL)
+        )
+        all_empty = (per_example == EMPTY).all(0)
+        all_full = (per_example == FULL).all(0)
+        return np.where(all_empty, EMPTY, np.where(all_full, FULL, PARTIAL)).astype(np.int8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph(Mask):
+    """Attention along the edges of a graph: ``adjacency[..., i, j]`` = node i attends to node j.
+
+    ``adjacency`` is bool ``[T, S]`` or ``[*B, T, S]``; ``dense`` is ``[T, S]`` or ``[*B, 1, T, S]``.
+    """
+
+    adjacency: Any
+
+    def __call__(self, q_idx, k_idx):
+        adj = jnp.asarray(self.adjacency)
+        out = jnp.take(jnp.take(adj, q_idx, axis=-2), k_idx, axis=-1)
+        return out if adj.ndim == 2 else out[..., None, :, :]  # [*B, T', S'] -> [*B, 1, T', S']
+
+    def dense(self, T, S):
+        _check_lengths(T, S)
+        shape = tuple(self.adjacency.shape[-2:])
+        if shape != (T, S):
+            raise ValueError(f"graph mask: adjacency is {shape[0]}x{shape[1]} but attention is "
+                             f"{T}x{S} (T queries x S keys); they must be equal")
+        adj = jnp.asarray(self.adjacency)
+        return adj if adj.ndim == 2 else adj[..., None, :, :]
+
+    def _layout(self, T, S, bq, bk):
+        nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+        if not self.is_static:
+            return np.full((nq, nk), PARTIAL, np.int8)
+        adj = np.asarray(self.adjacency, bool).reshape((-1,) + tuple(self.adjacency.shape[-2:]))
+        adj = adj[:, :T, :S]
+        pad = np.zeros((adj.shape[0], nq * bq, nk * bk), np.int32)
+        pad[:, :T, :S] = adj
+        counts = pad.reshape(adj.shape[0], nq, bq, nk, bk).sum((2, 4))  # [B, nq, nk]
+        rows = np.minimum(np.arange(nq) * bq + bq, T) - np.arange(nq) * bq
+        cols = np.minimum(np.arange(nk) * bk + bk, S) - np.arange(nk) * bk
+        sizes = rows[:, None] * cols[None, :]
+        all_empty = (counts == 0).all(0)
+        all_full = (counts == sizes).all(0)
+        return np.where(all_empty, EMPTY, np.where(all_full, FULL, PARTIAL)).astype(np.int8)
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphEdges(Mask):
+    """A graph as an edge list: edge e carries a message from ``senders[e]`` to ``receivers[e]``.
+
+    The receiver (query) attends to the sender (key), so ``dense()[r, s]`` is True for each edge.
+    This is the input of the O(E) sparse kernel; ``dense`` scatters it into ``[num_nodes, num_nodes]``.
+    """
+
+    senders: Any
+    receivers: Any
+    num_nodes: int = 0
+
+    def __call__(self, q_idx, k_idx):
+        adj = self.adjacency()
+        return jnp.take(jnp.take(adj, q_idx, axis=0), k_idx, axis=1)
+
+    def adjacency(self) -> jax.Array:
+        """bool ``[num_nodes, num_nodes]``: ``adjacency[r, s]`` is True iff an edge s -> r exists."""
+        n = self.num_nodes
+        adj = jnp.zeros((n, n), bool)
+        return adj.at[jnp.asarray(self.receivers), jnp.asarray(self.senders)].set(True)
+
+    def dense(self, T, S):
+        _check_lengths(T, S)
+        if (T, S) != (self.num_nodes, self.num_nodes):
+            raise ValueError(f"graph_edges mask: num_nodes={self.num_nodes} but attention is "
+                             f"{T}x{S} (T queries x S keys); both must equal num_nodes")
+        return self.adjacency()
+
+    def _layout(self, T, S, bq, bk):
+        nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+        if not self.is_static:
+            return np.full((nq, nk), PARTIAL, np.int8)
+        r = np.asarray(self.receivers)
+        s = np.asarray(self.senders)
+        keep = (r < T) & (s < S)
+        r, s = r[keep], s[keep]
+        pairs = np.unique(np.stack([r, s]), axis=1)  # drop duplicate edges before counting
+        counts = np.zeros((nq, nk), np.int64)
+        np.add.at(counts, (pairs[0] // bq, pairs[1] // bk), 1)
+        rows = np.minimum(np.arange(nq) * bq + bq, T) - np.arange(nq) * bq
+        cols = np.minimum(np.arange(nk) * bk + bk, S) - np.arange(nk) * bk
+        sizes = rows[:, None] * cols[None, :]
+        return np.where(counts == 0, EMPTY, np.where(counts == sizes, FULL, PARTIAL)).astype(np.int8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense(Mask):
+    """A plain boolean array broadcastable to ``[..., N, T, S]``, wrapped as a mask."""
+
+    array: Any
+
+    def __call__(self, q_idx, k_idx):
+        a = jnp.asarray(self.array)
+        if a.ndim < 2:
+            raise ValueError(f"mask array must have rank >= 2 ([..., T, S]), got shape {a.shape}")
+        q = q_idx if a.shape[-2] != 1 else jnp.zeros_like(q_idx)
+        k = k_idx if a.shape[-1] != 1 else jnp.zeros_like(k_idx)
+        return jnp.take(jnp.take(a, q, axis=-2), k, axis=-1)
+
+    def dense(self, T, S):
+        _check_lengths(T, S)
+        a = jnp.asarray(self.array)
+        if a.ndim < 2:
+            raise ValueError(f"mask array must have rank >= 2 ([..., T, S]), got shape {a.shape}")
+        if a.shape[-2] not in (1, T) or a.shape[-1] not in (1, S):
+            raise ValueError(f"mask array of shape {a.shape} does not broadcast to [..., {T}, {S}]")
+        return a
+
+
+# ------------------------------------------------------------------------------------------
+# Combinations
+
+
+def _combine_layouts(a, b, op):
+    if op == "and":
+        out = np.where((a == EMPTY) | (b == EMPTY), EMPTY,
+                       np.where((a == FULL) & (b == FULL), FULL, PARTIAL))
+    else:
+        out = np.where((a == FULL) | (b == FULL), FULL,
+                       np.where((a == EMPTY) & (b == EMPTY), EMPTY, PARTIAL))
+    return out.astype(np.int8)
+
+
+@dataclasses.dataclass(frozen=True)
+class And(Mask):
+    """Both masks must allow the pair."""
+
+    a: Mask
+    b: Mask
+
+    def __call__(self, q_idx, k_idx):
+        return self.a(q_idx, k_idx) & self.b(q_idx, k_idx)
+
+    def dense(self, T, S):
+        return self.a.dense(T, S) & self.b.dense(T, S)
+
+    def _layout(self, T, S, bq, bk):
+        layout = _combine_layouts(self.a._layout(T, S, bq, bk), self.b._layout(T, S, bq, bk), "and")
+        return _refine(self, layout, T, S, bq, bk)
+
+
+@dataclasses.dataclass(frozen=True)
+class Or(Mask):
+    """Either mask may allow the pair."""
+
+    a: Mask
+    b: Mask
+
+    def __call__(self, q_idx, k_idx):
+        return self.a(q_idx, k_idx) | self.b(q_idx, k_idx)
+
+    def dense(self, T, S):
+        return self.a.dense(T, S) | self.b.dense(T, S)
+
+    def _layout(self, T, S, bq, bk):
+        layout = _combine_layouts(self.a._layout(T, S, bq, bk), self.b._layout(T, S, bq, bk), "or")
+        return _refine(self, layout, T, S, bq, bk)
+
+
+def _refine(mask, layout, T, S, bq, bk):
+    """Combining two PARTIAL blocks is PARTIAL only conservatively; evaluate those blocks exactly."""
+    if not mask.is_static:
+        return layout
+    todo = layout == PARTIAL
+    if not todo.any():
+        return layout
+    exact = _layout_by_evaluation(mask, T, S, bq, bk, todo)
+    return np.where(todo, exact, layout).astype(np.int8)
+
+
+for _cls, _data in (
+    (Full, []),
+    (Causal, []),
+    (Window, []),
+    (Padding, ["q_lengths", "kv_lengths"]),
+    (Graph, ["adjacency"]),
+    (GraphEdges, ["senders", "receivers"]),
+    (Dense, ["array"]),
+    (And, ["a", "b"]),
+    (Or, ["a", "b"]),
+):
+    _meta = [f.name for f in dataclasses.fields(_cls) if f.name not in _data]
+    jax.tree_util.register_dataclass(_cls, data_fields=_data, meta_fields=_meta)
+
+
+# ------------------------------------------------------------------------------------------
+# Constructors (these validate; the classes themselves do not, so pytree unflattening is free)
+
+
+def full() -> Mask:
+    """No masking: every query attends to every key."""
+    return Full()
+
+
+def _check_int(name: str, value, *, minimum=None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be a Python int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def causal(offset: int = 0) -> Mask:
+    """Query t attends to keys s <= t + offset (offset = S - T aligns the last query with the last key).
+
+    Example:
+        >>> causal().dense(3, 3).astype(int).tolist()
+        [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    """
+    return Causal(_check_int("offset", offset))
+
+
+def window(left: int, right: int = 0, *, offset: int = 0) -> Mask:
+    """Truncated (local) attention: query t sees keys t-left .. t+right, like jax.nn's local_window_size.
+
+    ``window(L, 0)`` is a causal window of L past keys plus the key at t; ``window(L, L)`` is
+    symmetric. For an unbounded side use ``full()`` or ``causal()``.
+
+    Example:
+        >>> window(1, 1).dense(4, 4).astype(int).tolist()
+        [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
+    """
+    return Window(_check_int("left", left, minimum=0), _check_int("right", right, minimum=0),
+                  _check_int("offset", offset))
+
+
+def _check_lengths_array(name, lengths):
+    if lengths is None:
+        return None
+    arr = lengths if isinstance(lengths, jax.Array) else np.asarray(lengths)
+    if not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise ValueError(f"{name} must be an integer array of per-example lengths, got dtype {arr.dtype}")
+    if _is_concrete(arr) and np.any(np.asarray(arr) < 0):
+        raise ValueError(f"{name} must be >= 0, got {np.asarray(arr).tolist()}")
+    return arr
+
+
+def padding(q_lengths=None, kv_lengths=None) -> Mask:
+    """Variable-length sequences: only the first ``q_lengths[b]`` queries and ``kv_lengths[b]`` keys are real.
+
+    Args:
+        q_lengths: int ``[*B]`` (may be a traced array under jit), or None for no query padding.
+        kv_lengths: int ``[*B]``, or None for no key padding.
+
+    Padded query rows have no key to attend to, so attention returns zeros there.
+
+    Example:
+        >>> padding(kv_lengths=jnp.array([2])).dense(2, 3).astype(int).tolist()
+        [[[[1, 1, 0], [1, 1, 0]]]]
+    """
+    if q_lengths is None and kv_lengths is None:
+        raise ValueError("padding() needs q_lengths, kv_lengths or both")
+    q = _check_lengths_array("q_lengths", q_lengths)
+    k = _check_lengths_array("kv_lengths", kv_lengths)
+    if q is not None and k is not None and q.shape != k.shape:
+        raise ValueError(f"q_lengths and kv_lengths must have the same batch shape, "
+                         f"got {q.shape} and {k.shape}")
+    return Padding(q, k)
+
+
+def _check_adjacency(adjacency, *, square: bool):
+    adj = adjacency if isinstance(adjacency, jax.Array) else np.asarray(adjacency)
+    if adj.dtype != bool:
+        raise ValueError(f"adjacency must be a bool array (True = attend), got dtype {adj.dtype}")
+    if adj.ndim < 2:
+        raise ValueError(f"adjacency must be [T, S] or [*B, T, S], got shape {adj.shape}")
+    if square and adj.shape[-1] != adj.shape[-2]:
+        raise ValueError(f"adjacency must be square [..., n, n] for self-loops, got shape {adj.shape}")
+    return adj
+
+
+def with_self_loops(adjacency):
+    """Adds self-loops (node i attends to itself) to a square adjacency ``[..., n, n]``."""
+    adj = _check_adjacency(adjacency, square=True)
+    eye = np.eye(adj.shape[-1], dtype=bool)
+    return (adj | eye) if isinstance(adj, np.ndarray) else jnp.logical_or(adj, eye)
+
+
+def graph(adjacency, *, self_loops: bool = False) -> Mask:
+    """Graph attention: ``adjacency[..., i, j]`` True means node i attends to node j (its neighbour).
+
+    Args:
+        adjacency: bool ``[T, S]`` or ``[*B, T, S]`` (numpy or jax; traced arrays allowed).
+        self_loops: also let every node attend to itself (requires T == S).
+
+    Example:
+        >>> import numpy as np
+        >>> path = np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], bool)  # 0 - 1 - 2
+        >>> graph(path, self_loops=True).dense(3, 3).astype(int).tolist()
+        [[1, 1, 0], [1, 1, 1], [0, 1, 1]]
+    """
+    adj = _check_adjacency(adjacency, square=self_loops)
+    if self_loops:
+        adj = with_self_loops(adj)
+    return Graph(adj)
+
+
+def graph_edges(senders, receivers, num_nodes: int) -> Mask:
+    """A graph given as an edge list (for the O(E) sparse kernel): receiver r attends to sender s.
+
+    Args:
+        senders: int ``[E]`` source node of each edge (the key).
+        receivers: int ``[E]`` target node of each edge (the query).
+        num_nodes: number of nodes n (T = S = n).
+
+    Example:
+        >>> graph_edges([0, 1], [1, 2], 3).dense(3, 3).astype(int).tolist()
+        [[0, 0, 0], [1, 0, 0], [0, 1, 0]]
+    """
+    n = _check_int("num_nodes", num_nodes, minimum=1)
+    out = []
+    for name, idx in (("senders", senders), ("receivers", receivers)):
+        arr = idx if isinstance(idx, jax.Array) else np.asarray(idx)
+        if arr.ndim != 1:
+            raise ValueError(f"{name} must be a 1-D int array [E], got shape {arr.shape}")
+        if arr.size and not jnp.issubdtype(arr.dtype, jnp.integer):
+            raise ValueError(f"{name} must be an integer array, got dtype {arr.dtype}")
+        arr = arr.astype(np.int32)
+        if _is_concrete(arr) and arr.size:
+            vals = np.asarray(arr)
+            if vals.min() < 0 or vals.max() >= n:
+                raise ValueError(f"{name} has node indices outside [0, {n}): "
+                                 f"min {vals.min()}, max {vals.max()}")
+        out.append(arr)
+    if out[0].shape != out[1].shape:
+        raise ValueError(f"senders and receivers must have the same length, "
+                         f"got {out[0].shape[0]} and {out[1].shape[0]}")
+    return GraphEdges(out[0], out[1], n)
+
+
+def as_mask(mask, name: str = "mask") -> Mask | None:
+    """Turns None, a Mask, or a bool array (broadcastable to ``[..., N, T, S]``) into a Mask."""
+    if mask is None or isinstance(mask, Mask):
+        return mask
+    if not hasattr(mask, "dtype") and not isinstance(mask, (list, tuple)):
+        raise ValueError(f"{name} must be a Mask (attnlab.masks) or a bool array, "
+                         f"got {type(mask).__name__}")
+    arr = mask if isinstance(mask, jax.Array) else np.asarray(mask)
+    if arr.dtype != bool:
+        raise ValueError(f"{name} must be a bool array (True = attend), got dtype {arr.dtype}; "
+                         f"use `x != 0` or an attnlab.masks object")
+    if arr.ndim < 2:
+        raise ValueError(f"{name} array must have rank >= 2 ([..., T, S]), got shape {arr.shape}")
+    return Dense(arr)
+

@@ -1,0 +1,81 @@
+"""Shared test helpers: an independent numpy attention, tolerances per dtype, random inputs."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+# Tolerances per dtype, in one place (fp32 tight, half precision loose).
+TOL = {
+    jnp.float32: dict(atol=2e-5, rtol=2e-5),
+    jnp.bfloat16: dict(atol=3e-2, rtol=3e-2),
+    jnp.float16: dict(atol=4e-3, rtol=4e-3),
+}
+GRAD_TOL = {
+    jnp.float32: dict(atol=1e-4, rtol=1e-4),
+    jnp.bfloat16: dict(atol=6e-2, rtol=6e-2),
+    jnp.float16: dict(atol=1e-2, rtol=1e-2),
+}
+
+
+def tol(dtype):
+    return TOL[jnp.dtype(dtype).type]
+
+
+def grad_tol(dtype):
+    return GRAD_TOL[jnp.dtype(dtype).type]
+
+
+def qkv(shape_q, s=None, kv_heads=None, dtype=jnp.float32, seed=0, hv=None):
+    """Random q [..., T, N, H], k/v [..., S, K, H|Hv]."""
+    *lead, t, n, h = shape_q
+    s = t if s is None else s
+    kh = n if kv_heads is None else kv_heads
+    hv = h if hv is None else hv
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(k1, (*lead, t, n, h), jnp.float32).astype(dtype)
+    k = jax.random.normal(k2, (*lead, s, kh, h), jnp.float32).astype(dtype)
+    v = jax.random.normal(k3, (*lead, s, kh, hv), jnp.float32).astype(dtype)
+    return q, k, v
+
+
+def np_attention(q, k, v, mask=None, bias=None, scale=None, logits=None):
+    """Attention in float64 numpy, written independently of attnlab.
+
+    q [..., T, N, H], k [..., S, K, H], v [..., S, K, Hv]; mask bool broadcastable to
+    [..., N, T, S]. Query head n uses kv head n // (N // K). Rows with nothing allowed -> 0.
+    Returns (out [..., T, N, Hv], weights [..., N, T, S]).
+    """
+    q, k, v = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v))
+    n, kh = q.shape[-2], k.shape[-2]
+    k = np.repeat(k, n // kh, axis=-2)  # [..., S, N, H]
+    v = np.repeat(v, n // kh, axis=-2)
+    if logits is None:
+        scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+        logits = scale * np.einsum("...tnh,...snh->...nts", q, k)
+    logits = np.array(logits, np.float64)
+    if bias is not None:
+        logits = logits + np.asarray(jnp.asarray(bias, jnp.float32), np.float64)
+    allowed = np.ones(logits.shape, bool)
+    if mask is not None:
+        allowed = np.broadcast_to(np.asarray(mask), logits.shape)
+    allowed = allowed & (logits != -np.inf)
+    out_w = np.zeros(logits.shape)
+    it = np.ndindex(*logits.shape[:-1])
+    for idx in it:  # one query row at a time, as written on paper
+        a = allowed[idx]
+        if a.any():
+            z = logits[idx][a]
+            e = np.exp(z - z.max())
+            out_w[idx][a] = e / e.sum()
+    out = np.einsum("...nts,...snh->...tnh", out_w, v)
+    return out, out_w
+
+
+@pytest.fixture(autouse=True)
+def _no_x64():
+    # Tests assume JAX's default 32-bit mode.
+    assert not jax.config.jax_enable_x64
+    yield
