@@ -1,0 +1,27 @@
+"""Flax NNX modules: thin owners of parameters that call attnlab's pure functions."""
+
+from attnlab.nn.baselines import CNN, BiRNN, TokenMLP
+from attnlab.nn.layers import (
+    Encoder,
+    MultiHeadAttention,
+    SequenceClassifier,
+    TokenClassifier,
+    TokenEmbedding,
+    TransformerBlock,
+    dropout,
+    sequence_mask,
+)
+
+__all__ = [
+    "CNN",
+    "BiRNN",
+    "Encoder",
+    "MultiHeadAttention",
+    "SequenceClassifier",
+    "TokenClassifier",
+    "TokenEmbedding",
+    "TokenMLP",
+    "TransformerBlock",
+    "dropout",
+    "sequence_mask",
+]

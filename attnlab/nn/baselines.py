@@ -1,0 +1,103 @@
+"""Baselines with the encoder's interface: per-token MLP, 1-D CNN, bidirectional GRU/LSTM.
+
+The course note compares self-attention with these: an MLP sees one token (no context); a CNN sees
+a fixed window ("a CNN is a simplified self-attention"); an RNN sees the whole sequence but
+through a sequential memory. All take ``(inputs, lengths=None, *, dropout_key=None)`` and return
+``[B, T, F]`` with ``.features == F``; padded positions never change the real ones.
+
+Legend: B batch, T length, D width, F output features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attnlab.nn.layers import TokenEmbedding, _split, dropout, sequence_mask
+
+__all__ = ["TokenMLP", "CNN", "BiRNN"]
+
+
+class TokenMLP(nnx.Module):
+    """Embedding, then L residual layers ``x + drop(GELU(Linear(x)))`` applied to each token alone."""
+
+    def __init__(self, *, d_model: int, num_layers: int = 2, vocab_sizes: int | Sequence[int] | None = None,
+                 input_dim: int | None = None, dropout_rate: float = 0.0, rngs: nnx.Rngs):
+        self.features = d_model
+        self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, rngs=rngs)
+        self.layers = nnx.List([nnx.Linear(d_model, d_model, rngs=rngs) for _ in range(num_layers)])
+        self.ln_f = nnx.LayerNorm(d_model, rngs=rngs)
+        self.dropout_rate = dropout_rate
+
+    def __call__(self, inputs, lengths=None, *, dropout_key=None):
+        del lengths  # each token alone: padding cannot leak
+        keys = _split(dropout_key, len(self.layers) + 1)
+        x = dropout(self.embed(inputs), self.dropout_rate, keys[0])
+        for layer, k in zip(self.layers, keys[1:], strict=True):
+            x = x + dropout(jax.nn.gelu(layer(x)), self.dropout_rate, k)
+        return self.ln_f(x)
+
+
+class CNN(nnx.Module):
+    """Embedding, then L residual 1-D convolutions of width ``kernel_size`` (SAME padding).
+
+    Padded positions are zeroed before every convolution, so they act as the zero padding at a
+    sequence's end and never change real positions. Receptive field: L (kernel_size - 1) + 1.
+    """
+
+    def __init__(self, *, d_model: int, num_layers: int = 2, kernel_size: int = 5,
+                 vocab_sizes: int | Sequence[int] | None = None, input_dim: int | None = None,
+                 dropout_rate: float = 0.0, rngs: nnx.Rngs):
+        self.features = d_model
+        self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, rngs=rngs)
+        self.convs = nnx.List([nnx.Conv(d_model, d_model, kernel_size, padding="SAME", rngs=rngs)
+                               for _ in range(num_layers)])
+        self.ln_f = nnx.LayerNorm(d_model, rngs=rngs)
+        self.dropout_rate = dropout_rate
+
+    def __call__(self, inputs, lengths=None, *, dropout_key=None):
+        keys = _split(dropout_key, len(self.convs) + 1)
+        x = dropout(self.embed(inputs), self.dropout_rate, keys[0])  # [B, T, D]
+        valid = sequence_mask(lengths, x.shape[1])
+        keep = 1.0 if valid is None else valid[..., None].astype(x.dtype)  # [B, T, 1]
+        for conv, k in zip(self.convs, keys[1:], strict=True):
+            x = x + dropout(jax.nn.gelu(conv(x * keep)), self.dropout_rate, k)
+        return self.ln_f(x)
+
+
+class BiRNN(nnx.Module):
+    """Embedding, then L bidirectional GRU or LSTM layers (forward and backward states concatenated).
+
+    The backward pass starts at each sequence's last real token (``seq_lengths``), so padding is
+    never read. Output width F = 2 * hidden.
+    """
+
+    def __init__(self, *, d_model: int, hidden: int | None = None, num_layers: int = 1, cell: str = "lstm",
+                 vocab_sizes: int | Sequence[int] | None = None, input_dim: int | None = None,
+                 dropout_rate: float = 0.0, rngs: nnx.Rngs):
+        if cell not in ("gru", "lstm"):
+            raise ValueError(f"BiRNN: cell must be 'gru' or 'lstm', got {cell!r}")
+        hidden = hidden or d_model
+        self.features = 2 * hidden
+        self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, rngs=rngs)
+        make = nnx.GRUCell if cell == "gru" else nnx.OptimizedLSTMCell
+        layers = []
+        for i in range(num_layers):
+            din = d_model if i == 0 else 2 * hidden
+            fwd = nnx.RNN(make(din, hidden, rngs=rngs), rngs=rngs)
+            bwd = nnx.RNN(make(din, hidden, rngs=rngs), reverse=True, keep_order=True, rngs=rngs)
+            layers.append(nnx.Bidirectional(fwd, bwd, rngs=rngs))
+        self.layers = nnx.List(layers)
+        self.dropout_rate = dropout_rate
+
+    def __call__(self, inputs, lengths=None, *, dropout_key=None):
+        keys = _split(dropout_key, len(self.layers) + 1)
+        x = dropout(self.embed(inputs), self.dropout_rate, keys[0])
+        if lengths is None:
+            lengths = jnp.full(x.shape[:1], x.shape[1], jnp.int32)
+        for layer, k in zip(self.layers, keys[1:], strict=True):
+            x = dropout(layer(x, seq_lengths=lengths), self.dropout_rate, k)  # [B, T, 2 hidden]
+        return x
