@@ -1,0 +1,185 @@
+"""One small training loop for NNX models: jitted optax step, eval, JSONL metrics, orbax checkpoints.
+
+The step is a pure function of (params, optimizer state, batch, key), where the batch for step s
+comes from ``batch_fn(s)`` and the dropout key is ``fold_in(key(seed), s)``. So a run is a
+function of the seed alone, and resuming from a checkpoint at step s replays exactly the same
+steps s+1, s+2, ... as the uninterrupted run (``tests/test_train.py`` checks the loss curves are
+identical).
+
+Outputs in ``workdir``: ``metrics.jsonl`` (one JSON object per line: ``{"step", "split": "train",
+"loss", ...}`` every ``log_every`` steps and ``{"step", "split": "dev", ...}`` every ``eval_every``
+steps) and ``checkpoints/<step>/`` (orbax, every ``checkpoint_every`` steps and at the end).
+
+Example:
+    >>> import optax
+    >>> from flax import nnx
+    >>> model = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
+    >>> batch = {"x": jnp.ones((4, 2)), "y": jnp.zeros((4, 1))}
+    >>> def loss_fn(m, b, key):
+    ...     return ((m(b["x"]) - b["y"]) ** 2).mean(), {}
+    >>> model, log = train(model, optax.sgd(0.1), loss_fn, lambda s: batch, num_steps=3, verbose=False)
+    >>> [r["step"] for r in log if r["split"] == "train"]
+    [1, 2, 3]
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+__all__ = ["train", "make_step", "masked_cross_entropy", "read_jsonl"]
+
+LossFn = Callable[[nnx.Module, Any, jax.Array], tuple[jax.Array, dict]]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _step(graphdef, params_def, tx, loss_fn, rest, params, opt_state, batch, key):
+    def f(p):
+        model = nnx.merge(graphdef, jax.tree.unflatten(params_def, p), rest)
+        return loss_fn(model, batch, key)
+
+    (loss, aux), grads = jax.value_and_grad(f, has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, aux
+
+
+def make_step(graphdef, params_def, rest, tx: optax.GradientTransformation, loss_fn: LossFn):
+    """The jitted train step ``(params, opt_state, batch, key) -> (params, opt_state, loss, aux)``.
+
+    ``params`` is the flat list of the model's ``nnx.Param`` leaves (structure ``params_def``);
+    ``rest`` the model's other state (held fixed). ``loss_fn(model, batch, key) -> (scalar loss,
+    dict of scalar metrics)``. The compiled step is cached on (graphdef, tx, loss_fn), so a
+    resumed run in the same process does not compile again.
+    """
+    return functools.partial(_step, graphdef, params_def, tx, loss_fn, rest)
+
+
+def read_jsonl(path) -> list[dict]:
+    """All records of a metrics file (empty list if it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _checkpointer(directory, every):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=2,
+                                           enable_async_checkpointing=False)
+    return ocp, ocp.CheckpointManager(Path(directory).absolute(), options=options)
+
+
+def train(model: nnx.Module, tx: optax.GradientTransformation, loss_fn: LossFn,
+          batch_fn: Callable[[int], Any], *, num_steps: int, seed: int = 0, workdir=None,
+          eval_fn: Callable[[nnx.Module], dict] | None = None, eval_every: int = 0,
+          checkpoint_every: int = 0, log_every: int = 1, verbose: bool = True,
+          stop_after: int | None = None) -> tuple[nnx.Module, list[dict]]:
+    """Train ``model`` for ``num_steps`` steps, resuming from the latest checkpoint in ``workdir``.
+
+    Args:
+        model: an NNX module; its ``nnx.Param`` leaves are trained, other state is left as is.
+        tx: an optax optimizer.
+        loss_fn: ``(model, batch, key) -> (loss, metrics)``, metrics a dict of scalars.
+        batch_fn: ``step -> batch`` for steps 1 .. num_steps; must be deterministic in the step.
+        num_steps: total number of steps of the run (a resumed run continues up to it).
+        seed: dropout key of step s is ``fold_in(key(seed), s)``.
+        workdir: folder for ``metrics.jsonl`` and ``checkpoints/``; None keeps nothing on disk.
+        eval_fn: ``model -> dict`` of dev metrics, run every ``eval_every`` steps and at the end.
+        checkpoint_every: save every k steps (0: only at the end); needs ``workdir``.
+        log_every: write a train record every k steps.
+        verbose: print progress (steps/s, ETA, loss) to stderr.
+        stop_after: stop (as if interrupted) after this step; for tests of resuming.
+
+    Returns:
+        (the trained model, the list of metric records of the whole run, resumed part included).
+    """
+    if num_steps < 1:
+        raise ValueError(f"train: num_steps must be >= 1, got {num_steps}")
+    graphdef, params_state, rest = nnx.split(model, nnx.Param, ...)
+    leaves, params_def = jax.tree.flatten(params_state)
+    opt_state = tx.init(leaves)
+    step_fn = make_step(graphdef, params_def, rest, tx, loss_fn)
+    start = 0
+    records: list[dict] = []
+    metrics_path = mngr = None
+    if workdir is not None:
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        metrics_path = workdir / "metrics.jsonl"
+        ocp, mngr = _checkpointer(workdir / "checkpoints", checkpoint_every or num_steps)
+        latest = mngr.latest_step()
+        if latest is not None:
+            target = {"params": leaves, "opt_state": opt_state}
+            abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+            restored = mngr.restore(latest, args=ocp.args.StandardRestore(abstract))
+            leaves, opt_state, start = restored["params"], restored["opt_state"], latest
+            # Records written after the checkpoint belong to the lost part of the run: drop them.
+            records = [r for r in read_jsonl(metrics_path) if r["step"] <= start]
+        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def emit(record):
+        records.append(record)
+        if metrics_path is not None:
+            with metrics_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def current_model():
+        return nnx.merge(graphdef, jax.tree.unflatten(params_def, leaves), rest)
+
+    base_key = jax.random.key(seed)
+    t0, last = time.perf_counter(), start
+    end = num_steps if stop_after is None else min(num_steps, stop_after)
+    if verbose and start:
+        print(f"resumed from step {start}", file=sys.stderr)
+    for s in range(start + 1, end + 1):
+        batch = batch_fn(s)
+        leaves, opt_state, loss, aux = step_fn(leaves, opt_state, batch, jax.random.fold_in(base_key, s))
+        if s % log_every == 0 or s == end:
+            loss = float(loss)
+            if not np.isfinite(loss):
+                raise FloatingPointError(f"train: loss is {loss} at step {s}")
+            elapsed = time.perf_counter() - t0
+            emit({"step": s, "split": "train", "loss": loss, "time_s": round(elapsed, 3),
+                  **{k: float(v) for k, v in aux.items()}})
+            if verbose:
+                rate = (s - last) / max(elapsed, 1e-9)
+                eta = (end - s) / max(rate, 1e-9)
+                print(f"\rstep {s}/{num_steps}  loss {loss:.4f}  {rate:.1f} steps/s  ETA {eta:.0f}s",
+                      end="", file=sys.stderr, flush=True)
+        if eval_fn is not None and ((eval_every and s % eval_every == 0) or s == num_steps):
+            dev = eval_fn(current_model())
+            emit({"step": s, "split": "dev", "time_s": round(time.perf_counter() - t0, 3),
+                  **{k: float(v) for k, v in dev.items()}})
+            if verbose:
+                print(f"\nstep {s} dev " + " ".join(f"{k} {v:.4f}" for k, v in dev.items()),
+                      file=sys.stderr, flush=True)
+        if mngr is not None and (s == num_steps or (checkpoint_every and s % checkpoint_every == 0)):
+            mngr.save(s, args=ocp.args.StandardSave({"params": leaves, "opt_state": opt_state}),
+                      force=s == num_steps)
+    if mngr is not None:
+        mngr.wait_until_finished()
+        mngr.close()
+    if verbose:
+        print(file=sys.stderr)
+    return current_model(), records
+
+
+def masked_cross_entropy(logits: jax.Array, labels: jax.Array, lengths: jax.Array) -> tuple[jax.Array, dict]:
+    """Mean cross-entropy and accuracy over real positions. logits ``[B, T, C]``, labels ``[B, T]``."""
+    valid = (jnp.arange(labels.shape[1])[None, :] < lengths[:, None]).astype(jnp.float32)  # [B, T]
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+    n = jnp.maximum(valid.sum(), 1.0)
+    acc = ((logits.argmax(-1) == labels) * valid).sum() / n
+    return (ce * valid).sum() / n, {"accuracy": acc}
