@@ -42,8 +42,7 @@ def _check_qkv(q, k, v, fn):
     n, kh = scores.check_qk(q, k, fn=fn)
     if not hasattr(v, "ndim") or v.ndim != k.ndim:
         raise ValueError(
-            f"{fn}: v must have shape [..., S, K, Hv] like k {k.shape}, "
-            f"got {getattr(v, 'shape', type(v).__name__)}"
+            f"{fn}: v must have shape [..., S, K, Hv] like k {k.shape}, got {getattr(v, 'shape', type(v).__name__)}"
         )
     if v.shape[:-1] != k.shape[:-1]:
         raise ValueError(
@@ -68,8 +67,7 @@ def _check_broadcast(name, shape, target):
         out = None
     if out != tuple(target):
         raise ValueError(
-            f"{name} of shape {tuple(shape)} does not broadcast to the logits' "
-            f"shape [..., N, T, S] = {tuple(target)}"
+            f"{name} of shape {tuple(shape)} does not broadcast to the logits' shape [..., N, T, S] = {tuple(target)}"
         )
 
 
@@ -102,12 +100,9 @@ def _score_fn(score, scale, fn) -> ScoreFn:
             return lambda q, k: scores.dot_product(q, k, scale=scale)
         if score == "additive":
             raise ValueError(
-                f"{fn}: score='additive' needs its weights: pass "
-                f"score=functools.partial(attnlab.scores.additive, w=w)"
+                f"{fn}: score='additive' needs its weights: pass score=functools.partial(attnlab.scores.additive, w=w)"
             )
-        raise ValueError(
-            f"{fn}: score must be 'dot' or a callable score(q, k) -> [..., N, T, S], got {score!r}"
-        )
+        raise ValueError(f"{fn}: score must be 'dot' or a callable score(q, k) -> [..., N, T, S], got {score!r}")
     if not callable(score):
         raise ValueError(f"{fn}: score must be 'dot' or a callable, got {type(score).__name__}")
     if scale is not None:
@@ -295,6 +290,4 @@ def attention(q, k, v, *, mask=None, bias=None, score="dot", scale=None, impleme
                 raise ValueError(f"{fn}: implementation='xla' supports score='dot' only, got {score!r}")
             return _attention_xla(q, k, v, mask=mask, bias=bias, scale=scale, fn=fn)
         case _:
-            raise ValueError(
-                f"{fn}: implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}"
-            )
+            raise ValueError(f"{fn}: implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}")

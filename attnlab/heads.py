@@ -103,8 +103,7 @@ def init_multi_head_params(
     if head_dim is None:
         if d % n:
             raise ValueError(
-                f"init_multi_head_params: d_model={d} is not divisible by num_heads={n}; "
-                f"pass head_dim explicitly"
+                f"init_multi_head_params: d_model={d} is not divisible by num_heads={n}; pass head_dim explicitly"
             )
         head_dim = d // n
     h = _positive("head_dim", head_dim)
@@ -140,8 +139,7 @@ def _project(x, w, b, name):
     din, m, h = w.shape
     if x.shape[-1] != din:
         raise ValueError(
-            f"multi_head_attention: {name} has width {x.shape[-1]} but params expect {din} "
-            f"(input shape {x.shape})"
+            f"multi_head_attention: {name} has width {x.shape[-1]} but params expect {din} (input shape {x.shape})"
         )
     y = x @ w.reshape(din, m * h)
     if b is not None:
@@ -183,14 +181,11 @@ def multi_head_attention(
     for name, x in (("x_q", x_q), ("x_kv", x_kv)):
         if x is not None and (not hasattr(x, "ndim") or x.ndim < 2):
             raise ValueError(
-                f"multi_head_attention: {name} must have shape [..., T, D], "
-                f"got {getattr(x, 'shape', type(x).__name__)}"
+                f"multi_head_attention: {name} must have shape [..., T, D], got {getattr(x, 'shape', type(x).__name__)}"
             )
     x_kv = x_q if x_kv is None else x_kv
     if x_q.shape[:-2] != x_kv.shape[:-2]:
-        raise ValueError(
-            f"multi_head_attention: x_q {x_q.shape} and x_kv {x_kv.shape} must have the same batch dims"
-        )
+        raise ValueError(f"multi_head_attention: x_q {x_q.shape} and x_kv {x_kv.shape} must have the same batch dims")
     q = _project(x_q, params["wq"], params.get("bq"), "x_q")  # [..., T, N, H]
     k = _project(x_kv, params["wk"], params.get("bk"), "x_kv")  # [..., S, K, H]
     v = _project(x_kv, params["wv"], params.get("bv"), "x_kv")  # [..., S, K, Hv]

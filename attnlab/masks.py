@@ -552,9 +552,7 @@ def padding(q_lengths=None, kv_lengths=None) -> Mask:
     q = _check_lengths_array("q_lengths", q_lengths)
     k = _check_lengths_array("kv_lengths", kv_lengths)
     if q is not None and k is not None and q.shape != k.shape:
-        raise ValueError(
-            f"q_lengths and kv_lengths must have the same batch shape, got {q.shape} and {k.shape}"
-        )
+        raise ValueError(f"q_lengths and kv_lengths must have the same batch shape, got {q.shape} and {k.shape}")
     return Padding(q, k)
 
 
@@ -619,9 +617,7 @@ def graph_edges(senders, receivers, num_nodes: int) -> Mask:
         if _is_concrete(arr) and arr.size:
             vals = np.asarray(arr)
             if vals.min() < 0 or vals.max() >= n:
-                raise ValueError(
-                    f"{name} has node indices outside [0, {n}): min {vals.min()}, max {vals.max()}"
-                )
+                raise ValueError(f"{name} has node indices outside [0, {n}): min {vals.min()}, max {vals.max()}")
         out.append(arr)
     if out[0].shape != out[1].shape:
         raise ValueError(

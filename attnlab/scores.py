@@ -30,8 +30,7 @@ def check_qk(q: jax.Array, k: jax.Array, *, fn: str = "score") -> tuple[int, int
     for name, x in (("q", q), ("k", k)):
         if not hasattr(x, "ndim") or x.ndim < 3:
             raise ValueError(
-                f"{fn}: {name} must have shape [..., T, N, H] (rank >= 3), "
-                f"got {getattr(x, 'shape', type(x).__name__)}"
+                f"{fn}: {name} must have shape [..., T, N, H] (rank >= 3), got {getattr(x, 'shape', type(x).__name__)}"
             )
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"{fn}: {name} must be floating point, got dtype {x.dtype}")
@@ -45,8 +44,7 @@ def check_qk(q: jax.Array, k: jax.Array, *, fn: str = "score") -> tuple[int, int
     n, kh = q.shape[-2], k.shape[-2]
     if n % kh != 0:
         raise ValueError(
-            f"{fn}: number of query heads N={n} must be a multiple of key heads K={kh} "
-            f"(q {q.shape}, k {k.shape})"
+            f"{fn}: number of query heads N={n} must be a multiple of key heads K={kh} (q {q.shape}, k {k.shape})"
         )
     return n, kh
 

@@ -22,9 +22,7 @@ MASKS = {
     "window": lambda: masks.window(2, 1),
     "padding": lambda: masks.padding(q_lengths=jnp.array([5, 7]), kv_lengths=jnp.array([9, 3])),
     "graph": lambda: masks.graph(np.random.default_rng(0).random((T, S)) < 0.4),
-    "combined": lambda: (
-        (masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([6, 9]))) | masks.window(0, 0)
-    ),
+    "combined": lambda: (masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([6, 9]))) | masks.window(0, 0),
     "array": lambda: np.random.default_rng(1).random((2, 1, T, S)) < 0.5,
 }
 
@@ -162,9 +160,7 @@ def test_value_head_dim_may_differ():
     q, k, v = qkv((2, 5, 2, 8), s=6, hv=3, seed=7)
     out = attnlab.attention(q, k, v, mask=masks.causal(1))
     assert out.shape == (2, 5, 2, 3)
-    np.testing.assert_allclose(
-        out, np_attention(q, k, v, mask=np.asarray(masks.causal(1).dense(5, 6)))[0], atol=2e-5
-    )
+    np.testing.assert_allclose(out, np_attention(q, k, v, mask=np.asarray(masks.causal(1).dense(5, 6)))[0], atol=2e-5)
 
 
 def test_custom_score_callable():
@@ -213,9 +209,7 @@ def test_xla_grads_match_reference(mask_kind, dtype):
     mask = MASKS[mask_kind]()
     g_ref = jax.grad(_loss(attnlab.attention_reference, mask=mask), argnums=(0, 1, 2))(q, k, v)
     g_xla = jax.jit(
-        jax.grad(
-            _loss(functools.partial(attnlab.attention, implementation="xla"), mask=mask), argnums=(0, 1, 2)
-        )
+        jax.grad(_loss(functools.partial(attnlab.attention, implementation="xla"), mask=mask), argnums=(0, 1, 2))
     )(q, k, v)
     for a, b in zip(g_ref, g_xla, strict=True):
         np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32), **grad_tol(dtype))
@@ -237,9 +231,7 @@ def test_reference_grads_match_numpy_formula():
 
 @pytest.mark.parametrize("implementation", ["reference", "xla"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize(
-    "kind", ["padding_q", "padding_kv_zero", "isolated_node", "all_masked", "neg_inf_bias"]
-)
+@pytest.mark.parametrize("kind", ["padding_q", "padding_kv_zero", "isolated_node", "all_masked", "neg_inf_bias"])
 def test_fully_masked_rows_are_zero_with_finite_grads(kind, dtype, implementation):
     q, k, v = qkv((2, 6, 2, 4), s=6, dtype=dtype, seed=13)
     kw = {}

@@ -47,9 +47,7 @@ q, k, v = qkv((2, 4, 4, 8), s=5, kv_heads=2)
         (lambda: attnlab.attention(q, k, v, score="cosine"), r"score must be 'dot' or a callable"),
         (lambda: attnlab.attention(q, k, v, implementation="flash"), r"implementation must be one of"),
         (
-            lambda: attnlab.attention(
-                q, k, v, score=lambda q, k: scores.dot_product(q, k), implementation="xla"
-            ),
+            lambda: attnlab.attention(q, k, v, score=lambda q, k: scores.dot_product(q, k), implementation="xla"),
             r"'xla' supports score='dot' only",
         ),
         (

@@ -58,8 +58,7 @@ def test_additive_matches_numpy_and_grads(w_shape):
 
     def loss(w):
         return jnp.sum(
-            attnlab.attention(q, k, v, score=functools.partial(scores.additive, w=w), mask=masks.causal(1))
-            ** 2
+            attnlab.attention(q, k, v, score=functools.partial(scores.additive, w=w), mask=masks.causal(1)) ** 2
         )
 
     g = jax.grad(loss)(w)
