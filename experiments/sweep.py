@@ -284,7 +284,11 @@ def run_sweep(config, out: str, *, force: bool = False, plot: bool = True) -> li
     os.makedirs(out, exist_ok=True)
     cells = expand(config)
     path = os.path.join(out, "results.jsonl")
-    by_key = {record_key(r): r for r in load_results(path)}
+    fields = [f.name for f in dataclasses.fields(Cell)]
+    previous = load_results(path)
+    by_key = {record_key(r): r for r in previous if all(name in r for name in fields)}
+    if len(by_key) < len(previous):
+        print(f"sweep: dropping {len(previous) - len(by_key)} records of an older format from {path}")
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config.to_dict() if hasattr(config, "to_dict") else dict(config), f, indent=2)
     env = environment()
