@@ -238,8 +238,10 @@ def alibi(num_heads: int) -> Alibi:
     With a causal mask, |i - j| = i - j on every allowed pair, so this is exactly the paper's bias.
 
     Example:
-        >>> alibi(2).dense(2, 3).tolist()     # slopes 1/16 and 1/256
-        [[[-0.0, -0.0625, -0.125], [-0.0625, -0.0, -0.0625]], [[-0.0, -0.00390625, -0.0078125], [-0.00390625, -0.0, -0.00390625]]]
+        >>> alibi(2).slopes.tolist()
+        [0.0625, 0.00390625]
+        >>> alibi(2).dense(2, 3)[0].tolist()   # head 0: -|i - j| / 16
+        [[-0.0, -0.0625, -0.125], [-0.0625, -0.0, -0.0625]]
     """
     return Alibi(_positive_int("alibi", "num_heads", num_heads))
 
