@@ -93,6 +93,8 @@ def _check_blocks(block_q: int, block_k: int) -> None:
 class Mask:
     """Base class. Subclasses implement ``__call__`` and, when they can, ``_layout``."""
 
+    __array_ufunc__ = None  # `numpy_array & mask` defers to Mask.__rand__ instead of looping
+
     def __call__(self, q_idx: jax.Array, k_idx: jax.Array) -> jax.Array:
         """Evaluates the mask at query positions ``q_idx`` [T'] and key positions ``k_idx`` [S'].
 
@@ -215,9 +217,7 @@ class Causal(Mask):
         return k_idx[None, :] <= q_idx[:, None] + self.offset
 
     def _layout(self, T, S, bq, bk):
-        return _interval_layout(
-            T, S, bq, bk, lambda t: np.full_like(t, -(2**62)), lambda t: t + self.offset
-        )
+        return _interval_layout(T, S, bq, bk, lambda t: np.full_like(t, -(2**62)), lambda t: t + self.offset)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,8 +309,10 @@ class Graph(Mask):
         _check_lengths(T, S)
         shape = tuple(self.adjacency.shape[-2:])
         if shape != (T, S):
-            raise ValueError(f"graph mask: adjacency is {shape[0]}x{shape[1]} but attention is "
-                             f"{T}x{S} (T queries x S keys); they must be equal")
+            raise ValueError(
+                f"graph mask: adjacency is {shape[0]}x{shape[1]} but attention is "
+                f"{T}x{S} (T queries x S keys); they must be equal"
+            )
         adj = jnp.asarray(self.adjacency)
         return adj if adj.ndim == 2 else adj[..., None, :, :]
 
@@ -356,8 +358,10 @@ class GraphEdges(Mask):
     def dense(self, T, S):
         _check_lengths(T, S)
         if (T, S) != (self.num_nodes, self.num_nodes):
-            raise ValueError(f"graph_edges mask: num_nodes={self.num_nodes} but attention is "
-                             f"{T}x{S} (T queries x S keys); both must equal num_nodes")
+            raise ValueError(
+                f"graph_edges mask: num_nodes={self.num_nodes} but attention is "
+                f"{T}x{S} (T queries x S keys); both must equal num_nodes"
+            )
         return self.adjacency()
 
     def _layout(self, T, S, bq, bk):
@@ -407,11 +411,9 @@ class Dense(Mask):
 
 def _combine_layouts(a, b, op):
     if op == "and":
-        out = np.where((a == EMPTY) | (b == EMPTY), EMPTY,
-                       np.where((a == FULL) & (b == FULL), FULL, PARTIAL))
+        out = np.where((a == EMPTY) | (b == EMPTY), EMPTY, np.where((a == FULL) & (b == FULL), FULL, PARTIAL))
     else:
-        out = np.where((a == FULL) | (b == FULL), FULL,
-                       np.where((a == EMPTY) & (b == EMPTY), EMPTY, PARTIAL))
+        out = np.where((a == FULL) | (b == FULL), FULL, np.where((a == EMPTY) & (b == EMPTY), EMPTY, PARTIAL))
     return out.astype(np.int8)
 
 
@@ -514,8 +516,11 @@ def window(left: int, right: int = 0, *, offset: int = 0) -> Mask:
         >>> window(1, 1).dense(4, 4).astype(int).tolist()
         [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
     """
-    return Window(_check_int("left", left, minimum=0), _check_int("right", right, minimum=0),
-                  _check_int("offset", offset))
+    return Window(
+        _check_int("left", left, minimum=0),
+        _check_int("right", right, minimum=0),
+        _check_int("offset", offset),
+    )
 
 
 def _check_lengths_array(name, lengths):
@@ -547,8 +552,7 @@ def padding(q_lengths=None, kv_lengths=None) -> Mask:
     q = _check_lengths_array("q_lengths", q_lengths)
     k = _check_lengths_array("kv_lengths", kv_lengths)
     if q is not None and k is not None and q.shape != k.shape:
-        raise ValueError(f"q_lengths and kv_lengths must have the same batch shape, "
-                         f"got {q.shape} and {k.shape}")
+        raise ValueError(f"q_lengths and kv_lengths must have the same batch shape, got {q.shape} and {k.shape}")
     return Padding(q, k)
 
 
@@ -613,12 +617,12 @@ def graph_edges(senders, receivers, num_nodes: int) -> Mask:
         if _is_concrete(arr) and arr.size:
             vals = np.asarray(arr)
             if vals.min() < 0 or vals.max() >= n:
-                raise ValueError(f"{name} has node indices outside [0, {n}): "
-                                 f"min {vals.min()}, max {vals.max()}")
+                raise ValueError(f"{name} has node indices outside [0, {n}): min {vals.min()}, max {vals.max()}")
         out.append(arr)
     if out[0].shape != out[1].shape:
-        raise ValueError(f"senders and receivers must have the same length, "
-                         f"got {out[0].shape[0]} and {out[1].shape[0]}")
+        raise ValueError(
+            f"senders and receivers must have the same length, got {out[0].shape[0]} and {out[1].shape[0]}"
+        )
     return GraphEdges(out[0], out[1], n)
 
 
@@ -627,13 +631,13 @@ def as_mask(mask, name: str = "mask") -> Mask | None:
     if mask is None or isinstance(mask, Mask):
         return mask
     if not hasattr(mask, "dtype") and not isinstance(mask, (list, tuple)):
-        raise ValueError(f"{name} must be a Mask (attnlab.masks) or a bool array, "
-                         f"got {type(mask).__name__}")
+        raise ValueError(f"{name} must be a Mask (attnlab.masks) or a bool array, got {type(mask).__name__}")
     arr = mask if isinstance(mask, jax.Array) else np.asarray(mask)
     if arr.dtype != bool:
-        raise ValueError(f"{name} must be a bool array (True = attend), got dtype {arr.dtype}; "
-                         f"use `x != 0` or an attnlab.masks object")
+        raise ValueError(
+            f"{name} must be a bool array (True = attend), got dtype {arr.dtype}; "
+            f"use `x != 0` or an attnlab.masks object"
+        )
     if arr.ndim < 2:
         raise ValueError(f"{name} array must have rank >= 2 ([..., T, S]), got shape {arr.shape}")
     return Dense(arr)
-

@@ -198,7 +198,7 @@ class Encoder(nnx.Module):
         self.posenc = posenc
         self.max_len = max_len
         if posenc == "learned":
-            self.pos_table = nnx.Param(0.02 * jax.random.normal(rngs.params(), (max_len, d_model)))
+            self.pos_table = nnx.Param(positional.init_learned(rngs.params(), max_len, d_model))
         self.blocks = nnx.List([
             TransformerBlock(d_model, num_heads, mlp_dim or 4 * d_model, dropout_rate=dropout_rate,
                              num_kv_heads=num_kv_heads, score=score, implementation=implementation,
