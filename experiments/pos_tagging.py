@@ -68,7 +68,8 @@ def load_data(cfg: ml_collections.ConfigDict) -> dict:
         for w, t in sent:
             seen.setdefault(w.lower(), set()).add(tagmap.map(t))
     ambiguous = frozenset(w for w, tags in seen.items() if len(tags) > 1)
-    data = {"vocab": vocab, "tagmap": tagmap, "ambiguous": ambiguous, "raw": {}}
+    data = {"vocab": vocab, "tagmap": tagmap, "ambiguous": ambiguous, "raw": {},
+            "buckets": tuple(cfg.data.buckets)}
     for name, part in parts.items():
         if name != "train" and cfg.data.max_eval_sentences:
             part = part[: cfg.data.max_eval_sentences]
@@ -77,7 +78,7 @@ def load_data(cfg: ml_collections.ConfigDict) -> dict:
     return data
 
 
-def make_batch_fn(examples, batch_size, seed):
+def make_batch_fn(examples, batch_size, seed, buckets=brown.BUCKETS):
     lengths = [len(t) for _, t in examples]
     n_batches = -(-len(examples) // batch_size)
     cache = {}
@@ -87,7 +88,7 @@ def make_batch_fn(examples, batch_size, seed):
         if epoch not in cache:
             cache.clear()
             cache[epoch] = brown.epoch_batches(lengths, batch_size, seed=seed, epoch=epoch)
-        return brown.pad_batch([examples[j] for j in cache[epoch][i]])
+        return brown.pad_batch([examples[j] for j in cache[epoch][i]], buckets=buckets)
 
     return batch_fn, n_batches
 
@@ -120,13 +121,13 @@ def _predict(model, inputs, lengths):
     return model(inputs, lengths).argmax(-1)
 
 
-def predict(model, examples, batch_size=256) -> list[np.ndarray]:
+def predict(model, examples, batch_size=256, buckets=brown.BUCKETS) -> list[np.ndarray]:
     """Predicted tag ids per sentence (batched by length, padded to a few bucket lengths)."""
     order = np.argsort([len(t) for _, t in examples], kind="stable")
     out = [None] * len(examples)
     for i in range(0, len(order), batch_size):
         idx = order[i : i + batch_size]
-        b = brown.pad_batch([examples[j] for j in idx])
+        b = brown.pad_batch([examples[j] for j in idx], buckets=buckets)
         pred = np.asarray(_predict(model, jnp.asarray(b["inputs"]), jnp.asarray(b["lengths"])))
         for row, j in enumerate(idx):
             out[j] = pred[row, : b["lengths"][row]]
@@ -135,7 +136,7 @@ def predict(model, examples, batch_size=256) -> list[np.ndarray]:
 
 def evaluate(model, examples, raw, data) -> dict:
     """Token accuracy, and accuracy on ambiguous-word tokens and on OOV tokens."""
-    preds = predict(model, examples)
+    preds = predict(model, examples, buckets=data["buckets"])
     correct, amb, oov = [], [], []
     for (_, gold), pred, sent in zip(examples, preds, raw, strict=True):
         ok = pred == gold
@@ -161,7 +162,7 @@ def attention_map(model, data) -> dict | None:
                 x, gold = data["test"][k]
                 lengths = jnp.array([len(gold)])
                 _, weights = model.backbone(jnp.asarray(x)[None], lengths, return_weights=True)
-                pred = predict(model, [data["test"][k]])[0]
+                pred = predict(model, [data["test"][k]], buckets=data["buckets"])[0]
                 tags = data["tagmap"].tags
                 return {"word": word, "words": words, "gold": [tags[i] for i in gold],
                         "pred": [tags[i] for i in pred],
@@ -182,7 +183,7 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
     t_data = time.perf_counter() - t_data
     model = build_model(cfg, data["vocab"].sizes, len(data["tagmap"].tags))
     num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    batch_fn, steps_per_epoch = make_batch_fn(data["train"], cfg.train.batch_size, cfg.seed)
+    batch_fn, steps_per_epoch = make_batch_fn(data["train"], cfg.train.batch_size, cfg.seed, data["buckets"])
     t = cfg.train
     schedule = optax.warmup_cosine_decay_schedule(0.0, t.learning_rate, t.warmup_steps, t.num_steps,
                                                   end_value=0.05 * t.learning_rate)
@@ -277,8 +278,9 @@ def report(folder: Path) -> str:
         fig.savefig(folder / "window.png", dpi=120)
         plt.close(fig)
 
-    amap_path = folder / "attention" / "attention_map.json"
-    if amap_path.exists():
+    maps = sorted(folder.glob("*/attention_map.json"), key=lambda p: p.parent.name != "attention")
+    if maps:
+        amap_path = maps[0]  # the full-attention model's when there is one
         amap = json.loads(amap_path.read_text())
         layers = amap["weights"]
         fig, axes = plt.subplots(1, len(layers), figsize=(4.2 * len(layers), 4.4))

@@ -39,6 +39,7 @@ def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
         max_files=None,  # None: all 500 files; n: the first n (ca01 ...)
         min_count=2,  # words seen fewer times in train share the OOV id
         max_eval_sentences=None,  # None: the whole dev/test split
+        buckets=(16, 32, 64, 128, 256),  # batches are padded to one of these lengths (one compile each)
     ))
     c.model = ml_collections.ConfigDict(dict(
         kind="attention",  # attention | mlp | cnn | lstm | gru
@@ -64,6 +65,7 @@ def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
         case "smoke":
             c.data.max_files = 8
             c.data.max_eval_sentences = 200
+            c.data.buckets = (256,)  # one shape: one compile
             c.model.update(d_model=16, num_layers=1, num_heads=2, mlp_dim=32)
             c.train.update(batch_size=16, num_steps=30, log_every=10, eval_every=30, checkpoint_every=15,
                            warmup_steps=5, learning_rate=1e-2)
