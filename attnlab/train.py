@@ -76,16 +76,26 @@ def read_jsonl(path) -> list[dict]:
 def _checkpointer(directory, every):
     import orbax.checkpoint as ocp
 
-    options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=2,
-                                           enable_async_checkpointing=False)
+    options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=2, enable_async_checkpointing=False)
     return ocp, ocp.CheckpointManager(Path(directory).absolute(), options=options)
 
 
-def train(model: nnx.Module, tx: optax.GradientTransformation, loss_fn: LossFn,
-          batch_fn: Callable[[int], Any], *, num_steps: int, seed: int = 0, workdir=None,
-          eval_fn: Callable[[nnx.Module], dict] | None = None, eval_every: int = 0,
-          checkpoint_every: int = 0, log_every: int = 1, verbose: bool = True,
-          stop_after: int | None = None) -> tuple[nnx.Module, list[dict]]:
+def train(
+    model: nnx.Module,
+    tx: optax.GradientTransformation,
+    loss_fn: LossFn,
+    batch_fn: Callable[[int], Any],
+    *,
+    num_steps: int,
+    seed: int = 0,
+    workdir=None,
+    eval_fn: Callable[[nnx.Module], dict] | None = None,
+    eval_every: int = 0,
+    checkpoint_every: int = 0,
+    log_every: int = 1,
+    verbose: bool = True,
+    stop_after: int | None = None,
+) -> tuple[nnx.Module, list[dict]]:
     """Train ``model`` for ``num_steps`` steps, resuming from the latest checkpoint in ``workdir``.
 
     Args:
@@ -151,23 +161,40 @@ def train(model: nnx.Module, tx: optax.GradientTransformation, loss_fn: LossFn,
             if not np.isfinite(loss):
                 raise FloatingPointError(f"train: loss is {loss} at step {s}")
             elapsed = time.perf_counter() - t0
-            emit({"step": s, "split": "train", "loss": loss, "time_s": round(elapsed, 3),
-                  **{k: float(v) for k, v in aux.items()}})
+            emit(
+                {
+                    "step": s,
+                    "split": "train",
+                    "loss": loss,
+                    "time_s": round(elapsed, 3),
+                    **{k: float(v) for k, v in aux.items()},
+                }
+            )
             if verbose:
                 rate = (s - last) / max(elapsed, 1e-9)
                 eta = (end - s) / max(rate, 1e-9)
-                print(f"\rstep {s}/{num_steps}  loss {loss:.4f}  {rate:.1f} steps/s  ETA {eta:.0f}s",
-                      end="", file=sys.stderr, flush=True)
+                print(
+                    f"\rstep {s}/{num_steps}  loss {loss:.4f}  {rate:.1f} steps/s  ETA {eta:.0f}s",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if eval_fn is not None and ((eval_every and s % eval_every == 0) or s == num_steps):
             dev = eval_fn(current_model())
-            emit({"step": s, "split": "dev", "time_s": round(time.perf_counter() - t0, 3),
-                  **{k: float(v) for k, v in dev.items()}})
+            emit(
+                {
+                    "step": s,
+                    "split": "dev",
+                    "time_s": round(time.perf_counter() - t0, 3),
+                    **{k: float(v) for k, v in dev.items()},
+                }
+            )
             if verbose:
-                print(f"\nstep {s} dev " + " ".join(f"{k} {v:.4f}" for k, v in dev.items()),
-                      file=sys.stderr, flush=True)
+                print(
+                    f"\nstep {s} dev " + " ".join(f"{k} {v:.4f}" for k, v in dev.items()), file=sys.stderr, flush=True
+                )
         if mngr is not None and (s == num_steps or (checkpoint_every and s % checkpoint_every == 0)):
-            mngr.save(s, args=ocp.args.StandardSave({"params": leaves, "opt_state": opt_state}),
-                      force=s == num_steps)
+            mngr.save(s, args=ocp.args.StandardSave({"params": leaves, "opt_state": opt_state}), force=s == num_steps)
     if mngr is not None:
         mngr.wait_until_finished()
         mngr.close()

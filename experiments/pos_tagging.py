@@ -45,8 +45,9 @@ from attnlab import nn
 from attnlab import train as train_lib
 from attnlab.data import brown
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/pos_tagging.py:attention",
-                                          "experiment config, file.py:variant")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "experiments/configs/pos_tagging.py:attention", "experiment config, file.py:variant"
+)
 _OUT = flags.DEFINE_string("out", "results/pos", "results folder; each run goes to <out>/<variant>/")
 _REPORT = flags.DEFINE_string("report", None, "only draw figures + table from the results in this folder")
 
@@ -68,8 +69,7 @@ def load_data(cfg: ml_collections.ConfigDict) -> dict:
         for w, t in sent:
             seen.setdefault(w.lower(), set()).add(tagmap.map(t))
     ambiguous = frozenset(w for w, tags in seen.items() if len(tags) > 1)
-    data = {"vocab": vocab, "tagmap": tagmap, "ambiguous": ambiguous, "raw": {},
-            "buckets": tuple(cfg.data.buckets)}
+    data = {"vocab": vocab, "tagmap": tagmap, "ambiguous": ambiguous, "raw": {}, "buckets": tuple(cfg.data.buckets)}
     for name, part in parts.items():
         if name != "train" and cfg.data.max_eval_sentences:
             part = part[: cfg.data.max_eval_sentences]
@@ -103,8 +103,15 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_sizes, num_tags: int) -> n
     common = dict(vocab_sizes=vocab_sizes, d_model=m.d_model, dropout_rate=m.dropout, rngs=rngs)
     match m.kind:
         case "attention":
-            backbone = nn.Encoder(num_layers=m.num_layers, num_heads=m.num_heads, mlp_dim=m.mlp_dim,
-                                  posenc=m.posenc, window=m.window, max_len=512, **common)
+            backbone = nn.Encoder(
+                num_layers=m.num_layers,
+                num_heads=m.num_heads,
+                mlp_dim=m.mlp_dim,
+                posenc=m.posenc,
+                window=m.window,
+                max_len=512,
+                **common,
+            )
         case "mlp":
             backbone = nn.TokenMLP(num_layers=m.num_layers, **common)
         case "cnn":
@@ -145,10 +152,14 @@ def evaluate(model, examples, raw, data) -> dict:
         amb.append(ok[[w in data["ambiguous"] for w in words]])
         oov.append(ok[[w not in data["vocab"].train_words for w in words]])
     cat = np.concatenate
-    return {"accuracy": float(cat(correct).mean()), "ambiguous_accuracy": float(cat(amb).mean()),
-            "oov_accuracy": float(cat(oov).mean()) if cat(oov).size else float("nan"),
-            "tokens": int(cat(correct).size), "ambiguous_tokens": int(cat(amb).size),
-            "oov_tokens": int(cat(oov).size)}
+    return {
+        "accuracy": float(cat(correct).mean()),
+        "ambiguous_accuracy": float(cat(amb).mean()),
+        "oov_accuracy": float(cat(oov).mean()) if cat(oov).size else float("nan"),
+        "tokens": int(cat(correct).size),
+        "ambiguous_tokens": int(cat(amb).size),
+        "oov_tokens": int(cat(oov).size),
+    }
 
 
 def attention_map(model, data) -> dict | None:
@@ -164,9 +175,13 @@ def attention_map(model, data) -> dict | None:
                 _, weights = model.backbone(jnp.asarray(x)[None], lengths, return_weights=True)
                 pred = predict(model, [data["test"][k]], buckets=data["buckets"])[0]
                 tags = data["tagmap"].tags
-                return {"word": word, "words": words, "gold": [tags[i] for i in gold],
-                        "pred": [tags[i] for i in pred],
-                        "weights": [np.asarray(w[0].mean(0)).round(4).tolist() for w in weights]}
+                return {
+                    "word": word,
+                    "words": words,
+                    "gold": [tags[i] for i in gold],
+                    "pred": [tags[i] for i in pred],
+                    "weights": [np.asarray(w[0].mean(0)).round(4).tolist() for w in weights],
+                }
     return None
 
 
@@ -185,8 +200,9 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
     num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
     batch_fn, steps_per_epoch = make_batch_fn(data["train"], cfg.train.batch_size, cfg.seed, data["buckets"])
     t = cfg.train
-    schedule = optax.warmup_cosine_decay_schedule(0.0, t.learning_rate, t.warmup_steps, t.num_steps,
-                                                  end_value=0.05 * t.learning_rate)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, t.learning_rate, t.warmup_steps, t.num_steps, end_value=0.05 * t.learning_rate
+    )
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=t.weight_decay))
 
     def loss_fn(m, batch, key):
@@ -197,32 +213,57 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
         return {"accuracy": evaluate(m, data["dev"], data["raw"]["dev"], data)["accuracy"]}
 
     if verbose:
-        print(f"[{cfg.variant}] {len(data['train'])} train sentences, {steps_per_epoch} steps/epoch, "
-              f"{num_params:,} params, vocab {data['vocab'].sizes}", file=sys.stderr)
+        print(
+            f"[{cfg.variant}] {len(data['train'])} train sentences, {steps_per_epoch} steps/epoch, "
+            f"{num_params:,} params, vocab {data['vocab'].sizes}",
+            file=sys.stderr,
+        )
     t0 = time.perf_counter()
     model, records = train_lib.train(
-        model, tx, loss_fn, batch_fn, num_steps=t.num_steps, seed=cfg.seed, workdir=workdir,
-        eval_fn=eval_fn, eval_every=t.eval_every, checkpoint_every=t.checkpoint_every,
-        log_every=t.log_every, verbose=verbose)
+        model,
+        tx,
+        loss_fn,
+        batch_fn,
+        num_steps=t.num_steps,
+        seed=cfg.seed,
+        workdir=workdir,
+        eval_fn=eval_fn,
+        eval_every=t.eval_every,
+        checkpoint_every=t.checkpoint_every,
+        log_every=t.log_every,
+        verbose=verbose,
+    )
     wall = time.perf_counter() - t0
     train_time = max((r["time_s"] for r in records if r["split"] == "train"), default=wall)
     test = evaluate(model, data["test"], data["raw"]["test"], data)
     dev = [r for r in records if r["split"] == "dev"]
-    result = {"variant": cfg.variant, "model": cfg.model.kind, "posenc": cfg.model.posenc,
-              "window": cfg.model.window, "tagset": cfg.data.tagset, "steps": t.num_steps,
-              "epochs": round(t.num_steps / steps_per_epoch, 2), "params": num_params,
-              "train_time_s": round(train_time, 1), "data_time_s": round(t_data, 1),
-              "dev_accuracy": dev[-1]["accuracy"] if dev else None,
-              **{f"test_{k}": v for k, v in test.items()},
-              "jax": jax.__version__, "backend": jax.default_backend()}
+    result = {
+        "variant": cfg.variant,
+        "model": cfg.model.kind,
+        "posenc": cfg.model.posenc,
+        "window": cfg.model.window,
+        "tagset": cfg.data.tagset,
+        "steps": t.num_steps,
+        "epochs": round(t.num_steps / steps_per_epoch, 2),
+        "params": num_params,
+        "train_time_s": round(train_time, 1),
+        "data_time_s": round(t_data, 1),
+        "dev_accuracy": dev[-1]["accuracy"] if dev else None,
+        **{f"test_{k}": v for k, v in test.items()},
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+    }
     (workdir / "result.json").write_text(json.dumps(result, indent=2))
     amap = attention_map(model, data)
     if amap is not None:
         (workdir / "attention_map.json").write_text(json.dumps(amap))
     if verbose:
-        print(f"[{cfg.variant}] test accuracy {test['accuracy']:.4f}  ambiguous "
-              f"{test['ambiguous_accuracy']:.4f}  OOV {test['oov_accuracy']:.4f}  "
-              f"({train_time:.0f} s training)", file=sys.stderr)
+        print(
+            f"[{cfg.variant}] test accuracy {test['accuracy']:.4f}  ambiguous "
+            f"{test['ambiguous_accuracy']:.4f}  OOV {test['oov_accuracy']:.4f}  "
+            f"({train_time:.0f} s training)",
+            file=sys.stderr,
+        )
     return result
 
 
@@ -239,19 +280,22 @@ def report(folder: Path) -> str:
     results = [json.loads(p.read_text()) for p in sorted(folder.glob("*/result.json"))]
     if not results:
         raise FileNotFoundError(f"no */result.json under {folder}: run the experiment first")
-    lines = ["| model | test acc | ambiguous acc | OOV acc | train time (s) | steps | params |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | test acc | ambiguous acc | OOV acc | train time (s) | steps | params |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r['variant']} | {100 * r['test_accuracy']:.2f} | "
-                     f"{100 * r['test_ambiguous_accuracy']:.2f} | {100 * r['test_oov_accuracy']:.2f} | "
-                     f"{r['train_time_s']:.0f} | {r['steps']} | {r['params']:,} |")
+        lines.append(
+            f"| {r['variant']} | {100 * r['test_accuracy']:.2f} | "
+            f"{100 * r['test_ambiguous_accuracy']:.2f} | {100 * r['test_oov_accuracy']:.2f} | "
+            f"{r['train_time_s']:.0f} | {r['steps']} | {r['params']:,} |"
+        )
     table = "\n".join(lines)
     (folder / "summary.md").write_text(table + "\n")
 
     fig, ax = plt.subplots(figsize=(1.2 * len(results) + 2, 3.5))
     x = np.arange(len(results))
-    bars = [("test_accuracy", "all tokens"), ("test_ambiguous_accuracy", "ambiguous"),
-            ("test_oov_accuracy", "OOV")]
+    bars = [("test_accuracy", "all tokens"), ("test_ambiguous_accuracy", "ambiguous"), ("test_oov_accuracy", "OOV")]
     for i, (key, label) in enumerate(bars):
         ax.bar(x + (i - 1) * 0.27, [100 * r[key] for r in results], 0.27, label=label)
     ax.set_xticks(x, [r["variant"] for r in results], rotation=20)
@@ -263,8 +307,11 @@ def report(folder: Path) -> str:
     fig.savefig(folder / "accuracy.png", dpi=120)
     plt.close(fig)
 
-    windowed = sorted((r["window"], r) for r in results if r["model"] == "attention"
-                      and r["posenc"] != "none" and r["window"] is not None)
+    windowed = sorted(
+        (r["window"], r)
+        for r in results
+        if r["model"] == "attention" and r["posenc"] != "none" and r["window"] is not None
+    )
     full = [r for r in results if r["variant"] == "attention"]
     if windowed or full:
         pts = [(str(w), r) for w, r in windowed] + [("full", r) for r in full]

@@ -17,12 +17,26 @@ def test_parse_tagged():
         brown.parse_tagged("\tnotag\n")
 
 
-@pytest.mark.parametrize("raw, base, universal", [
-    ("nn-tl", "nn", "NOUN"), ("np$-tl-hl", "np$", "NOUN"), ("fw-in", "in", "X"),
-    ("dod*", "dod", "VERB"), ("*", "*", "ADV"), ("pps+md", "pps+md", "PRT"), ("pp$", "pp$", "DET"),
-    ("ppss", "ppss", "PRON"), ("to", "to", "PRT"), ("cs", "cs", "ADP"), ("od", "od", "ADJ"),
-    ("``", "``", "."), ("cd-nc", "cd", "NUM"), ("ql", "ql", "ADV"), ("bez-hl", "bez", "VERB"),
-])
+@pytest.mark.parametrize(
+    "raw, base, universal",
+    [
+        ("nn-tl", "nn", "NOUN"),
+        ("np$-tl-hl", "np$", "NOUN"),
+        ("fw-in", "in", "X"),
+        ("dod*", "dod", "VERB"),
+        ("*", "*", "ADV"),
+        ("pps+md", "pps+md", "PRT"),
+        ("pp$", "pp$", "DET"),
+        ("ppss", "ppss", "PRON"),
+        ("to", "to", "PRT"),
+        ("cs", "cs", "ADP"),
+        ("od", "od", "ADJ"),
+        ("``", "``", "."),
+        ("cd-nc", "cd", "NUM"),
+        ("ql", "ql", "ADV"),
+        ("bez-hl", "bez", "VERB"),
+    ],
+)
 def test_tag_maps(raw, base, universal):
     assert brown.base_tag(raw) == base
     assert brown.universal_tag(raw) == universal

@@ -14,8 +14,9 @@ from attnlab import heads, masks, nn, positional
 @pytest.mark.parametrize("kv_heads", [None, 2, 1])
 @pytest.mark.parametrize("implementation", [None, "reference"])
 def test_mha_module_matches_pure_function(score, kv_heads, implementation):
-    mha = nn.MultiHeadAttention(16, 4, num_kv_heads=kv_heads, score=score, implementation=implementation,
-                                rngs=nnx.Rngs(0))
+    mha = nn.MultiHeadAttention(
+        16, 4, num_kv_heads=kv_heads, score=score, implementation=implementation, rngs=nnx.Rngs(0)
+    )
     p = mha.params()
     assert p["wq"].shape == (16, 4, 4) and p["wk"].shape == (16, kv_heads or 4, 4)
     x = jax.random.normal(jax.random.key(1), (2, 5, 16))
@@ -59,8 +60,7 @@ def test_block_matches_hand_composition():
 
 
 def test_encoder_matches_hand_composition_sinusoidal():
-    enc = nn.Encoder(vocab_sizes=(20, 5), d_model=16, num_layers=2, num_heads=4, window=2,
-                     rngs=nnx.Rngs(0))
+    enc = nn.Encoder(vocab_sizes=(20, 5), d_model=16, num_layers=2, num_heads=4, window=2, rngs=nnx.Rngs(0))
     ids = jax.random.randint(jax.random.key(1), (2, 7, 2), 0, 5)
     lengths = jnp.array([7, 4])
     x = enc.embed.embeds[0].embedding[...][ids[..., 0]] + enc.embed.embeds[1].embedding[...][ids[..., 1]]
@@ -75,10 +75,12 @@ def _models(rngs):
     common = dict(vocab_sizes=30, d_model=16, rngs=rngs)
     return {
         "encoder_full": nn.Encoder(num_layers=2, num_heads=4, posenc="sinusoidal", **common),
-        "encoder_learned_window": nn.Encoder(num_layers=1, num_heads=2, posenc="learned", window=1,
-                                             max_len=16, **common),
-        "encoder_additive_gqa": nn.Encoder(num_layers=1, num_heads=4, num_kv_heads=2, score="additive",
-                                           posenc="none", **common),
+        "encoder_learned_window": nn.Encoder(
+            num_layers=1, num_heads=2, posenc="learned", window=1, max_len=16, **common
+        ),
+        "encoder_additive_gqa": nn.Encoder(
+            num_layers=1, num_heads=4, num_kv_heads=2, score="additive", posenc="none", **common
+        ),
         "mlp": nn.TokenMLP(**common),
         "cnn": nn.CNN(kernel_size=3, **common),
         "lstm": nn.BiRNN(cell="lstm", **common),
@@ -103,8 +105,7 @@ def test_padding_does_not_change_real_positions(name):
 
 
 def test_sequence_classifier_pools_real_positions():
-    model = nn.SequenceClassifier(nn.TokenMLP(vocab_sizes=30, d_model=8, rngs=nnx.Rngs(0)), 3,
-                                  rngs=nnx.Rngs(1))
+    model = nn.SequenceClassifier(nn.TokenMLP(vocab_sizes=30, d_model=8, rngs=nnx.Rngs(0)), 3, rngs=nnx.Rngs(1))
     ids = jnp.array([[3, 4, 5, 0, 0]])
     y = model(ids, jnp.array([3]))
     np.testing.assert_allclose(y, model(ids[:, :3]), atol=1e-6)
@@ -112,8 +113,7 @@ def test_sequence_classifier_pools_real_positions():
 
 
 def test_encoder_dropout_is_a_function_of_the_key():
-    enc = nn.Encoder(vocab_sizes=30, d_model=16, num_layers=1, num_heads=4, dropout_rate=0.5,
-                     rngs=nnx.Rngs(0))
+    enc = nn.Encoder(vocab_sizes=30, d_model=16, num_layers=1, num_heads=4, dropout_rate=0.5, rngs=nnx.Rngs(0))
     ids = jax.random.randint(jax.random.key(2), (2, 6), 0, 30)
     k1, k2 = jax.random.key(1), jax.random.key(2)
     np.testing.assert_array_equal(enc(ids, dropout_key=k1), enc(ids, dropout_key=k1))

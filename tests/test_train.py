@@ -9,8 +9,11 @@ from attnlab import nn, train
 
 
 def _setup(seed=0):
-    model = nn.TokenClassifier(nn.Encoder(vocab_sizes=12, d_model=16, num_layers=1, num_heads=2,
-                                          dropout_rate=0.1, rngs=nnx.Rngs(seed)), 3, rngs=nnx.Rngs(seed))
+    model = nn.TokenClassifier(
+        nn.Encoder(vocab_sizes=12, d_model=16, num_layers=1, num_heads=2, dropout_rate=0.1, rngs=nnx.Rngs(seed)),
+        3,
+        rngs=nnx.Rngs(seed),
+    )
     rng = np.random.default_rng(0)
     data = rng.integers(1, 12, (64, 8)).astype(np.int32)
     lengths = rng.integers(3, 9, 64).astype(np.int32)
@@ -59,8 +62,9 @@ def test_exact_resume_after_interruption(tmp_path):
     dev = [r["accuracy"] for r in full if r["split"] == "dev"]
     assert dev[-1] > 0.9
     x = jnp.ones((1, 4), jnp.int32)
-    np.testing.assert_array_equal(trained(x), train.train(_setup()[0], tx, loss_fn, batch_fn,
-                                                          workdir=tmp_path / "a", **kw)[0](x))
+    np.testing.assert_array_equal(
+        trained(x), train.train(_setup()[0], tx, loss_fn, batch_fn, workdir=tmp_path / "a", **kw)[0](x)
+    )
 
 
 def test_same_seed_same_run_different_seed_differs():
@@ -69,6 +73,7 @@ def test_same_seed_same_run_different_seed_differs():
     _, loss_fn, batch_fn, _ = _setup()
     for seed in (0, 0, 1):
         model = _setup()[0]
-        runs.append([r["loss"] for r in train.train(model, tx, loss_fn, batch_fn, num_steps=3, seed=seed,
-                                                    verbose=False)[1]])
+        runs.append(
+            [r["loss"] for r in train.train(model, tx, loss_fn, batch_fn, num_steps=3, seed=seed, verbose=False)[1]]
+        )
     assert runs[0] == runs[1] and runs[0] != runs[2]

@@ -24,8 +24,16 @@ __all__ = ["TokenMLP", "CNN", "BiRNN"]
 class TokenMLP(nnx.Module):
     """Embedding, then L residual layers ``x + drop(GELU(Linear(x)))`` applied to each token alone."""
 
-    def __init__(self, *, d_model: int, num_layers: int = 2, vocab_sizes: int | Sequence[int] | None = None,
-                 input_dim: int | None = None, dropout_rate: float = 0.0, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        num_layers: int = 2,
+        vocab_sizes: int | Sequence[int] | None = None,
+        input_dim: int | None = None,
+        dropout_rate: float = 0.0,
+        rngs: nnx.Rngs,
+    ):
         self.features = d_model
         self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, rngs=rngs)
         self.layers = nnx.List([nnx.Linear(d_model, d_model, rngs=rngs) for _ in range(num_layers)])
@@ -48,13 +56,22 @@ class CNN(nnx.Module):
     sequence's end and never change real positions. Receptive field: L (kernel_size - 1) + 1.
     """
 
-    def __init__(self, *, d_model: int, num_layers: int = 2, kernel_size: int = 5,
-                 vocab_sizes: int | Sequence[int] | None = None, input_dim: int | None = None,
-                 dropout_rate: float = 0.0, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        num_layers: int = 2,
+        kernel_size: int = 5,
+        vocab_sizes: int | Sequence[int] | None = None,
+        input_dim: int | None = None,
+        dropout_rate: float = 0.0,
+        rngs: nnx.Rngs,
+    ):
         self.features = d_model
         self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, rngs=rngs)
-        self.convs = nnx.List([nnx.Conv(d_model, d_model, kernel_size, padding="SAME", rngs=rngs)
-                               for _ in range(num_layers)])
+        self.convs = nnx.List(
+            [nnx.Conv(d_model, d_model, kernel_size, padding="SAME", rngs=rngs) for _ in range(num_layers)]
+        )
         self.ln_f = nnx.LayerNorm(d_model, rngs=rngs)
         self.dropout_rate = dropout_rate
 
@@ -75,9 +92,18 @@ class BiRNN(nnx.Module):
     never read. Output width F = 2 * hidden.
     """
 
-    def __init__(self, *, d_model: int, hidden: int | None = None, num_layers: int = 1, cell: str = "lstm",
-                 vocab_sizes: int | Sequence[int] | None = None, input_dim: int | None = None,
-                 dropout_rate: float = 0.0, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        hidden: int | None = None,
+        num_layers: int = 1,
+        cell: str = "lstm",
+        vocab_sizes: int | Sequence[int] | None = None,
+        input_dim: int | None = None,
+        dropout_rate: float = 0.0,
+        rngs: nnx.Rngs,
+    ):
         if cell not in ("gru", "lstm"):
             raise ValueError(f"BiRNN: cell must be 'gru' or 'lstm', got {cell!r}")
         hidden = hidden or d_model

@@ -67,11 +67,19 @@ class TokenEmbedding(nnx.Module):
         input_dim: F for float inputs ``[B, T, F]`` (input projection).
     """
 
-    def __init__(self, d_model: int, *, vocab_sizes: int | Sequence[int] | None = None,
-                 input_dim: int | None = None, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        vocab_sizes: int | Sequence[int] | None = None,
+        input_dim: int | None = None,
+        rngs: nnx.Rngs,
+    ):
         if (vocab_sizes is None) == (input_dim is None):
-            raise ValueError("TokenEmbedding: pass exactly one of vocab_sizes (int ids) or input_dim "
-                             f"(float features), got vocab_sizes={vocab_sizes!r}, input_dim={input_dim!r}")
+            raise ValueError(
+                "TokenEmbedding: pass exactly one of vocab_sizes (int ids) or input_dim "
+                f"(float features), got vocab_sizes={vocab_sizes!r}, input_dim={input_dim!r}"
+            )
         self.features = d_model
         if vocab_sizes is not None:
             sizes = (vocab_sizes,) if isinstance(vocab_sizes, int) else tuple(vocab_sizes)
@@ -92,8 +100,10 @@ class TokenEmbedding(nnx.Module):
             raise ValueError(f"TokenEmbedding: inputs must be int ids, got dtype {inputs.dtype}")
         ids = inputs[..., None] if self.single else inputs  # [B, T] -> [B, T, 1]
         if ids.shape[-1] != len(self.embeds):
-            raise ValueError(f"TokenEmbedding: inputs have {ids.shape[-1]} id channels, expected "
-                             f"{len(self.embeds)} (shape {inputs.shape})")
+            raise ValueError(
+                f"TokenEmbedding: inputs have {ids.shape[-1]} id channels, expected "
+                f"{len(self.embeds)} (shape {inputs.shape})"
+            )
         return sum(e(ids[..., i]) for i, e in enumerate(self.embeds))
 
 
@@ -113,11 +123,29 @@ class MultiHeadAttention(nnx.Module):
         (2, 5, 16)
     """
 
-    def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
-                 head_dim: int | None = None, kv_dim: int | None = None, use_bias: bool = True,
-                 score: str = "dot", implementation: str | None = None, rngs: nnx.Rngs):
-        params = init_multi_head_params(rngs.params(), d_model, num_heads, num_kv_heads=num_kv_heads,
-                                        head_dim=head_dim, kv_dim=kv_dim, use_bias=use_bias, score=score)
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        kv_dim: int | None = None,
+        use_bias: bool = True,
+        score: str = "dot",
+        implementation: str | None = None,
+        rngs: nnx.Rngs,
+    ):
+        params = init_multi_head_params(
+            rngs.params(),
+            d_model,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            kv_dim=kv_dim,
+            use_bias=use_bias,
+            score=score,
+        )
         self.names = tuple(sorted(params))
         for name in self.names:
             setattr(self, name, nnx.Param(params[name]))
@@ -130,8 +158,16 @@ class MultiHeadAttention(nnx.Module):
 
     def __call__(self, x_q, x_kv=None, *, mask=None, bias=None, return_weights=False):
         """``[..., T, D]`` (and ``[..., S, Dkv]``) -> ``[..., T, D]`` (, weights ``[..., N, T, S]``)."""
-        return multi_head_attention(self.params(), x_q, x_kv, mask=mask, bias=bias, score=self.score,
-                                    implementation=self.implementation, return_weights=return_weights)
+        return multi_head_attention(
+            self.params(),
+            x_q,
+            x_kv,
+            mask=mask,
+            bias=bias,
+            score=self.score,
+            implementation=self.implementation,
+            return_weights=return_weights,
+        )
 
 
 class TransformerBlock(nnx.Module):
@@ -140,12 +176,22 @@ class TransformerBlock(nnx.Module):
     Pre-norm as in Xiong et al. 2020 (arXiv 2002.04745): stable without learning-rate warmup.
     """
 
-    def __init__(self, d_model: int, num_heads: int, mlp_dim: int, *, dropout_rate: float = 0.0,
-                 num_kv_heads: int | None = None, score: str = "dot", implementation: str | None = None,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        mlp_dim: int,
+        *,
+        dropout_rate: float = 0.0,
+        num_kv_heads: int | None = None,
+        score: str = "dot",
+        implementation: str | None = None,
+        rngs: nnx.Rngs,
+    ):
         self.ln1 = nnx.LayerNorm(d_model, rngs=rngs)
-        self.attn = MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, score=score,
-                                       implementation=implementation, rngs=rngs)
+        self.attn = MultiHeadAttention(
+            d_model, num_heads, num_kv_heads=num_kv_heads, score=score, implementation=implementation, rngs=rngs
+        )
         self.ln2 = nnx.LayerNorm(d_model, rngs=rngs)
         self.mlp_in = nnx.Linear(d_model, mlp_dim, rngs=rngs)
         self.mlp_out = nnx.Linear(mlp_dim, d_model, rngs=rngs)
@@ -184,11 +230,24 @@ class Encoder(nnx.Module):
         (2, 7, 16)
     """
 
-    def __init__(self, *, d_model: int, num_layers: int, num_heads: int, mlp_dim: int | None = None,
-                 vocab_sizes: int | Sequence[int] | None = None, input_dim: int | None = None,
-                 posenc: str = "sinusoidal", max_len: int = 512, window: int | None = None,
-                 dropout_rate: float = 0.0, num_kv_heads: int | None = None, score: str = "dot",
-                 implementation: str | None = None, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        mlp_dim: int | None = None,
+        vocab_sizes: int | Sequence[int] | None = None,
+        input_dim: int | None = None,
+        posenc: str = "sinusoidal",
+        max_len: int = 512,
+        window: int | None = None,
+        dropout_rate: float = 0.0,
+        num_kv_heads: int | None = None,
+        score: str = "dot",
+        implementation: str | None = None,
+        rngs: nnx.Rngs,
+    ):
         if posenc not in POSENCS:
             raise ValueError(f"Encoder: posenc must be one of {POSENCS}, got {posenc!r}")
         if window is not None and (not isinstance(window, int) or window < 0):
@@ -199,11 +258,21 @@ class Encoder(nnx.Module):
         self.max_len = max_len
         if posenc == "learned":
             self.pos_table = nnx.Param(positional.init_learned(rngs.params(), max_len, d_model))
-        self.blocks = nnx.List([
-            TransformerBlock(d_model, num_heads, mlp_dim or 4 * d_model, dropout_rate=dropout_rate,
-                             num_kv_heads=num_kv_heads, score=score, implementation=implementation,
-                             rngs=rngs)
-            for _ in range(num_layers)])
+        self.blocks = nnx.List(
+            [
+                TransformerBlock(
+                    d_model,
+                    num_heads,
+                    mlp_dim or 4 * d_model,
+                    dropout_rate=dropout_rate,
+                    num_kv_heads=num_kv_heads,
+                    score=score,
+                    implementation=implementation,
+                    rngs=rngs,
+                )
+                for _ in range(num_layers)
+            ]
+        )
         self.ln_f = nnx.LayerNorm(d_model, rngs=rngs)
         self.window = window
         self.dropout_rate = dropout_rate

@@ -34,23 +34,40 @@ def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.variant = variant
     c.seed = 0
-    c.data = ml_collections.ConfigDict(dict(
-        tagset="universal",  # or "base" (Brown tags without -tl/-hl/-nc/fw-)
-        max_files=None,  # None: all 500 files; n: the first n (ca01 ...)
-        min_count=2,  # words seen fewer times in train share the OOV id
-        max_eval_sentences=None,  # None: the whole dev/test split
-        buckets=(16, 32, 64, 128, 256),  # batches are padded to one of these lengths (one compile each)
-    ))
-    c.model = ml_collections.ConfigDict(dict(
-        kind="attention",  # attention | mlp | cnn | lstm | gru
-        d_model=64, num_layers=2, num_heads=4, mlp_dim=256, dropout=0.1,
-        posenc="sinusoidal", window=None,  # window w: each word sees w neighbours on each side
-        kernel_size=5,
-    ))
-    c.train = ml_collections.ConfigDict(dict(
-        batch_size=64, num_steps=2500, learning_rate=3e-3, warmup_steps=200, weight_decay=1e-4,
-        log_every=50, eval_every=500, checkpoint_every=500,
-    ))
+    c.data = ml_collections.ConfigDict(
+        dict(
+            tagset="universal",  # or "base" (Brown tags without -tl/-hl/-nc/fw-)
+            max_files=None,  # None: all 500 files; n: the first n (ca01 ...)
+            min_count=2,  # words seen fewer times in train share the OOV id
+            max_eval_sentences=None,  # None: the whole dev/test split
+            buckets=(16, 32, 64, 128, 256),  # batches are padded to one of these lengths (one compile each)
+        )
+    )
+    c.model = ml_collections.ConfigDict(
+        dict(
+            kind="attention",  # attention | mlp | cnn | lstm | gru
+            d_model=64,
+            num_layers=2,
+            num_heads=4,
+            mlp_dim=256,
+            dropout=0.1,
+            posenc="sinusoidal",
+            window=None,  # window w: each word sees w neighbours on each side
+            kernel_size=5,
+        )
+    )
+    c.train = ml_collections.ConfigDict(
+        dict(
+            batch_size=64,
+            num_steps=2500,
+            learning_rate=3e-3,
+            warmup_steps=200,
+            weight_decay=1e-4,
+            log_every=50,
+            eval_every=500,
+            checkpoint_every=500,
+        )
+    )
     match variant:
         case "attention":
             pass
@@ -67,9 +84,17 @@ def get_config(variant: str = "attention") -> ml_collections.ConfigDict:
             c.data.max_eval_sentences = 200
             c.data.buckets = (256,)  # one shape: one compile
             c.model.update(d_model=16, num_layers=1, num_heads=2, mlp_dim=32)
-            c.train.update(batch_size=16, num_steps=30, log_every=10, eval_every=30, checkpoint_every=15,
-                           warmup_steps=5, learning_rate=1e-2)
+            c.train.update(
+                batch_size=16,
+                num_steps=30,
+                log_every=10,
+                eval_every=30,
+                checkpoint_every=15,
+                warmup_steps=5,
+                learning_rate=1e-2,
+            )
         case _:
-            raise ValueError(f"unknown pos_tagging variant {variant!r}: use one of "
-                             f"{POS_VARIANTS + ('learned', 'gru', 'smoke')}")
+            raise ValueError(
+                f"unknown pos_tagging variant {variant!r}: use one of {POS_VARIANTS + ('learned', 'gru', 'smoke')}"
+            )
     return c
