@@ -8,19 +8,22 @@ Command (one model):
 `make pos` runs the variants of POS_VARIANTS one after the other (each into results/pos/<variant>/)
 and then draws the figures and table from the JSONL (`--report`).
 
-Variants (12 universal tags, Petrov et al. 2012; inputs: word id + 3-letter suffix + word shape):
-    attention    2-layer pre-norm self-attention encoder, d=128, 4 heads, sinusoidal positions,
-                 full attention. Expect >= 96% test token accuracy in ~10 min on 2 CPU cores.
-    window2/4/8  the same with each word seeing only +-2/4/8 neighbours. Expect window 2 within a
-                 few tenths of a point of full attention: POS needs little context.
+Variants (12 universal tags, Petrov et al. 2012; inputs: word id + 3-letter suffix + word shape;
+d=64, 2 layers, batch 64 sentences, 2,500 AdamW steps = 3.5 epochs). Measured test accuracy on the
+shared 2-core development CPU (README, "Models, training and part-of-speech tagging"):
+    attention    pre-norm self-attention encoder, 4 heads, sinusoidal positions, full attention.
+                 Measured 97.0% (ambiguous words 95.3%, OOV 84.5%) in 584 s of training.
+    window2/4/8  the same with each word seeing only +-2/4/8 neighbours. Expect window 2 at least
+                 as good as full attention (dev 97.9% vs 97.0%): POS needs little context, and the
+                 window is a prior that full attention must learn from data.
     nopos        full attention without positional encoding (a bag of context words). Expect a
-                 drop below the windowed models: word order matters for tags.
+                 drop: word order matters for tags.
     learned      full attention with a learned position table.
-    mlp          per-token MLP (no context). Expect ~94.5-95%, about the most-frequent-tag
-                 baseline (94.6% on this split), clearly below attention on ambiguous words.
+    mlp          per-token MLP (no context). Measured 94.9% (ambiguous 91.1%), about the
+                 most-frequent-tag baseline (94.6% on this split), in 108 s.
     cnn          2 convolutions of width 5 (+-4 words of context).
     lstm         1-layer bidirectional LSTM.
-    smoke        tiny model, 8 files, 30 steps: seconds; used by the tests.
+    smoke        tiny model, 8 files, 30 steps, one padded length: seconds; used by the tests.
 
 Every field can be overridden, e.g. `--config.train.num_steps=500 --config.model.d_model=64`.
 """
