@@ -77,3 +77,17 @@ def test_same_seed_same_run_different_seed_differs():
             [r["loss"] for r in train.train(model, tx, loss_fn, batch_fn, num_steps=3, seed=seed, verbose=False)[1]]
         )
     assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_every_baseline_trains_under_jit():
+    # The train step merges the model inside jit + grad: modules must not mutate RNG state there.
+    _, loss_fn, batch_fn, _ = _setup()
+    for backbone in (
+        nn.BiRNN(vocab_sizes=12, d_model=8, cell="lstm", dropout_rate=0.1, rngs=nnx.Rngs(0)),
+        nn.BiRNN(vocab_sizes=12, d_model=8, cell="gru", rngs=nnx.Rngs(0)),
+        nn.CNN(vocab_sizes=12, d_model=8, kernel_size=3, dropout_rate=0.1, rngs=nnx.Rngs(0)),
+        nn.TokenMLP(vocab_sizes=12, d_model=8, dropout_rate=0.1, rngs=nnx.Rngs(0)),
+    ):
+        model = nn.TokenClassifier(backbone, 3, rngs=nnx.Rngs(1))
+        _, log = train.train(model, optax.adam(1e-2), loss_fn, batch_fn, num_steps=2, verbose=False)
+        assert np.isfinite([r["loss"] for r in log]).all()

@@ -118,6 +118,14 @@ class BiRNN(nnx.Module):
             layers.append(nnx.Bidirectional(fwd, bwd, rngs=rngs))
         self.layers = nnx.List(layers)
         self.dropout_rate = dropout_rate
+        self.cell = cell
+        self.hidden = hidden
+
+    def _zero_carry(self, batch: int):
+        # Explicit zeros: the cells' initialize_carry draws from an RNG stream, which cannot be
+        # mutated inside a jitted, differentiated train step.
+        h = jnp.zeros((batch, self.hidden))
+        return (h, h) if self.cell == "lstm" else h
 
     def __call__(self, inputs, lengths=None, *, dropout_key=None):
         keys = _split(dropout_key, len(self.layers) + 1)
@@ -125,5 +133,7 @@ class BiRNN(nnx.Module):
         if lengths is None:
             lengths = jnp.full(x.shape[:1], x.shape[1], jnp.int32)
         for layer, k in zip(self.layers, keys[1:], strict=True):
-            x = dropout(layer(x, seq_lengths=lengths), self.dropout_rate, k)  # [B, T, 2 hidden]
+            carry = self._zero_carry(x.shape[0])
+            x = layer(x, seq_lengths=lengths, initial_carry=(carry, carry))  # [B, T, 2 hidden]
+            x = dropout(x, self.dropout_rate, k)
         return x
