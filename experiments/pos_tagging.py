@@ -302,7 +302,7 @@ def report(folder: Path) -> str:
     ax.set_ylim(60, 100)
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Brown POS tagging, universal tags")
-    ax.legend(loc="lower right")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(folder / "accuracy.png", dpi=120)
     plt.close(fig)
@@ -318,6 +318,16 @@ def report(folder: Path) -> str:
         fig, ax = plt.subplots(figsize=(4.5, 3.2))
         for key, label in [("test_accuracy", "all tokens"), ("test_ambiguous_accuracy", "ambiguous")]:
             ax.plot([p for p, _ in pts], [100 * r[key] for _, r in pts], "o-", label=label)
+        for r, style in [(r, ":" if r["model"] == "mlp" else "--") for r in results if r["model"] in ("mlp", "cnn")]:
+            ax.axhline(100 * r["test_accuracy"], color="gray", ls=style, lw=1)
+            ax.annotate(
+                f"{r['variant']} (all tokens)",
+                (0, 100 * r["test_accuracy"]),
+                fontsize=7,
+                color="gray",
+                xytext=(2, 2),
+                textcoords="offset points",
+            )
         ax.set_xlabel("attention window (+- words)")
         ax.set_ylabel("test accuracy (%)")
         ax.legend()
