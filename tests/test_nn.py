@@ -136,3 +136,14 @@ def test_bad_arguments_raise():
 def test_input_projection_encoder():
     enc = nn.Encoder(input_dim=3, d_model=8, num_layers=1, num_heads=2, rngs=nnx.Rngs(0))
     assert enc(jnp.ones((2, 4, 3)), jnp.array([4, 2])).shape == (2, 4, 8)
+
+
+def test_learned_positions_are_added():
+    enc = nn.Encoder(
+        vocab_sizes=30, d_model=8, num_layers=1, num_heads=2, posenc="learned", max_len=16, rngs=nnx.Rngs(0)
+    )
+    ids = jnp.array([[3, 3, 3, 3]])  # the same token everywhere: only positions tell them apart
+    y = enc(ids)
+    assert not np.allclose(y[0, 0], y[0, 1], atol=1e-6)
+    enc.pos_table[...] = jnp.zeros((16, 8))
+    np.testing.assert_allclose(enc(ids)[0, 0], enc(ids)[0, 1], atol=1e-6)
