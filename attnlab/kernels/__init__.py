@@ -7,5 +7,6 @@
 """
 
 from attnlab.kernels.blockwise import BlockSizes, block_schedule, blockwise_attention, default_block_sizes
+from attnlab.kernels.sparse import sparse_attention
 
-__all__ = ["BlockSizes", "block_schedule", "blockwise_attention", "default_block_sizes"]
+__all__ = ["BlockSizes", "block_schedule", "blockwise_attention", "default_block_sizes", "sparse_attention"]

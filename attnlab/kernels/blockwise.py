@@ -59,11 +59,11 @@ class BlockSizes:
                 raise ValueError(f"{name} must be a positive int, got {b!r}")
 
 
-# Per-backend defaults. CPU: 512 x 512 tiles keep two cores busy on full attention (see
-# PERFORMANCE.md and `make bench`); masks with empty blocks (windows) get 128 x 128 tiles so
+# Per-backend defaults. CPU: 256 x 512 tiles were fastest of {256, 512, 1024}^2 on full attention
+# at N = 1K and 4K (see `make bench`); masks with empty blocks (windows) get 128 x 128 tiles so
 # little work is wasted on the diagonal band. GPU/TPU: 128-wide tiles, the usual flash choice.
 _DEFAULTS = {
-    "cpu": (BlockSizes(512, 512), BlockSizes(128, 128)),
+    "cpu": (BlockSizes(256, 512), BlockSizes(128, 128)),
     "gpu": (BlockSizes(128, 128), BlockSizes(128, 128)),
     "tpu": (BlockSizes(512, 512), BlockSizes(128, 128)),
 }
@@ -369,7 +369,6 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
     *lead, T, N, H = q.shape
     S, K, Hv = v.shape[-3:]
     lead = tuple(lead)
-    B = math.prod(lead)
     if T == 0 or S == 0:
         return jnp.zeros((*lead, T, N, Hv), q.dtype)
     m = masks_lib.as_mask(mask, "mask")
@@ -397,9 +396,18 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
     compute = jnp.float32 if (half and jax.default_backend() == "cpu") else dtype
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     st = _Static(T=T, S=S, bq=bq, bk=bk, lead=lead, N=N, K=K, scale=scale, has_bias=bias_fn is not None,
-                 kinds_used=tuple(sorted(set(np.unique(kind).tolist()))), compute_dtype=str(compute))
+                 kinds_used=tuple(sorted(set(np.unique(kind).tolist()))), compute_dtype=jnp.dtype(compute).name)
 
-    G = N // K
+    return _blockwise(q, k, v, m, consts, jnp.asarray(index), jnp.asarray(kind), st, bias_fn)
+
+
+@functools.partial(jax.jit, static_argnums=(7, 8))
+def _blockwise(q, k, v, m, consts, index, kind, st: _Static, bias_fn):
+    """Layout in, layout out: [..., T, N, H] -> heads-first tiles -> kernel -> [..., T, N, Hv]."""
+    lead, T, S, N, K, bq, bk = st.lead, st.T, st.S, st.N, st.K, st.bq, st.bk
+    B, H, Hv, G = math.prod(lead), q.shape[-1], v.shape[-1], N // K
+    nq, nk = -(-T // bq), -(-S // bk)
+    dtype, compute, scale = q.dtype, jnp.dtype(st.compute_dtype), st.scale
     Tp, Sp = nq * bq, nk * bk
     # q: [..., T, N, H] -> [B, Tp, K, G, H] -> [B, nq, bq, K, G, H] -> [nq, B, K, G, bq, H]
     qs = (q.astype(jnp.float32) * scale).astype(compute).reshape(B, T, K, G, H)
@@ -410,8 +418,7 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
         x = jnp.pad(x.astype(compute).reshape(B, S, K, -1), ((0, 0), (0, Sp - S), (0, 0), (0, 0)))
         return x.reshape(B, nk, bk, K, -1).transpose(1, 0, 3, 2, 4)
 
-    out = _flash(qs, kv_tiles(k), kv_tiles(v), m, consts, jnp.asarray(index), jnp.asarray(kind),
-                 st, bias_fn)
+    out = _flash(qs, kv_tiles(k), kv_tiles(v), m, consts, index, kind, st, bias_fn)
     # [nq, B, K, G, bq, Hv] -> [B, nq, bq, K, G, Hv] -> [..., T, N, Hv]
     out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, Tp, N, Hv)[:, :T]
     return out.reshape(*lead, T, N, Hv).astype(dtype)

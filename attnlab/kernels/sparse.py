@@ -1,0 +1,125 @@
+"""Graph attention along an edge list: a segment softmax in O(E) time and memory.
+
+For a graph given as ``masks.graph_edges(senders, receivers, num_nodes)`` (edge e: receiver
+``r_e`` = query attends to sender ``s_e`` = key), attention never needs the ``[T, S]`` logits:
+
+1. gather ``q[r_e]`` and ``k[s_e]`` and score each edge and head: ``α'_e`` (dot or additive);
+2. softmax over the edges that share a receiver: ``segment_max`` / ``segment_sum`` over ``r``;
+3. gather ``v[s_e]``, weight it by ``α_e`` and ``segment_sum`` the messages into the receivers.
+
+This is the message-passing form of graph attention (GAT, Veličković et al. 2017,
+arXiv 1710.10903; jraph's ``segment_softmax``). It equals dense attention with
+``masks.graph(adjacency)`` on the same graph, as long as the edge list has no duplicate edges
+(a duplicated edge is counted twice here but once in the adjacency). A node with no incoming
+edge gets zeros, with zero gradients.
+
+Shape legend: B batch (leading dims), T = S = num_nodes, N query heads, K kv heads, G = N // K,
+H head dim, Hv value head dim, E edges.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from attnlab import masks as masks_lib
+from attnlab import scores as scores_lib
+
+__all__ = ["sparse_attention", "edge_score"]
+
+
+def edge_score(score, scale, fn="sparse_attention"):
+    """Turns ``score`` into a per-edge function ``(q_e [E, K, G, H], k_e [E, K, H]) -> fp32 [E, K, G]``.
+
+    Supports ``"dot"`` (with ``scale``) and ``functools.partial(attnlab.scores.additive, w=w)``.
+    """
+    if isinstance(score, str) and score in ("dot", "dot_product"):
+
+        def dot(q_e, k_e, h):
+            s = 1.0 / math.sqrt(h) if scale is None else scale
+            return jnp.einsum("ekgh,ekh->ekg", q_e, k_e, preferred_element_type=jnp.float32) * s
+
+        return dot
+    if isinstance(score, functools.partial) and score.func is scores_lib.additive and not score.args:
+        if scale is not None:
+            raise ValueError(f"{fn}: scale applies to score='dot' only")
+        w = jnp.asarray(score.keywords["w"])
+
+        def additive(q_e, k_e, h):
+            kh, g = q_e.shape[1], q_e.shape[2]
+            ww = jnp.broadcast_to(w.astype(jnp.float32), (kh * g, h)).reshape(kh, g, h)  # [K, G, H]
+            pre = q_e.astype(jnp.float32) + k_e.astype(jnp.float32)[:, :, None, :]  # [E, K, G, H]
+            return jnp.einsum("ekgh,kgh->ekg", jnp.tanh(pre), ww)
+
+        return additive
+    raise ValueError(f"{fn}: score must be 'dot' or functools.partial(attnlab.scores.additive, w=w) "
+                     f"(a general score(q, k) callable needs the dense [T, S] form), got {score!r}")
+
+
+def _one_graph(q, k, v, senders, receivers, *, score_e):
+    """q [T, N, H], k [S, K, H], v [S, K, Hv]; senders/receivers [E] -> [T, N, Hv] fp32."""
+    T, N, H = q.shape
+    K = k.shape[1]
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))  # fp32 throughout (XLA:CPU has no half dots)
+    q_e = q[receivers].reshape(-1, K, N // K, H)  # [E, N, H] -> [E, K, G, H]
+    k_e = k[senders]  # [E, K, H]
+    logits = score_e(q_e, k_e, H)  # [E, K, G] fp32
+    m = jax.ops.segment_max(logits, receivers, num_segments=T)  # [T, K, G]; -inf where no edge
+    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+    p = jnp.exp(logits - m[receivers])  # [E, K, G]
+    denom = jax.ops.segment_sum(p, receivers, num_segments=T)  # [T, K, G]
+    alpha = p / denom[receivers]  # each receiver's weights sum to 1 (denom > 0 on any edge)
+    msg = alpha[..., None] * v[senders][:, :, None, :]  # [E, K, G, Hv]
+    out = jax.ops.segment_sum(msg, receivers, num_segments=T)  # [T, K, G, Hv]
+    return out.reshape(T, N, -1)  # [T, K, G, Hv] -> [T, N, Hv]
+
+
+def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
+    """Attention along the edges of ``mask = masks.graph_edges(...)``: O(E) time and memory.
+
+    Args:
+        q: ``[..., T, N, H]`` queries, T = num_nodes.
+        k: ``[..., S, K, H]`` keys, S = num_nodes.
+        v: ``[..., S, K, Hv]`` values.
+        mask: a ``masks.GraphEdges`` (``masks.graph_edges(senders, receivers, num_nodes)``);
+            the same edge list for every batch element. Edges may be traced arrays.
+        score: ``"dot"`` or ``functools.partial(attnlab.scores.additive, w=w)``.
+        scale: logit scale for ``score="dot"``; default ``1/sqrt(H)``.
+        bias: must be None (per-edge biases are not supported yet).
+
+    Returns:
+        ``[..., T, N, Hv]`` in q's dtype (computed in fp32); nodes with no incoming edge get zeros.
+
+    Raises:
+        ValueError: ``mask`` is not an edge list, T or S differ from num_nodes, a bias is given,
+            or ``score`` has no per-edge form.
+
+    Example:
+        >>> m = masks_lib.graph_edges(senders=[0, 1, 2], receivers=[1, 2, 0], num_nodes=3)
+        >>> q = k = v = jnp.ones((3, 2, 4))           # [T=3, N=2, H=4]
+        >>> sparse_attention(q, k, v, mask=m).shape
+        (3, 2, 4)
+    """
+    fn = "sparse_attention"
+    if not isinstance(mask, masks_lib.GraphEdges):
+        raise ValueError(f"mask: implementation='sparse' needs an edge list, masks.graph_edges(senders, "
+                         f"receivers, num_nodes), got {type(mask).__name__}")
+    if bias is not None:
+        raise ValueError(f"bias: {fn} does not support a bias yet; use implementation='blockwise' "
+                         f"with masks.graph(adjacency)")
+    *lead, T, N, H = q.shape
+    S = k.shape[-3]
+    if (T, S) != (mask.num_nodes, mask.num_nodes):
+        raise ValueError(f"mask: graph_edges has num_nodes={mask.num_nodes} but q has T={T} and k has "
+                         f"S={S} positions; both must equal num_nodes")
+    score_e = edge_score(score, scale, fn)
+    K, Hv = v.shape[-2], v.shape[-1]
+    one = functools.partial(_one_graph, senders=jnp.asarray(mask.senders, jnp.int32),
+                            receivers=jnp.asarray(mask.receivers, jnp.int32), score_e=score_e)
+    # [..., T, N, H] -> [B, T, N, H]; vmap adds the batch (the edge list is shared)
+    qb, kb, vb = q.reshape(-1, T, N, H), k.reshape(-1, S, K, H), v.reshape(-1, S, K, Hv)
+    out = jax.vmap(one)(qb, kb, vb)
+    return out.reshape(*lead, T, N, Hv).astype(q.dtype)
