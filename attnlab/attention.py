@@ -25,9 +25,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from attnlab import kernels
+from attnlab import kernels, scores
 from attnlab import masks as masks_lib
-from attnlab import scores
 
 __all__ = ["attention", "attention_weights", "attention_reference", "masked_softmax", "IMPLEMENTATIONS"]
 
@@ -107,7 +106,8 @@ def _score_fn(score, scale, fn) -> ScoreFn:
         if score == "additive":
             raise ValueError(f"{fn}: score='additive' needs its weights: pass "
                              f"score=functools.partial(attnlab.scores.additive, w=w)")
-        raise ValueError(f"{fn}: score must be 'dot' or a callable score(q, k) -> [..., N, T, S], got {score!r}")
+        raise ValueError(f"{fn}: score must be 'dot' or a callable score(q, k) -> [..., N, T, S], "
+                         f"got {score!r}")
     if not callable(score):
         raise ValueError(f"{fn}: score must be 'dot' or a callable, got {type(score).__name__}")
     if scale is not None:

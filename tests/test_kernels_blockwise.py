@@ -185,7 +185,8 @@ def test_dispatch_rule():
     long = masks.window(128, 128).block_layout(1024, 1024, 128, 128)
     assert (long == masks.EMPTY).any()
     q1 = jax.ShapeDtypeStruct((1024, 2, 8), jnp.float32)
-    assert _choose(q1, q1, q1, mask=masks.window(128, 128), bias=None, score="dot", is_dot=True) == "blockwise"
+    win = masks.window(128, 128)
+    assert _choose(q1, q1, q1, mask=win, bias=None, score="dot", is_dot=True) == "blockwise"
     assert _choose(big_q, big_k, big_v, mask=None, bias=None, score="dot", is_dot=True) == "blockwise"
     # an array bias is already O(T*S): XLA
     assert _choose(big_q, big_k, big_v, mask=None, bias=jnp.zeros((512, 512)), score="dot",

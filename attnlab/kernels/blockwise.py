@@ -396,7 +396,8 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
     compute = jnp.float32 if (half and jax.default_backend() == "cpu") else dtype
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     st = _Static(T=T, S=S, bq=bq, bk=bk, lead=lead, N=N, K=K, scale=scale, has_bias=bias_fn is not None,
-                 kinds_used=tuple(sorted(set(np.unique(kind).tolist()))), compute_dtype=jnp.dtype(compute).name)
+                 kinds_used=tuple(sorted(set(np.unique(kind).tolist()))),
+                 compute_dtype=jnp.dtype(compute).name)
 
     return _blockwise(q, k, v, m, consts, jnp.asarray(index), jnp.asarray(kind), st, bias_fn)
 

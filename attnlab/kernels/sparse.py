@@ -112,7 +112,7 @@ def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
                          f"with masks.graph(adjacency)")
     *lead, T, N, H = q.shape
     S = k.shape[-3]
-    if (T, S) != (mask.num_nodes, mask.num_nodes):
+    if (mask.num_nodes, mask.num_nodes) != (T, S):
         raise ValueError(f"mask: graph_edges has num_nodes={mask.num_nodes} but q has T={T} and k has "
                          f"S={S} positions; both must equal num_nodes")
     score_e = edge_score(score, scale, fn)
