@@ -47,23 +47,30 @@ class BlockSizes:
     Attributes:
         block_q: queries per block (rows of one tile).
         block_k: keys per block (columns of one tile).
+        backward: ``"two_pass"`` (a dk/dv pass over key blocks and a dq pass over
+            query blocks, 7 tile matmuls, no transposes) or ``"fused"`` (default: one pass over query
+            blocks carrying full-size dk/dv, 5 tile matmuls plus tile transposes).
     """
 
     block_q: int
     block_k: int
+    backward: str = "fused"
 
     def __post_init__(self):
         for name in ("block_q", "block_k"):
             b = getattr(self, name)
             if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b <= 0:
                 raise ValueError(f"{name} must be a positive int, got {b!r}")
+        if self.backward not in ("two_pass", "fused"):
+            raise ValueError(f"backward must be 'two_pass' or 'fused', got {self.backward!r}")
 
 
-# Per-backend defaults. CPU: 256 x 512 tiles were fastest of {256, 512, 1024}^2 on full attention
-# at N = 1K and 4K (see `make bench`); masks with empty blocks (windows) get 128 x 128 tiles so
-# little work is wasted on the diagonal band. GPU/TPU: 128-wide tiles, the usual flash choice.
+# Per-backend defaults (dense, sparse). CPU: 256 x 256 tiles were the best of {128, 256, 512}^2
+# for full attention forward and backward at N = 1K-4K; 64 x 64 the best of {32, ..., 256}^2 for a
+# ±128 window at N = 4K (little work wasted on the band's edges). GPU/TPU: 128-wide tiles, the
+# usual flash choice (untested here: no accelerator was available).
 _DEFAULTS = {
-    "cpu": (BlockSizes(256, 512), BlockSizes(128, 128)),
+    "cpu": (BlockSizes(256, 256), BlockSizes(64, 64)),
     "gpu": (BlockSizes(128, 128), BlockSizes(128, 128)),
     "tpu": (BlockSizes(512, 512), BlockSizes(128, 128)),
 }
@@ -79,6 +86,24 @@ def default_block_sizes(backend: str | None = None, *, sparse: bool = False) -> 
     backend = jax.default_backend() if backend is None else backend
     dense, sparse_ = _DEFAULTS.get(backend, _DEFAULTS["gpu"])
     return sparse_ if sparse else dense
+
+
+# A tile's fixed cost (loop step, mask and softmax bookkeeping) counted in (query, key) pairs.
+_TILE_OVERHEAD_PAIRS = 64 * 64
+
+
+def _pick_block_sizes(m, T: int, S: int) -> BlockSizes:
+    """The backend's dense or sparse tiles, whichever visits fewer pairs (plus a per-tile cost)."""
+    dense, sparse = default_block_sizes(), default_block_sizes(sparse=True)
+    if m is None or not m.is_static:
+        return dense
+
+    def cost(bs):
+        bq, bk = min(bs.block_q, T), min(bs.block_k, S)
+        tiles = int((m.block_layout(T, S, bq, bk) != masks_lib.EMPTY).sum())
+        return tiles * (bq * bk + _TILE_OVERHEAD_PAIRS)
+
+    return sparse if cost(sparse) < cost(dense) else dense
 
 
 # ------------------------------------------------------------------------------------------
@@ -97,9 +122,17 @@ def block_schedule(layout: np.ndarray, S: int, bk: int) -> tuple[np.ndarray, np.
         ``(index, kind)``, both int32 ``[nq, J]``: key block indices (padding entries point to
         block 0) and kinds (0 = padding entry, skipped; 1 = PARTIAL; 2 = FULL).
     """
+    return _rows(_adjusted(layout, S, bk))
+
+
+def _adjusted(layout: np.ndarray, S: int, bk: int) -> np.ndarray:
     layout = np.array(layout, np.int32)
     if S % bk:
         layout[:, -1] = np.minimum(layout[:, -1], masks_lib.PARTIAL)
+    return layout
+
+
+def _rows(layout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     nq = layout.shape[0]
     rows = [np.nonzero(layout[i])[0] for i in range(nq)]
     J = max(1, max(len(r) for r in rows))
@@ -129,7 +162,9 @@ class _Static:
     scale: float
     has_bias: bool
     kinds_used: tuple  # sorted kinds present in the schedule, e.g. (2,) for full attention
+    kinds_used_t: tuple  # the same for the transposed schedule (key block -> query blocks)
     compute_dtype: str
+    backward: str
 
 
 def _to_tile(x: jax.Array, st: _Static) -> jax.Array:
@@ -299,25 +334,131 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
     return dq, dk, dv, dconsts
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
-def _flash(q, k, v, mask, consts, index, kind, st, bias_fn):
-    return _forward(q, k, v, mask, consts, index, kind, st=st, bias_fn=bias_fn)[0]
+def _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, *, st: _Static, bias_fn):
+    """Backward in two passes with no full-size carry and every matmul in canonical form.
+
+    Pass 1 (lax.map over key blocks j, scan over the query blocks that see j) works on the
+    transposed tile ``sT = k_j q_i^T`` [B, K, bk, G, bq] and accumulates dk_j, dv_j locally.
+    Pass 2 (lax.map over query blocks i, scan over their key blocks) accumulates dq_i. The
+    logits are recomputed in both (7 matmuls per tile instead of 5), in exchange for no
+    transposes of [bq, bk] tiles and no dynamic updates of full-size buffers.
+    """
+    index, kind, index_t, kind_t = sched
+    nq, B, K, G, bq, H = q.shape
+    nk = k.shape[0]
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [nq, B, K, G, bq]
+
+    def tile_bias_t(i, j, *cs):  # [B|1, K|1, bk|1, G|1, bq|1]
+        q_pos, k_pos = _positions(i, j, st)
+        b = bias_fn(jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1), *cs)
+        return jnp.moveaxis(_to_tile(b.astype(jnp.float32), st), -1, 2)
+
+    def switch(kinds_used, kd, visit, c):
+        branches = {0: lambda c: c, 1: functools.partial(visit, partial=True),
+                    2: functools.partial(visit, partial=False)}
+        if len(kinds_used) == 1:
+            return branches[kinds_used[0]](c)
+        return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], c)
 
 
-def _flash_fwd(q, k, v, mask, consts, index, kind, st, bias_fn):
-    out, lse = _forward(q, k, v, mask, consts, index, kind, st=st, bias_fn=bias_fn)
-    return out, (q, k, v, mask, consts, index, kind, out, lse)
+    def one_key_block(args):  # -> dk_j, dv_j, dconsts
+        kj, vj, j, idx_j, kind_j = args
+
+        def step(c, ik):
+            i, kd = ik
+
+            def visit(c, partial, ok=None):
+                if partial and ok is None:
+                    ok = jnp.moveaxis(_allowed(mask, i, j, st), -1, 2)  # [B|1, K|1, bk, G|1, bq]
+                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok),
+                                        lambda c: c, c)
+                dk_j, dv_j, dconsts = c
+                qi, doi = q[i], dout[i]
+                s_t = jnp.einsum("bksh,bkgqh->bksgq", kj, qi, preferred_element_type=jnp.float32)
+                if st.has_bias:
+                    s_t = s_t + tile_bias_t(i, j, *consts)
+                p_t = jnp.exp(s_t - lse[i][:, :, None])
+                if partial:
+                    p_t = jnp.where(ok, p_t, 0.0)
+                dv_j = dv_j + jnp.einsum("bksgq,bkgqh->bksh", p_t.astype(doi.dtype), doi,
+                                         preferred_element_type=jnp.float32)
+                dp_t = jnp.einsum("bksh,bkgqh->bksgq", vj, doi, preferred_element_type=jnp.float32)
+                ds_t = p_t * (dp_t - delta[i][:, :, None])
+                dk_j = dk_j + jnp.einsum("bksgq,bkgqh->bksh", ds_t.astype(qi.dtype), qi,
+                                         preferred_element_type=jnp.float32)
+                if st.has_bias and consts:
+                    b, vjp = jax.vjp(functools.partial(tile_bias_t, i, j), *consts)
+                    axes = tuple(a for a in range(ds_t.ndim) if b.shape[a] == 1 and ds_t.shape[a] != 1)
+                    dconsts = tuple(x + y for x, y in
+                                    zip(dconsts, vjp(ds_t.sum(axes, keepdims=True)), strict=True))
+                return dk_j, dv_j, dconsts
+
+            return switch(st.kinds_used_t, kd, visit, c), None
+
+        c0 = (jnp.zeros(kj.shape, jnp.float32), jnp.zeros(vj.shape, jnp.float32),
+              tuple(jnp.zeros(c.shape, jnp.float32) for c in consts))
+        (dk_j, dv_j, dconsts), _ = jax.lax.scan(step, c0, (idx_j, kind_j))
+        return dk_j, dv_j, dconsts
+
+    ik = jnp.arange(nk, dtype=jnp.int32)
+    dk, dv, dconsts = jax.lax.map(one_key_block, (k, v, ik, index_t, kind_t))
+    dconsts = tuple(d.sum(0) for d in dconsts)
+
+    def one_query_block(args):  # -> dq_i
+        qi, doi, lse_i, delta_i, i, idx_i, kind_i = args
+
+        def step(dq_i, jk):
+            j, kd = jk
+
+            def visit(dq_i, partial, ok=None):
+                if partial and ok is None:
+                    ok = _allowed(mask, i, j, st)
+                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok),
+                                        lambda c: c, dq_i)
+                s = _logits(qi, k[j], bias_fn, consts, i, j, st)
+                p = jnp.exp(s - lse_i[..., None])
+                if partial:
+                    p = jnp.where(ok, p, 0.0)
+                dp = jnp.einsum("bkgqh,bksh->bkgqs", doi, v[j], preferred_element_type=jnp.float32)
+                ds = p * (dp - delta_i[..., None])
+                return dq_i + jnp.einsum("bkgqs,bksh->bkgqh", ds.astype(k.dtype), k[j],
+                                         preferred_element_type=jnp.float32)
+
+            return switch(st.kinds_used, kd, visit, dq_i), None
+
+        dq_i, _ = jax.lax.scan(step, jnp.zeros(qi.shape, jnp.float32), (idx_i, kind_i))
+        return dq_i
+
+    iq = jnp.arange(nq, dtype=jnp.int32)
+    dq = jax.lax.map(one_query_block, (q, dout, lse, delta, iq, index, kind))
+    dconsts = tuple(d.astype(c.dtype) for d, c in zip(dconsts, consts, strict=True))
+    return dq, dk, dv, dconsts
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _flash(q, k, v, mask, consts, sched, st, bias_fn):
+    """sched = (index, kind, index_t, kind_t): the schedule and its transpose, int32 arrays."""
+    return _forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn)[0]
+
+
+def _flash_fwd(q, k, v, mask, consts, sched, st, bias_fn):
+    out, lse = _forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn)
+    return out, (q, k, v, mask, consts, sched, out, lse)
 
 
 def _flash_bwd(st, bias_fn, res, dout):
-    q, k, v, mask, consts, index, kind, out, lse = res
-    dq, dk, dv, dconsts = _backward(q, k, v, mask, consts, index, kind, out, lse, dout,
-                                    st=st, bias_fn=bias_fn)
+    q, k, v, mask, consts, sched, out, lse = res
+    if st.backward == "two_pass":
+        dq, dk, dv, dconsts = _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout,
+                                                 st=st, bias_fn=bias_fn)
+    else:
+        dq, dk, dv, dconsts = _backward(q, k, v, mask, consts, sched[0], sched[1], out, lse, dout,
+                                        st=st, bias_fn=bias_fn)
     zero = lambda x: np.zeros(x.shape, jax.dtypes.float0)  # noqa: E731  (int/bool leaves)
     dmask = jax.tree_util.tree_map(
         lambda x: zero(x) if not jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros_like(x), mask)
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dmask, dconsts,
-            zero(index), zero(kind))
+            tuple(zero(x) for x in sched))
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -355,7 +496,8 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
             of integer positions (ALiBi, relative bias), evaluated one tile at a time; arrays it
             closes over receive gradients.
         scale: logit scale; default ``1/sqrt(H)``.
-        block_sizes: a ``BlockSizes``; default ``default_block_sizes(sparse=<mask has empty blocks>)``.
+        block_sizes: a ``BlockSizes``; default: the backend's dense or sparse tiles
+            (``default_block_sizes``), whichever visits fewer (query, key) pairs for this mask.
 
     Returns:
         ``[..., T, N, Hv]`` in q's dtype; softmax statistics and accumulation in fp32. Rows with
@@ -375,10 +517,7 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
     if isinstance(m, masks_lib.Full):
         m = None
     if block_sizes is None:
-        probe = default_block_sizes(sparse=True)
-        sparse = m is not None and m.is_static and bool(
-            (m.block_layout(T, S, min(probe.block_q, T), min(probe.block_k, S)) == masks_lib.EMPTY).any())
-        block_sizes = default_block_sizes(sparse=sparse)
+        block_sizes = _pick_block_sizes(m, T, S)
     if not isinstance(block_sizes, BlockSizes):
         raise ValueError(f"block_sizes must be an attnlab.kernels.BlockSizes, got {block_sizes!r}")
     bq, bk = min(block_sizes.block_q, T), min(block_sizes.block_k, S)
@@ -386,7 +525,9 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
 
     layout = (np.full((nq, nk), masks_lib.FULL, np.int8) if m is None
               else m.block_layout(T, S, bq, bk))
-    index, kind = block_schedule(layout, S, bk)
+    layout = _adjusted(layout, S, bk)
+    index, kind = _rows(layout)
+    index_t, kind_t = _rows(layout.T)  # key block -> the query blocks that see it
     bias_fn, consts = _as_bias_fn(bias, T, S, bq, bk)
 
     dtype = q.dtype
@@ -396,14 +537,15 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
     compute = jnp.float32 if (half and jax.default_backend() == "cpu") else dtype
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
     st = _Static(T=T, S=S, bq=bq, bk=bk, lead=lead, N=N, K=K, scale=scale, has_bias=bias_fn is not None,
-                 kinds_used=tuple(sorted(set(np.unique(kind).tolist()))),
-                 compute_dtype=jnp.dtype(compute).name)
+                 kinds_used=tuple(np.unique(kind).tolist()), kinds_used_t=tuple(np.unique(kind_t).tolist()),
+                 compute_dtype=jnp.dtype(compute).name, backward=block_sizes.backward)
 
-    return _blockwise(q, k, v, m, consts, jnp.asarray(index), jnp.asarray(kind), st, bias_fn)
+    sched = tuple(jnp.asarray(x) for x in (index, kind, index_t, kind_t))
+    return _blockwise(q, k, v, m, consts, sched, st, bias_fn)
 
 
-@functools.partial(jax.jit, static_argnums=(7, 8))
-def _blockwise(q, k, v, m, consts, index, kind, st: _Static, bias_fn):
+@functools.partial(jax.jit, static_argnums=(6, 7))
+def _blockwise(q, k, v, m, consts, sched, st: _Static, bias_fn):
     """Layout in, layout out: [..., T, N, H] -> heads-first tiles -> kernel -> [..., T, N, Hv]."""
     lead, T, S, N, K, bq, bk = st.lead, st.T, st.S, st.N, st.K, st.bq, st.bk
     B, H, Hv, G = math.prod(lead), q.shape[-1], v.shape[-1], N // K
@@ -419,7 +561,7 @@ def _blockwise(q, k, v, m, consts, index, kind, st: _Static, bias_fn):
         x = jnp.pad(x.astype(compute).reshape(B, S, K, -1), ((0, 0), (0, Sp - S), (0, 0), (0, 0)))
         return x.reshape(B, nk, bk, K, -1).transpose(1, 0, 3, 2, 4)
 
-    out = _flash(qs, kv_tiles(k), kv_tiles(v), m, consts, index, kind, st, bias_fn)
+    out = _flash(qs, kv_tiles(k), kv_tiles(v), m, consts, sched, st, bias_fn)
     # [nq, B, K, G, bq, Hv] -> [B, nq, bq, K, G, Hv] -> [..., T, N, Hv]
     out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, Tp, N, Hv)[:, :T]
     return out.reshape(*lead, T, N, Hv).astype(dtype)
