@@ -218,11 +218,8 @@ def favor_features(x: jax.Array, projection: jax.Array, *, is_query: bool) -> ja
     xs = x.astype(jnp.float32) * h**-0.25
     proj = jnp.einsum("...LNH,MH->...LNM", xs, projection)
     sq = 0.5 * jnp.sum(xs**2, axis=-1, keepdims=True)
-    if is_query:
-        c = jnp.max(proj, axis=-1, keepdims=True)
-    else:
-        c = jnp.max(proj, axis=(-3, -2, -1), keepdims=True)
-    c = jax.lax.stop_gradient(c)
+    axes = -1 if is_query else (-3, -2, -1)  # per query row; one constant over all keys
+    c = jax.lax.stop_gradient(jnp.max(proj, axis=axes, keepdims=True))
     return jnp.exp(proj - sq - c) / math.sqrt(projection.shape[0]) + 1e-6
 
 
