@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SWEEP_FLAGS ?=
 
-.PHONY: install test test-fast lint sweep clean
+.PHONY: install test test-fast lint sweep sweep-long plots clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,8 +26,14 @@ lint: install
 	$(VENV)/bin/ruff check attnlab tests experiments
 	$(VENV)/bin/ruff format --check attnlab tests experiments
 
-sweep: install  ## time attention over sequence lengths x head counts; results in results/sweep/
-	$(PY) -m experiments.sweep --out results/sweep $(SWEEP_FLAGS)
+sweep: install  ## the main job: length x heads x implementation x mask sweep -> results/sweep/
+	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:default --out results/sweep $(SWEEP_FLAGS)
+
+sweep-long: install  ## N up to 16K (for a GPU/TPU or a patient CPU) -> results/sweep-long/
+	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:long --out results/sweep-long $(SWEEP_FLAGS)
+
+plots: install  ## redraw figures + summary.md from results/sweep/results.jsonl alone
+	$(PY) -m experiments.plot --results results/sweep/results.jsonl --out results/sweep
 
 clean:
 	rm -rf $(VENV) .pytest_cache results

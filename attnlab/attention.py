@@ -46,11 +46,14 @@ ScoreFn = Callable[[jax.Array, jax.Array], jax.Array]
 def _check_qkv(q, k, v, fn):
     n, kh = scores.check_qk(q, k, fn=fn)
     if not hasattr(v, "ndim") or v.ndim != k.ndim:
-        raise ValueError(f"{fn}: v must have shape [..., S, K, Hv] like k {k.shape}, "
-                         f"got {getattr(v, 'shape', type(v).__name__)}")
+        raise ValueError(
+            f"{fn}: v must have shape [..., S, K, Hv] like k {k.shape}, got {getattr(v, 'shape', type(v).__name__)}"
+        )
     if v.shape[:-1] != k.shape[:-1]:
-        raise ValueError(f"{fn}: v must match k in batch dims, S and K: k {k.shape} "
-                         f"([..., S, K, H]) vs v {v.shape} ([..., S, K, Hv])")
+        raise ValueError(
+            f"{fn}: v must match k in batch dims, S and K: k {k.shape} "
+            f"([..., S, K, H]) vs v {v.shape} ([..., S, K, Hv])"
+        )
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"{fn}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     return n, kh
@@ -68,8 +71,9 @@ def _check_broadcast(name, shape, target):
     except ValueError:
         out = None
     if out != tuple(target):
-        raise ValueError(f"{name} of shape {tuple(shape)} does not broadcast to the logits' "
-                         f"shape [..., N, T, S] = {tuple(target)}")
+        raise ValueError(
+            f"{name} of shape {tuple(shape)} does not broadcast to the logits' shape [..., N, T, S] = {tuple(target)}"
+        )
 
 
 def _dense_mask(mask, target):
@@ -91,8 +95,10 @@ def _check_bias(bias, target):
         # a function of positions, bias(q_idx, k_idx) -> [..., N, T, S]: evaluate it densely here
         bias = bias(jnp.arange(target[-2]), jnp.arange(target[-1]))
     if not hasattr(bias, "shape"):
-        raise ValueError(f"bias must be an array broadcastable to {tuple(target)} or a callable "
-                         f"bias(q_idx, k_idx), got {type(bias).__name__}")
+        raise ValueError(
+            f"bias must be an array broadcastable to {tuple(target)} or a callable "
+            f"bias(q_idx, k_idx), got {type(bias).__name__}"
+        )
     if not jnp.issubdtype(bias.dtype, jnp.floating):
         raise ValueError(f"bias must be floating point, got dtype {bias.dtype}")
     _check_broadcast("bias", bias.shape, target)
@@ -104,10 +110,10 @@ def _score_fn(score, scale, fn) -> ScoreFn:
         if score in ("dot", "dot_product"):
             return lambda q, k: scores.dot_product(q, k, scale=scale)
         if score == "additive":
-            raise ValueError(f"{fn}: score='additive' needs its weights: pass "
-                             f"score=functools.partial(attnlab.scores.additive, w=w)")
-        raise ValueError(f"{fn}: score must be 'dot' or a callable score(q, k) -> [..., N, T, S], "
-                         f"got {score!r}")
+            raise ValueError(
+                f"{fn}: score='additive' needs its weights: pass score=functools.partial(attnlab.scores.additive, w=w)"
+            )
+        raise ValueError(f"{fn}: score must be 'dot' or a callable score(q, k) -> [..., N, T, S], got {score!r}")
     if not callable(score):
         raise ValueError(f"{fn}: score must be 'dot' or a callable, got {type(score).__name__}")
     if scale is not None:
@@ -215,9 +221,9 @@ def _to_bnts(x, lead):
     """[..., N|1, T|1, S|1] (any rank <= len(lead)+3) -> [B|1, N|1, T|1, S|1] for jax.nn."""
     x = x.reshape((1,) * (len(lead) + 3 - x.ndim) + tuple(x.shape))
     if all(d == 1 for d in x.shape[: len(lead)]):
-        return x.reshape((1,) + x.shape[len(lead):])
-    x = jnp.broadcast_to(x, tuple(lead) + x.shape[len(lead):])
-    return x.reshape((-1,) + x.shape[len(lead):])
+        return x.reshape((1,) + x.shape[len(lead) :])
+    x = jnp.broadcast_to(x, tuple(lead) + x.shape[len(lead) :])
+    return x.reshape((-1,) + x.shape[len(lead) :])
 
 
 def _attention_xla(q, k, v, *, mask, bias, scale, fn):
@@ -338,13 +344,13 @@ def attention(q, k, v, *, mask=None, bias=None, score="dot", scale=None, impleme
             _check_mask_for_kernel(m, q, k)
             return kernels.blockwise_attention(q, k, v, mask=m, bias=bias, scale=scale)
         case "sparse":
-            return kernels.sparse_attention(q, k, v, mask=masks_lib.as_mask(mask, "mask"), bias=bias,
-                                            score=score, scale=scale)
+            return kernels.sparse_attention(
+                q, k, v, mask=masks_lib.as_mask(mask, "mask"), bias=bias, score=score, scale=scale
+            )
         case "xla":
             _score_fn(score, scale, fn)
             if not is_dot:
                 raise ValueError(f"{fn}: implementation='xla' supports score='dot' only, got {score!r}")
             return _attention_xla(q, k, v, mask=mask, bias=bias, scale=scale, fn=fn)
         case _:
-            raise ValueError(f"{fn}: implementation must be one of {IMPLEMENTATIONS} or None, "
-                             f"got {implementation!r}")
+            raise ValueError(f"{fn}: implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}")

@@ -41,8 +41,10 @@ def split_heads(x: jax.Array, num_heads: int) -> jax.Array:
     if not hasattr(x, "ndim") or x.ndim < 2:
         raise ValueError(f"split_heads: x must have shape [..., T, N*H], got {getattr(x, 'shape', x)}")
     if x.shape[-1] % num_heads:
-        raise ValueError(f"split_heads: last dim of x ({x.shape[-1]}) must be divisible by "
-                         f"num_heads={num_heads}; x has shape {x.shape}")
+        raise ValueError(
+            f"split_heads: last dim of x ({x.shape[-1]}) must be divisible by "
+            f"num_heads={num_heads}; x has shape {x.shape}"
+        )
     return x.reshape(*x.shape[:-1], num_heads, x.shape[-1] // num_heads)
 
 
@@ -59,8 +61,18 @@ def _positive(name, value):
     return value
 
 
-def init_multi_head_params(key, d_model, num_heads, *, num_kv_heads=None, head_dim=None,
-                           kv_dim=None, use_bias=True, score="dot", dtype=jnp.float32):
+def init_multi_head_params(
+    key,
+    d_model,
+    num_heads,
+    *,
+    num_kv_heads=None,
+    head_dim=None,
+    kv_dim=None,
+    use_bias=True,
+    score="dot",
+    dtype=jnp.float32,
+):
     """Initial parameters for ``multi_head_attention`` (LeCun-normal weights, zero biases).
 
     Args:
@@ -90,8 +102,9 @@ def init_multi_head_params(key, d_model, num_heads, *, num_kv_heads=None, head_d
         raise ValueError(f"init_multi_head_params: num_heads={n} must be a multiple of num_kv_heads={kh}")
     if head_dim is None:
         if d % n:
-            raise ValueError(f"init_multi_head_params: d_model={d} is not divisible by num_heads={n}; "
-                             f"pass head_dim explicitly")
+            raise ValueError(
+                f"init_multi_head_params: d_model={d} is not divisible by num_heads={n}; pass head_dim explicitly"
+            )
         head_dim = d // n
     h = _positive("head_dim", head_dim)
     dkv = _positive("kv_dim", d if kv_dim is None else kv_dim)
@@ -125,16 +138,27 @@ def _project(x, w, b, name):
     # [..., T, Din] @ [Din, M*H] -> [..., T, M*H] -> split -> [..., T, M, H]
     din, m, h = w.shape
     if x.shape[-1] != din:
-        raise ValueError(f"multi_head_attention: {name} has width {x.shape[-1]} but params expect {din} "
-                         f"(input shape {x.shape})")
+        raise ValueError(
+            f"multi_head_attention: {name} has width {x.shape[-1]} but params expect {din} (input shape {x.shape})"
+        )
     y = x @ w.reshape(din, m * h)
     if b is not None:
         y = y + b.reshape(m * h)
     return split_heads(y, m)
 
 
-def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None, score="dot", scale=None,
-                         implementation=None, return_weights=False):
+def multi_head_attention(
+    params,
+    x_q,
+    x_kv=None,
+    *,
+    mask=None,
+    bias=None,
+    score="dot",
+    scale=None,
+    implementation=None,
+    return_weights=False,
+):
     """Multi-head self-attention (``x_kv=None``) or cross-attention on a params pytree.
 
     Args:
@@ -156,22 +180,25 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None, score=
     """
     for name, x in (("x_q", x_q), ("x_kv", x_kv)):
         if x is not None and (not hasattr(x, "ndim") or x.ndim < 2):
-            raise ValueError(f"multi_head_attention: {name} must have shape [..., T, D], "
-                             f"got {getattr(x, 'shape', type(x).__name__)}")
+            raise ValueError(
+                f"multi_head_attention: {name} must have shape [..., T, D], got {getattr(x, 'shape', type(x).__name__)}"
+            )
     x_kv = x_q if x_kv is None else x_kv
     if x_q.shape[:-2] != x_kv.shape[:-2]:
-        raise ValueError(f"multi_head_attention: x_q {x_q.shape} and x_kv {x_kv.shape} must have the "
-                         f"same batch dims")
+        raise ValueError(f"multi_head_attention: x_q {x_q.shape} and x_kv {x_kv.shape} must have the same batch dims")
     q = _project(x_q, params["wq"], params.get("bq"), "x_q")  # [..., T, N, H]
     k = _project(x_kv, params["wk"], params.get("bk"), "x_kv")  # [..., S, K, H]
     v = _project(x_kv, params["wv"], params.get("bv"), "x_kv")  # [..., S, K, Hv]
     if score == "additive":
         if "w_score" not in params:
-            raise ValueError("multi_head_attention: score='additive' needs params['w_score'] [N, H]; "
-                             "create params with init_multi_head_params(..., score='additive')")
+            raise ValueError(
+                "multi_head_attention: score='additive' needs params['w_score'] [N, H]; "
+                "create params with init_multi_head_params(..., score='additive')"
+            )
         score = functools.partial(scores_lib.additive, w=params["w_score"])
-    o = attention(q, k, v, mask=mask, bias=bias, score=score, scale=scale,
-                  implementation=implementation)  # [..., T, N, Hv]
+    o = attention(
+        q, k, v, mask=mask, bias=bias, score=score, scale=scale, implementation=implementation
+    )  # [..., T, N, Hv]
     wo = params["wo"]
     n, hv, d = wo.shape
     y = merge_heads(o) @ wo.reshape(n * hv, d)  # [..., T, N*Hv] @ [N*Hv, D] -> [..., T, D]

@@ -29,19 +29,23 @@ def check_qk(q: jax.Array, k: jax.Array, *, fn: str = "score") -> tuple[int, int
     """Validates q ``[..., T, N, H]`` and k ``[..., S, K, H]``; returns (N, K)."""
     for name, x in (("q", q), ("k", k)):
         if not hasattr(x, "ndim") or x.ndim < 3:
-            raise ValueError(f"{fn}: {name} must have shape [..., T, N, H] (rank >= 3), "
-                             f"got {getattr(x, 'shape', type(x).__name__)}")
+            raise ValueError(
+                f"{fn}: {name} must have shape [..., T, N, H] (rank >= 3), got {getattr(x, 'shape', type(x).__name__)}"
+            )
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"{fn}: {name} must be floating point, got dtype {x.dtype}")
     if q.ndim != k.ndim or q.shape[:-3] != k.shape[:-3]:
-        raise ValueError(f"{fn}: q and k must have the same batch dims, got q {q.shape} "
-                         f"([..., T, N, H]) and k {k.shape} ([..., S, K, H])")
+        raise ValueError(
+            f"{fn}: q and k must have the same batch dims, got q {q.shape} "
+            f"([..., T, N, H]) and k {k.shape} ([..., S, K, H])"
+        )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"{fn}: q and k must have the same head dim H, got q {q.shape} and k {k.shape}")
     n, kh = q.shape[-2], k.shape[-2]
     if n % kh != 0:
-        raise ValueError(f"{fn}: number of query heads N={n} must be a multiple of key heads K={kh} "
-                         f"(q {q.shape}, k {k.shape})")
+        raise ValueError(
+            f"{fn}: number of query heads N={n} must be a multiple of key heads K={kh} (q {q.shape}, k {k.shape})"
+        )
     return n, kh
 
 

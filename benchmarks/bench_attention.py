@@ -42,10 +42,14 @@ _SUITES = flags.DEFINE_list("suites", ["full", "full_bwd", "window", "graph", "m
 _FULL = flags.DEFINE_list("full_lengths", ["1024", "2048", "4096"], "N for full attention forward.")
 _BWD = flags.DEFINE_list("bwd_lengths", ["1024", "2048"], "N for full attention forward+backward.")
 _WIN = flags.DEFINE_list("window_lengths", ["1024", "4096", "16384", "65536"], "N for window attention.")
-_WIN_FLEX = flags.DEFINE_list("window_flex_lengths", ["1024", "4096", "16384"],
-                              "N at which torch flex_attention is also timed (each N compiles anew).")
-_WIN_JNN = flags.DEFINE_list("window_jax_nn_lengths", ["4096"],
-                             "N at which jax.nn's (quadratic) local window is also timed.")
+_WIN_FLEX = flags.DEFINE_list(
+    "window_flex_lengths",
+    ["1024", "4096", "16384"],
+    "N at which torch flex_attention is also timed (each N compiles anew).",
+)
+_WIN_JNN = flags.DEFINE_list(
+    "window_jax_nn_lengths", ["4096"], "N at which jax.nn's (quadratic) local window is also timed."
+)
 _WINDOW = flags.DEFINE_integer("window", 128, "Window half-width: keys t-w .. t+w.")
 _NODES = flags.DEFINE_integer("graph_nodes", 100_000, "Graph suite: nodes.")
 _EDGES = flags.DEFINE_integer("graph_edges", 1_000_000, "Graph suite: edges (random, unique).")
@@ -88,8 +92,14 @@ def _records(suite, n, timed, flops, peers_of):
     """One record per implementation, with ratios (peer ms / ours ms: > 1 means ours is faster)."""
     out = []
     for name, (ms, first_ms) in timed.items():
-        rec = dict(suite=suite, impl=name, N=n, ms=round(ms, 3), compile_ms=round(max(first_ms - ms, 0), 1),
-                   gflops=round(flops / ms / 1e6, 2))
+        rec = dict(
+            suite=suite,
+            impl=name,
+            N=n,
+            ms=round(ms, 3),
+            compile_ms=round(max(first_ms - ms, 0), 1),
+            gflops=round(flops / ms / 1e6, 2),
+        )
         if name in peers_of:
             for peer in peers_of[name]:
                 if peer in timed:
@@ -123,11 +133,15 @@ def suite_full(torch):
             fns["jax.nn"] = lambda q=q, k=k, v=v: jnn(q, k, v).block_until_ready()
         if torch is not None:
             tq, tk, tv = _to_torch(torch, (q, k, v))
-            fns["torch.sdpa"] = lambda tq=tq, tk=tk, tv=tv: torch.nn.functional.scaled_dot_product_attention(
-                tq, tk, tv)
+            fns["torch.sdpa"] = lambda tq=tq, tk=tk, tv=tv: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
         flops = 4 * n * n * _HEADS.value * _HEAD_DIM.value
-        recs += _records("full fwd", n, _time_side_by_side(fns, _REPEATS.value), flops,
-                         {"attnlab.blockwise": ["torch.sdpa", "jax.nn"]})
+        recs += _records(
+            "full fwd",
+            n,
+            _time_side_by_side(fns, _REPEATS.value),
+            flops,
+            {"attnlab.blockwise": ["torch.sdpa", "jax.nn"]},
+        )
     return recs
 
 
@@ -151,14 +165,20 @@ def suite_full_bwd(torch):
         if torch is not None:
             tq, tk, tv = _to_torch(torch, (q, k, v), grad=True)
             tct = _to_torch(torch, (ct,))[0]
+
             def run_torch(tq=tq, tk=tk, tv=tv, tct=tct):
                 out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
                 return torch.autograd.grad(out, (tq, tk, tv), tct)
 
             fns["torch.sdpa"] = run_torch
         flops = 3.5 * 4 * n * n * _HEADS.value * _HEAD_DIM.value
-        recs += _records("full fwd+bwd", n, _time_side_by_side(fns, _REPEATS.value), flops,
-                         {"attnlab.blockwise": ["torch.sdpa", "jax.nn"]})
+        recs += _records(
+            "full fwd+bwd",
+            n,
+            _time_side_by_side(fns, _REPEATS.value),
+            flops,
+            {"attnlab.blockwise": ["torch.sdpa", "jax.nn"]},
+        )
     return recs
 
 
@@ -167,8 +187,7 @@ def suite_window(torch):
     w = _WINDOW.value
     mask = masks.window(w, w)
     ours = jax.jit(functools.partial(attnlab.attention, mask=mask, implementation="blockwise"))
-    jnn = jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="xla",
-                                    local_window_size=(w, w)))
+    jnn = jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="xla", local_window_size=(w, w)))
     flex = None
     if torch is not None:
         try:
@@ -193,9 +212,8 @@ def suite_window(torch):
         pairs = int(np.asarray(mask.dense(n, n)).sum()) if n <= 16384 else (2 * w + 1) * n - w * (w + 1)
         flops = 4 * pairs * _HEADS.value * _HEAD_DIM.value
         timed = _time_side_by_side(fns, _REPEATS.value if n <= 16384 else max(2, _REPEATS.value // 2))
-        recs += _records(f"window ±{w} fwd", n, timed, flops,
-                         {"attnlab.blockwise": ["torch.flex", "jax.nn"]})
-        recs[-len(timed):] = [dict(r, us_per_token=round(r["ms"] * 1e3 / n, 3)) for r in recs[-len(timed):]]
+        recs += _records(f"window ±{w} fwd", n, timed, flops, {"attnlab.blockwise": ["torch.flex", "jax.nn"]})
+        recs[-len(timed) :] = [dict(r, us_per_token=round(r["ms"] * 1e3 / n, 3)) for r in recs[-len(timed) :]]
     return recs
 
 
@@ -256,8 +274,13 @@ def suite_graph(torch):
             print("torch_geometric not installed: PyG peer skipped", file=sys.stderr)
     attn_flops = 3.5 * e * h * (2 * d + 2 * d)
     timed = _time_side_by_side(fns, max(2, _REPEATS.value // 2))
-    recs = _records(f"graph {nodes // 1000}K nodes / {e // 1000}K edges fwd+bwd", e, timed, attn_flops,
-                    {"attnlab.sparse (layer)": ["pyg.TransformerConv (layer)"]})
+    recs = _records(
+        f"graph {nodes // 1000}K nodes / {e // 1000}K edges fwd+bwd",
+        e,
+        timed,
+        attn_flops,
+        {"attnlab.sparse (layer)": ["pyg.TransformerConv (layer)"]},
+    )
     # memory of the compiled attention fwd+bwd, at E and 4E
     for r in recs:
         if r["impl"] == "attnlab.sparse (attention)":
@@ -279,17 +302,33 @@ def suite_memory(torch):
         t0 = time.perf_counter()
         compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile()
         ma = compiled.memory_analysis()
-        recs.append(dict(suite="memory fwd+bwd (compiled)", impl="attnlab.blockwise", N=n,
-                         temp_mb=round(ma.temp_size_in_bytes / 2**20, 1),
-                         args_out_mb=round((ma.argument_size_in_bytes + ma.output_size_in_bytes) / 2**20, 1),
-                         dense_logits_mb=round(n * n * h * 4 / 2**20, 1),
-                         compile_ms=round((time.perf_counter() - t0) * 1e3, 1)))
+        recs.append(
+            dict(
+                suite="memory fwd+bwd (compiled)",
+                impl="attnlab.blockwise",
+                N=n,
+                temp_mb=round(ma.temp_size_in_bytes / 2**20, 1),
+                args_out_mb=round((ma.argument_size_in_bytes + ma.output_size_in_bytes) / 2**20, 1),
+                dense_logits_mb=round(n * n * h * 4 / 2**20, 1),
+                compile_ms=round((time.perf_counter() - t0) * 1e3, 1),
+            )
+        )
     return recs
 
 
 def _print_table(recs):
-    cols = ["suite", "impl", "N", "ms", "compile_ms", "gflops", "us_per_token", "temp_mb", "args_out_mb",
-            "dense_logits_mb"]
+    cols = [
+        "suite",
+        "impl",
+        "N",
+        "ms",
+        "compile_ms",
+        "gflops",
+        "us_per_token",
+        "temp_mb",
+        "args_out_mb",
+        "dense_logits_mb",
+    ]
     cols += sorted({k for r in recs for k in r if k.startswith("x_vs_")})
     cols = [c for c in cols if any(c in r for r in recs)]
     rows = [[str(r.get(c, "")) for c in cols] for r in recs]
@@ -305,8 +344,7 @@ def main(argv):
     torch = _torch()
     if torch is not None:
         torch.set_num_threads(os.cpu_count() or 1)
-    suites = dict(full=suite_full, full_bwd=suite_full_bwd, window=suite_window, graph=suite_graph,
-                  memory=suite_memory)
+    suites = dict(full=suite_full, full_bwd=suite_full_bwd, window=suite_window, graph=suite_graph, memory=suite_memory)
     recs = []
     for name in _SUITES.value:
         if name not in suites:
@@ -315,9 +353,14 @@ def main(argv):
         recs += suites[name](torch)
     _print_table(recs)
     os.makedirs(_OUT.value, exist_ok=True)
-    meta = dict(flags={f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])},
-                jax=jax.__version__, torch=getattr(torch, "__version__", None), cpus=os.cpu_count(),
-                machine=platform.machine(), backend=jax.default_backend())
+    meta = dict(
+        flags={f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])},
+        jax=jax.__version__,
+        torch=getattr(torch, "__version__", None),
+        cpus=os.cpu_count(),
+        machine=platform.machine(),
+        backend=jax.default_backend(),
+    )
     with open(os.path.join(_OUT.value, "bench.json"), "w") as f:
         json.dump(dict(meta=meta, records=recs), f, indent=1)
     print(f"wrote {os.path.join(_OUT.value, 'bench.json')}", file=sys.stderr)

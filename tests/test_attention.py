@@ -22,8 +22,7 @@ MASKS = {
     "window": lambda: masks.window(2, 1),
     "padding": lambda: masks.padding(q_lengths=jnp.array([5, 7]), kv_lengths=jnp.array([9, 3])),
     "graph": lambda: masks.graph(np.random.default_rng(0).random((T, S)) < 0.4),
-    "combined": lambda: (masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([6, 9])))
-    | masks.window(0, 0),
+    "combined": lambda: (masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([6, 9]))) | masks.window(0, 0),
     "array": lambda: np.random.default_rng(1).random((2, 1, T, S)) < 0.5,
 }
 
@@ -104,11 +103,13 @@ def test_vmap_of_unbatched_equals_batched(implementation):
     lens = jnp.array([9, 2, 5, 0])
 
     def one(q, k, v, n):  # an unbatched call: q [T, N, H], one length
-        return attnlab.attention(q, k, v, mask=masks.padding(kv_lengths=n) & masks.causal(S - T),
-                                 implementation=implementation)
+        return attnlab.attention(
+            q, k, v, mask=masks.padding(kv_lengths=n) & masks.causal(S - T), implementation=implementation
+        )
 
-    batched = attnlab.attention(q, k, v, mask=masks.padding(kv_lengths=lens) & masks.causal(S - T),
-                                implementation=implementation)
+    batched = attnlab.attention(
+        q, k, v, mask=masks.padding(kv_lengths=lens) & masks.causal(S - T), implementation=implementation
+    )
     vmapped = jax.jit(jax.vmap(one))(q, k, v, lens)
     np.testing.assert_allclose(vmapped, batched, **tol(jnp.float32))
 
@@ -159,8 +160,7 @@ def test_value_head_dim_may_differ():
     q, k, v = qkv((2, 5, 2, 8), s=6, hv=3, seed=7)
     out = attnlab.attention(q, k, v, mask=masks.causal(1))
     assert out.shape == (2, 5, 2, 3)
-    np.testing.assert_allclose(out, np_attention(q, k, v, mask=np.asarray(masks.causal(1).dense(5, 6)))[0],
-                               atol=2e-5)
+    np.testing.assert_allclose(out, np_attention(q, k, v, mask=np.asarray(masks.causal(1).dense(5, 6)))[0], atol=2e-5)
 
 
 def test_custom_score_callable():
@@ -191,8 +191,15 @@ def _loss(fn, **kw):
 def test_reference_grads_finite_differences(mask_kind):
     q, k, v = qkv((2, T, 2, 4), s=S, seed=10)
     mask = MASKS[mask_kind]()
-    check_grads(_loss(attnlab.attention_reference, mask=mask), (q, k, v), order=1, modes=["rev"],
-                atol=2e-2, rtol=2e-2, eps=1e-2)
+    check_grads(
+        _loss(attnlab.attention_reference, mask=mask),
+        (q, k, v),
+        order=1,
+        modes=["rev"],
+        atol=2e-2,
+        rtol=2e-2,
+        eps=1e-2,
+    )
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
@@ -201,8 +208,9 @@ def test_xla_grads_match_reference(mask_kind, dtype):
     q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, dtype=dtype, seed=11)
     mask = MASKS[mask_kind]()
     g_ref = jax.grad(_loss(attnlab.attention_reference, mask=mask), argnums=(0, 1, 2))(q, k, v)
-    g_xla = jax.jit(jax.grad(_loss(functools.partial(attnlab.attention, implementation="xla"), mask=mask),
-                             argnums=(0, 1, 2)))(q, k, v)
+    g_xla = jax.jit(
+        jax.grad(_loss(functools.partial(attnlab.attention, implementation="xla"), mask=mask), argnums=(0, 1, 2))
+    )(q, k, v)
     for a, b in zip(g_ref, g_xla, strict=True):
         np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32), **grad_tol(dtype))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -24,8 +25,9 @@ MASKS = {
     "window": lambda: masks.window(5, 3),
     "padding": lambda: masks.padding(q_lengths=jnp.array([30, 37]), kv_lengths=jnp.array([45, 10])),
     "graph": lambda: masks.graph(np.random.default_rng(0).random((T, S)) < 0.1),
-    "combined": lambda: (masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([20, 45])))
-    | masks.window(0, 0),
+    "combined": lambda: (
+        (masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([20, 45]))) | masks.window(0, 0)
+    ),
     "array": lambda: np.random.default_rng(1).random((2, 1, T, S)) < 0.5,
 }
 
@@ -66,8 +68,9 @@ def test_matches_reference_fwd_and_grad(mask_kind, dtype):
 def test_two_pass_backward_matches_reference(mask_kind):
     q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, seed=11)
     mask = MASKS[mask_kind]()
-    fast = functools.partial(kernels.blockwise_attention, mask=mask,
-                             block_sizes=kernels.BlockSizes(8, 16, backward="two_pass"))
+    fast = functools.partial(
+        kernels.blockwise_attention, mask=mask, block_sizes=kernels.BlockSizes(8, 16, backward="two_pass")
+    )
     ref = functools.partial(attnlab.attention_reference, mask=mask)
     (out, grads), (out_r, grads_r) = _fwd_and_grads(fast, q, k, v), _fwd_and_grads(ref, q, k, v)
     _compare(out, out_r, tol(jnp.float32))
@@ -90,8 +93,9 @@ def test_value_head_dim_and_leading_dims():
     assert out.shape == (2, 3, T, 2, 5)
     _compare(out, attnlab.attention_reference(q, k, v, mask=mask), tol(jnp.float32))
     # vmap over an unbatched call gives the batched result
-    per_example = jax.vmap(jax.vmap(
-        lambda q, k, v: kernels.blockwise_attention(q, k, v, mask=mask, block_sizes=SMALL)))(q, k, v)
+    per_example = jax.vmap(
+        jax.vmap(lambda q, k, v: kernels.blockwise_attention(q, k, v, mask=mask, block_sizes=SMALL))
+    )(q, k, v)
     _compare(per_example, out, tol(jnp.float32))
 
 
@@ -175,8 +179,7 @@ def test_padding_lengths_change_without_recompiling():
     for lengths in ([45, 3], [10, 0], [1, 44]):
         lengths = jnp.array(lengths)
         out = f(q, k, v, lengths)
-        _compare(out, attnlab.attention_reference(q, k, v, mask=masks.padding(kv_lengths=lengths)),
-                 tol(jnp.float32))
+        _compare(out, attnlab.attention_reference(q, k, v, mask=masks.padding(kv_lengths=lengths)), tol(jnp.float32))
     assert len(traces) == 1
 
 
@@ -204,8 +207,7 @@ def test_dispatch_rule():
     assert _choose(q1, q1, q1, mask=win, bias=None, score="dot", is_dot=True) == "blockwise"
     assert _choose(big_q, big_k, big_v, mask=None, bias=None, score="dot", is_dot=True) == "blockwise"
     # an array bias is already O(T*S): XLA
-    assert _choose(big_q, big_k, big_v, mask=None, bias=jnp.zeros((512, 512)), score="dot",
-                   is_dot=True) == "xla"
+    assert _choose(big_q, big_k, big_v, mask=None, bias=jnp.zeros((512, 512)), score="dot", is_dot=True) == "xla"
 
 
 def test_errors_name_the_argument():
@@ -213,8 +215,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="bias"):
         attnlab.attention(q, k, v, bias=jnp.zeros((T, S)), implementation="blockwise")
     with pytest.raises(ValueError, match="score"):
-        attnlab.attention(q, k, v, score=lambda q, k: attnlab.scores.dot_product(q, k),
-                          implementation="blockwise")
+        attnlab.attention(q, k, v, score=lambda q, k: attnlab.scores.dot_product(q, k), implementation="blockwise")
     with pytest.raises(ValueError, match="block_q"):
         kernels.BlockSizes(0, 16)
     with pytest.raises(ValueError, match="backward"):
@@ -239,3 +240,22 @@ def test_memory_is_linear_in_length():
     dense_large = 4096 * 4096 * 2 * 4  # one fp32 [N, T, S] array for 2 heads
     assert large < 6 * small, (small, large)
     assert large < dense_large / 4, (large, dense_large)
+
+
+def test_t5_bias_table_gets_gradients():
+    # attnlab.positional's learnable T5 bias is a callable pytree: its table must receive gradients
+    from attnlab import positional
+
+    q, k, v = qkv((T, 4, 8), s=S, seed=12)
+    t5 = positional.init_t5_bias(jax.random.key(1), 4, num_buckets=8, max_distance=16, stddev=1.0)
+    mask = masks.window(9, 4)
+
+    def loss(table, impl):
+        out = attnlab.attention(q, k, v, mask=mask, bias=dataclasses.replace(t5, table=table), implementation=impl)
+        return jnp.sum(out * jnp.sin(out))
+
+    g = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (val, grad), (val_r, grad_r) = g(t5.table, "blockwise"), g(t5.table, "reference")
+    _compare(val, val_r, tol(jnp.float32))
+    _compare(grad, grad_r, grad_tol(jnp.float32))
+    assert np.abs(np.asarray(grad)).sum() > 0

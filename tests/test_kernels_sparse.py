@@ -61,8 +61,9 @@ def test_matches_dense_graph_fwd_and_grad(score_kind, kv_heads, dtype):
             return attnlab.attention(q, k, v, mask=edges, score=score, implementation="sparse")
 
         def dense(q, k, v, w):
-            return attnlab.attention_reference(q, k, v, mask=masks.graph(adj),
-                                               score=functools.partial(scores.additive, w=w))
+            return attnlab.attention_reference(
+                q, k, v, mask=masks.graph(adj), score=functools.partial(scores.additive, w=w)
+            )
 
     out, grads = _fwd_and_grads(sparse, q, k, v, w)
     out_r, grads_r = _fwd_and_grads(dense, q, k, v, w)
@@ -101,8 +102,7 @@ def test_traced_edges_under_jit_without_recompiling():
         s, r = jnp.asarray(edges.senders[:e]), jnp.asarray(edges.receivers[:e])
         sub = np.zeros_like(adj)
         sub[np.asarray(r), np.asarray(s)] = True
-        _compare(f(q, k, v, s, r), attnlab.attention_reference(q, k, v, mask=masks.graph(sub)),
-                 tol(jnp.float32))
+        _compare(f(q, k, v, s, r), attnlab.attention_reference(q, k, v, mask=masks.graph(sub)), tol(jnp.float32))
     assert len(traces) == 1
 
 
@@ -116,8 +116,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="bias"):
         attnlab.attention(q, k, v, mask=edges, bias=jnp.zeros((NODES, NODES)), implementation="sparse")
     with pytest.raises(ValueError, match="score"):
-        attnlab.attention(q, k, v, mask=edges, score=lambda q, k: scores.dot_product(q, k),
-                          implementation="sparse")
+        attnlab.attention(q, k, v, mask=edges, score=lambda q, k: scores.dot_product(q, k), implementation="sparse")
     q2, k2, v2 = qkv((NODES + 1, 2, 8))
     with pytest.raises(ValueError, match="num_nodes"):
         attnlab.attention(q2, k2, v2, mask=edges, implementation="sparse")
@@ -133,8 +132,13 @@ def test_memory_is_linear_in_edges():
         def loss(q, k, v, s, r):
             return jnp.sum(kernels.sparse_attention(q, k, v, mask=masks.GraphEdges(s, r, nodes)))
 
-        return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x, e, e).compile() \
-            .memory_analysis().temp_size_in_bytes
+        return (
+            jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+            .lower(x, x, x, e, e)
+            .compile()
+            .memory_analysis()
+            .temp_size_in_bytes
+        )
 
     small, large = temp_bytes(8192), temp_bytes(32768)
     assert large < 5 * small, (small, large)

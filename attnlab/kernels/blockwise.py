@@ -228,8 +228,7 @@ def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn):
             def visit(carry, partial, ok=None):
                 if partial and ok is None:  # evaluate the tile's mask; skip it if empty at run time
                     ok = _allowed(mask, i, j, st)
-                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok),
-                                        lambda c: c, carry)
+                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, carry)
                 m, l, acc = carry
                 s = _logits(qi, k[j], bias_fn, consts, i, j, st)
                 if partial:
@@ -240,12 +239,14 @@ def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn):
                     p = jnp.where(ok, p, 0.0)
                 alpha = jnp.exp(m - m_new)
                 l = l * alpha + p.sum(-1)
-                pv = jnp.einsum("bkgqs,bksh->bkgqh", p.astype(v.dtype), v[j],
-                                preferred_element_type=jnp.float32)
+                pv = jnp.einsum("bkgqs,bksh->bkgqh", p.astype(v.dtype), v[j], preferred_element_type=jnp.float32)
                 return m_new, l, acc * alpha[..., None] + pv
 
-            branches = {0: lambda c: c, 1: functools.partial(visit, partial=True),
-                        2: functools.partial(visit, partial=False)}
+            branches = {
+                0: lambda c: c,
+                1: functools.partial(visit, partial=True),
+                2: functools.partial(visit, partial=False),
+            }
             if len(st.kinds_used) == 1:
                 return branches[st.kinds_used[0]](carry), None
             return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], carry), None
@@ -282,21 +283,19 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
             def visit(c, partial, ok=None):
                 if partial and ok is None:
                     ok = _allowed(mask, i, j, st)
-                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok),
-                                        lambda c: c, c)
+                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, c)
                 dq_i, dk, dv, dconsts = c
                 s = _logits(qi, k[j], bias_fn, consts, i, j, st)
                 p = jnp.exp(s - lse_i[..., None])
                 if partial:
                     p = jnp.where(ok, p, 0.0)
-                dv_j = jnp.einsum("bkgqs,bkgqh->bksh", p.astype(doi.dtype), doi,
-                                  preferred_element_type=jnp.float32)
+                dv_j = jnp.einsum("bkgqs,bkgqh->bksh", p.astype(doi.dtype), doi, preferred_element_type=jnp.float32)
                 dp = jnp.einsum("bkgqh,bksh->bkgqs", doi, v[j], preferred_element_type=jnp.float32)
                 ds = p * (dp - delta_i[..., None])  # d(logit) [B, K, G, bq, bk]
-                dq_i = dq_i + jnp.einsum("bkgqs,bksh->bkgqh", ds.astype(k.dtype), k[j],
-                                         preferred_element_type=jnp.float32)
-                dk_j = jnp.einsum("bkgqs,bkgqh->bksh", ds.astype(qi.dtype), qi,
-                                  preferred_element_type=jnp.float32)
+                dq_i = dq_i + jnp.einsum(
+                    "bkgqs,bksh->bkgqh", ds.astype(k.dtype), k[j], preferred_element_type=jnp.float32
+                )
+                dk_j = jnp.einsum("bkgqs,bkgqh->bksh", ds.astype(qi.dtype), qi, preferred_element_type=jnp.float32)
                 dk = dk.at[j].add(dk_j)
                 dv = dv.at[j].add(dv_j)
                 if st.has_bias and consts:
@@ -309,12 +308,14 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
                     b, vjp = jax.vjp(tile_bias, *consts)
                     # sum ds over the dims the bias broadcast along, then pull back
                     axes = tuple(a for a in range(ds.ndim) if b.shape[a] == 1 and ds.shape[a] != 1)
-                    dconsts = tuple(x + y for x, y in
-                                    zip(dconsts, vjp(ds.sum(axes, keepdims=True)), strict=True))
+                    dconsts = tuple(x + y for x, y in zip(dconsts, vjp(ds.sum(axes, keepdims=True)), strict=True))
                 return dq_i, dk, dv, dconsts
 
-            branches = {0: lambda c: c, 1: functools.partial(visit, partial=True),
-                        2: functools.partial(visit, partial=False)}
+            branches = {
+                0: lambda c: c,
+                1: functools.partial(visit, partial=True),
+                2: functools.partial(visit, partial=False),
+            }
             if len(st.kinds_used) == 1:
                 return branches[st.kinds_used[0]](c), None
             return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], c), None
@@ -327,9 +328,7 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
     dv0 = jnp.zeros(v.shape, jnp.float32)
     dc0 = tuple(jnp.zeros(c.shape, jnp.float32) for c in consts)
     iq = jnp.arange(nq, dtype=jnp.int32)
-    (dk, dv, dconsts), dq = jax.lax.scan(
-        one_query_block, (dk0, dv0, dc0), (q, dout, lse, delta, iq, index, kind)
-    )
+    (dk, dv, dconsts), dq = jax.lax.scan(one_query_block, (dk0, dv0, dc0), (q, dout, lse, delta, iq, index, kind))
     dconsts = tuple(d.astype(c.dtype) for d, c in zip(dconsts, consts, strict=True))
     return dq, dk, dv, dconsts
 
@@ -354,12 +353,14 @@ def _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, *, st: _Sta
         return jnp.moveaxis(_to_tile(b.astype(jnp.float32), st), -1, 2)
 
     def switch(kinds_used, kd, visit, c):
-        branches = {0: lambda c: c, 1: functools.partial(visit, partial=True),
-                    2: functools.partial(visit, partial=False)}
+        branches = {
+            0: lambda c: c,
+            1: functools.partial(visit, partial=True),
+            2: functools.partial(visit, partial=False),
+        }
         if len(kinds_used) == 1:
             return branches[kinds_used[0]](c)
         return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], c)
-
 
     def one_key_block(args):  # -> dk_j, dv_j, dconsts
         kj, vj, j, idx_j, kind_j = args
@@ -370,8 +371,7 @@ def _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, *, st: _Sta
             def visit(c, partial, ok=None):
                 if partial and ok is None:
                     ok = jnp.moveaxis(_allowed(mask, i, j, st), -1, 2)  # [B|1, K|1, bk, G|1, bq]
-                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok),
-                                        lambda c: c, c)
+                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, c)
                 dk_j, dv_j, dconsts = c
                 qi, doi = q[i], dout[i]
                 s_t = jnp.einsum("bksh,bkgqh->bksgq", kj, qi, preferred_element_type=jnp.float32)
@@ -380,23 +380,27 @@ def _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, *, st: _Sta
                 p_t = jnp.exp(s_t - lse[i][:, :, None])
                 if partial:
                     p_t = jnp.where(ok, p_t, 0.0)
-                dv_j = dv_j + jnp.einsum("bksgq,bkgqh->bksh", p_t.astype(doi.dtype), doi,
-                                         preferred_element_type=jnp.float32)
+                dv_j = dv_j + jnp.einsum(
+                    "bksgq,bkgqh->bksh", p_t.astype(doi.dtype), doi, preferred_element_type=jnp.float32
+                )
                 dp_t = jnp.einsum("bksh,bkgqh->bksgq", vj, doi, preferred_element_type=jnp.float32)
                 ds_t = p_t * (dp_t - delta[i][:, :, None])
-                dk_j = dk_j + jnp.einsum("bksgq,bkgqh->bksh", ds_t.astype(qi.dtype), qi,
-                                         preferred_element_type=jnp.float32)
+                dk_j = dk_j + jnp.einsum(
+                    "bksgq,bkgqh->bksh", ds_t.astype(qi.dtype), qi, preferred_element_type=jnp.float32
+                )
                 if st.has_bias and consts:
                     b, vjp = jax.vjp(functools.partial(tile_bias_t, i, j), *consts)
                     axes = tuple(a for a in range(ds_t.ndim) if b.shape[a] == 1 and ds_t.shape[a] != 1)
-                    dconsts = tuple(x + y for x, y in
-                                    zip(dconsts, vjp(ds_t.sum(axes, keepdims=True)), strict=True))
+                    dconsts = tuple(x + y for x, y in zip(dconsts, vjp(ds_t.sum(axes, keepdims=True)), strict=True))
                 return dk_j, dv_j, dconsts
 
             return switch(st.kinds_used_t, kd, visit, c), None
 
-        c0 = (jnp.zeros(kj.shape, jnp.float32), jnp.zeros(vj.shape, jnp.float32),
-              tuple(jnp.zeros(c.shape, jnp.float32) for c in consts))
+        c0 = (
+            jnp.zeros(kj.shape, jnp.float32),
+            jnp.zeros(vj.shape, jnp.float32),
+            tuple(jnp.zeros(c.shape, jnp.float32) for c in consts),
+        )
         (dk_j, dv_j, dconsts), _ = jax.lax.scan(step, c0, (idx_j, kind_j))
         return dk_j, dv_j, dconsts
 
@@ -413,16 +417,16 @@ def _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, *, st: _Sta
             def visit(dq_i, partial, ok=None):
                 if partial and ok is None:
                     ok = _allowed(mask, i, j, st)
-                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok),
-                                        lambda c: c, dq_i)
+                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, dq_i)
                 s = _logits(qi, k[j], bias_fn, consts, i, j, st)
                 p = jnp.exp(s - lse_i[..., None])
                 if partial:
                     p = jnp.where(ok, p, 0.0)
                 dp = jnp.einsum("bkgqh,bksh->bkgqs", doi, v[j], preferred_element_type=jnp.float32)
                 ds = p * (dp - delta_i[..., None])
-                return dq_i + jnp.einsum("bkgqs,bksh->bkgqh", ds.astype(k.dtype), k[j],
-                                         preferred_element_type=jnp.float32)
+                return dq_i + jnp.einsum(
+                    "bkgqs,bksh->bkgqh", ds.astype(k.dtype), k[j], preferred_element_type=jnp.float32
+                )
 
             return switch(st.kinds_used, kd, visit, dq_i), None
 
@@ -449,16 +453,16 @@ def _flash_fwd(q, k, v, mask, consts, sched, st, bias_fn):
 def _flash_bwd(st, bias_fn, res, dout):
     q, k, v, mask, consts, sched, out, lse = res
     if st.backward == "two_pass":
-        dq, dk, dv, dconsts = _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout,
-                                                 st=st, bias_fn=bias_fn)
+        dq, dk, dv, dconsts = _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, st=st, bias_fn=bias_fn)
     else:
-        dq, dk, dv, dconsts = _backward(q, k, v, mask, consts, sched[0], sched[1], out, lse, dout,
-                                        st=st, bias_fn=bias_fn)
+        dq, dk, dv, dconsts = _backward(
+            q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn
+        )
     zero = lambda x: np.zeros(x.shape, jax.dtypes.float0)  # noqa: E731  (int/bool leaves)
     dmask = jax.tree_util.tree_map(
-        lambda x: zero(x) if not jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros_like(x), mask)
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dmask, dconsts,
-            tuple(zero(x) for x in sched))
+        lambda x: zero(x) if not jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros_like(x), mask
+    )
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dmask, dconsts, tuple(zero(x) for x in sched))
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -473,11 +477,14 @@ def _as_bias_fn(bias, T, S, bq, bk):
     if bias is None:
         return None, ()
     if not callable(bias):
-        raise ValueError("bias: implementation='blockwise' takes a callable bias(q_idx, k_idx) -> "
-                         "[..., N, len(q_idx), len(k_idx)] (e.g. ALiBi), not an array; an array bias "
-                         "is already O(T*S): use implementation='xla' or 'reference'")
+        raise ValueError(
+            "bias: implementation='blockwise' takes a callable bias(q_idx, k_idx) -> "
+            "[..., N, len(q_idx), len(k_idx)] (e.g. ALiBi), not an array; an array bias "
+            "is already O(T*S): use implementation='xla' or 'reference'"
+        )
     ex_q, ex_k = jnp.zeros((bq,), jnp.int32), jnp.zeros((bk,), jnp.int32)
-    fn, consts = jax.closure_convert(bias, ex_q, ex_k)
+    # (a lambda: closure_convert caches on its argument, and a pytree bias holding tracers is unhashable)
+    fn, consts = jax.closure_convert(lambda q_idx, k_idx: bias(q_idx, k_idx), ex_q, ex_k)
     return fn, tuple(consts)
 
 
@@ -523,8 +530,7 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
     bq, bk = min(block_sizes.block_q, T), min(block_sizes.block_k, S)
     nq, nk = -(-T // bq), -(-S // bk)
 
-    layout = (np.full((nq, nk), masks_lib.FULL, np.int8) if m is None
-              else m.block_layout(T, S, bq, bk))
+    layout = np.full((nq, nk), masks_lib.FULL, np.int8) if m is None else m.block_layout(T, S, bq, bk)
     layout = _adjusted(layout, S, bk)
     index, kind = _rows(layout)
     index_t, kind_t = _rows(layout.T)  # key block -> the query blocks that see it
@@ -536,9 +542,21 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
     half = dtype in (jnp.bfloat16, jnp.float16)
     compute = jnp.float32 if (half and jax.default_backend() == "cpu") else dtype
     scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
-    st = _Static(T=T, S=S, bq=bq, bk=bk, lead=lead, N=N, K=K, scale=scale, has_bias=bias_fn is not None,
-                 kinds_used=tuple(np.unique(kind).tolist()), kinds_used_t=tuple(np.unique(kind_t).tolist()),
-                 compute_dtype=jnp.dtype(compute).name, backward=block_sizes.backward)
+    st = _Static(
+        T=T,
+        S=S,
+        bq=bq,
+        bk=bk,
+        lead=lead,
+        N=N,
+        K=K,
+        scale=scale,
+        has_bias=bias_fn is not None,
+        kinds_used=tuple(np.unique(kind).tolist()),
+        kinds_used_t=tuple(np.unique(kind_t).tolist()),
+        compute_dtype=jnp.dtype(compute).name,
+        backward=block_sizes.backward,
+    )
 
     sched = tuple(jnp.asarray(x) for x in (index, kind, index_t, kind_t))
     return _blockwise(q, k, v, m, consts, sched, st, bias_fn)
@@ -565,5 +583,3 @@ def _blockwise(q, k, v, m, consts, sched, st: _Static, bias_fn):
     # [nq, B, K, G, bq, Hv] -> [B, nq, bq, K, G, Hv] -> [..., T, N, Hv]
     out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, Tp, N, Hv)[:, :T]
     return out.reshape(*lead, T, N, Hv).astype(dtype)
-
-

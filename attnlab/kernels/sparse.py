@@ -55,8 +55,10 @@ def edge_score(score, scale, fn="sparse_attention"):
             return jnp.einsum("ekgh,kgh->ekg", jnp.tanh(pre), ww)
 
         return additive
-    raise ValueError(f"{fn}: score must be 'dot' or functools.partial(attnlab.scores.additive, w=w) "
-                     f"(a general score(q, k) callable needs the dense [T, S] form), got {score!r}")
+    raise ValueError(
+        f"{fn}: score must be 'dot' or functools.partial(attnlab.scores.additive, w=w) "
+        f"(a general score(q, k) callable needs the dense [T, S] form), got {score!r}"
+    )
 
 
 def _one_graph(q, k, v, senders, receivers, *, score_e):
@@ -105,20 +107,29 @@ def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
     """
     fn = "sparse_attention"
     if not isinstance(mask, masks_lib.GraphEdges):
-        raise ValueError(f"mask: implementation='sparse' needs an edge list, masks.graph_edges(senders, "
-                         f"receivers, num_nodes), got {type(mask).__name__}")
+        raise ValueError(
+            f"mask: implementation='sparse' needs an edge list, masks.graph_edges(senders, "
+            f"receivers, num_nodes), got {type(mask).__name__}"
+        )
     if bias is not None:
-        raise ValueError(f"bias: {fn} does not support a bias yet; use implementation='blockwise' "
-                         f"with masks.graph(adjacency)")
+        raise ValueError(
+            f"bias: {fn} does not support a bias yet; use implementation='blockwise' with masks.graph(adjacency)"
+        )
     *lead, T, N, H = q.shape
     S = k.shape[-3]
     if (mask.num_nodes, mask.num_nodes) != (T, S):
-        raise ValueError(f"mask: graph_edges has num_nodes={mask.num_nodes} but q has T={T} and k has "
-                         f"S={S} positions; both must equal num_nodes")
+        raise ValueError(
+            f"mask: graph_edges has num_nodes={mask.num_nodes} but q has T={T} and k has "
+            f"S={S} positions; both must equal num_nodes"
+        )
     score_e = edge_score(score, scale, fn)
     K, Hv = v.shape[-2], v.shape[-1]
-    one = functools.partial(_one_graph, senders=jnp.asarray(mask.senders, jnp.int32),
-                            receivers=jnp.asarray(mask.receivers, jnp.int32), score_e=score_e)
+    one = functools.partial(
+        _one_graph,
+        senders=jnp.asarray(mask.senders, jnp.int32),
+        receivers=jnp.asarray(mask.receivers, jnp.int32),
+        score_e=score_e,
+    )
     # [..., T, N, H] -> [B, T, N, H]; vmap adds the batch (the edge list is shared)
     qb, kb, vb = q.reshape(-1, T, N, H), k.reshape(-1, S, K, H), v.reshape(-1, S, K, Hv)
     out = jax.vmap(one)(qb, kb, vb)

@@ -1,0 +1,355 @@
+"""Positional encodings: every scheme the course note points at, as pure functions.
+
+Self-attention alone is blind to order: permuting the inputs permutes the outputs. The note's fix
+is a hand-made vector e_i added to each input, and it adds that "there are many methods and no
+clear best one". attnlab has them all, in three families:
+
+* **absolute, added to the inputs**: ``sinusoidal`` (Vaswani et al. 2017, arXiv 1706.03762),
+  a learned table (``init_learned``), and ``sinusoidal_2d`` for images as sequences of patches;
+* **rotary, applied to q and k**: ``rope`` (Su et al. 2021, arXiv 2104.09864) and ``rope_2d``;
+  after rotation the dot product <rope(q, i), rope(k, j)> depends only on i - j;
+* **relative, added to the logits** as functions of (query index, key index): ``alibi``
+  (Press et al. 2021, arXiv 2108.12409) and the T5 bucketed bias ``T5Bias`` (Raffel et al. 2019,
+  arXiv 1910.10683). Each is a callable ``bias(q_idx, k_idx) -> [N, T', S']`` that a blockwise
+  kernel can evaluate one block at a time, and ``.dense(T, S)`` gives the ``[N, T, S]`` array
+  for ``attention(..., bias=...)``.
+
+``SCHEMES`` names them all, so one experiment flag ``--posenc=none|sinusoidal|learned|rope|alibi|t5``
+selects a scheme, and ``scheme(name)`` validates such a flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "SCHEMES",
+    "Scheme",
+    "scheme",
+    "sinusoidal",
+    "sinusoidal_2d",
+    "init_learned",
+    "rope",
+    "rope_2d",
+    "alibi_slopes",
+    "alibi",
+    "Alibi",
+    "t5_bucket",
+    "T5Bias",
+    "init_t5_bias",
+]
+
+
+def _positive_int(fn, name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{fn}: {name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+# ------------------------------------------------------------------------------------------
+# Absolute encodings (added to the inputs)
+
+
+def sinusoidal(num_positions: int, d_model: int, *, base: float = 10000.0) -> jax.Array:
+    """The hand-made encoding of Vaswani et al.: ``PE[p, 2i] = sin(p / base^(2i/D))``, ``PE[p, 2i+1] = cos(...)``.
+
+    Args:
+        num_positions: P, number of positions (0 .. P-1).
+        d_model: D, width of the inputs it is added to (odd D: the last column is a sine).
+        base: wavelength scale; wavelengths run from 2*pi to base*2*pi.
+
+    Returns:
+        fp32 ``[P, D]``.
+
+    Example:
+        >>> pe = sinusoidal(4, 6)
+        >>> pe.shape, float(pe[0, 1]), round(float(pe[1, 0]), 4)   # cos(0) = 1, sin(1) = 0.8415
+        ((4, 6), 1.0, 0.8415)
+    """
+    p = _positive_int("sinusoidal", "num_positions", num_positions)
+    d = _positive_int("sinusoidal", "d_model", d_model)
+    pos = np.arange(p, dtype=np.float64)[:, None]  # [P, 1]
+    i = np.arange(0, d, 2, dtype=np.float64)[None, :]  # [1, ceil(D/2)]: 2i
+    angles = pos / base ** (i / d)
+    pe = np.zeros((p, d))
+    pe[:, 0::2] = np.sin(angles)
+    pe[:, 1::2] = np.cos(angles[:, : d // 2])
+    return jnp.asarray(pe, jnp.float32)
+
+
+def sinusoidal_2d(height: int, width: int, d_model: int, *, base: float = 10000.0) -> jax.Array:
+    """2-D sinusoidal encoding for an image as a sequence of ``height x width`` patches (row-major).
+
+    The first D/2 channels are ``sinusoidal`` of the row index, the last D/2 of the column index
+    (as in ViT/MAE's fixed 2-D encoding), so patch (r, c) at sequence position ``r * width + c`` gets
+    ``concat(sinusoidal(H, D/2)[r], sinusoidal(W, D/2)[c])``.
+
+    Returns:
+        fp32 ``[height * width, D]``; D must be even.
+    """
+    h = _positive_int("sinusoidal_2d", "height", height)
+    w = _positive_int("sinusoidal_2d", "width", width)
+    d = _positive_int("sinusoidal_2d", "d_model", d_model)
+    if d % 2:
+        raise ValueError(f"sinusoidal_2d: d_model must be even (half for rows, half for columns), got {d}")
+    rows = jnp.repeat(sinusoidal(h, d // 2, base=base), w, axis=0)  # [H*W, D/2]: row r repeated W times
+    cols = jnp.tile(sinusoidal(w, d // 2, base=base), (h, 1))  # [H*W, D/2]: columns cycle
+    return jnp.concatenate([rows, cols], axis=-1)
+
+
+def init_learned(key, num_positions: int, d_model: int, *, stddev: float = 0.02, dtype=jnp.float32) -> jax.Array:
+    """A learned absolute table ``[P, D]``, normal(0, stddev) as in BERT/GPT-2; train it like any weight."""
+    p = _positive_int("init_learned", "num_positions", num_positions)
+    d = _positive_int("init_learned", "d_model", d_model)
+    return (stddev * jax.random.normal(key, (p, d), jnp.float32)).astype(dtype)
+
+
+# ------------------------------------------------------------------------------------------
+# Rotary encodings (applied to q and k)
+
+
+def _rotate(x, positions, base, fn):
+    """Rotates consecutive pairs (x[2i], x[2i+1]) of x [..., T, N, H] by angle pos * base^(-2i/H)."""
+    h = x.shape[-1]
+    if h % 2:
+        raise ValueError(f"{fn}: the rotated head dim must be even, got {h} (x shape {x.shape})")
+    inv_freq = base ** (-jnp.arange(0, h, 2, dtype=jnp.float32) / h)  # [H/2]
+    angles = positions.astype(jnp.float32)[..., :, None, None] * inv_freq  # [..., T, 1, H/2]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    xf = x.astype(jnp.float32).reshape(*x.shape[:-1], h // 2, 2)  # [..., T, N, H] -> [..., T, N, H/2, 2]
+    x0, x1 = xf[..., 0], xf[..., 1]
+    out = jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
+    return out.reshape(x.shape).astype(x.dtype)  # [..., T, N, H/2, 2] -> [..., T, N, H]
+
+
+def _positions(x, positions, fn, name="positions"):
+    if not hasattr(x, "ndim") or x.ndim < 3:
+        raise ValueError(f"{fn}: x must have shape [..., T, N, H], got {getattr(x, 'shape', type(x).__name__)}")
+    t = x.shape[-3]
+    if positions is None:
+        return jnp.arange(t)
+    positions = jnp.asarray(positions)
+    if not jnp.issubdtype(positions.dtype, jnp.integer) and not jnp.issubdtype(positions.dtype, jnp.floating):
+        raise ValueError(f"{fn}: {name} must be numeric, got dtype {positions.dtype}")
+    if positions.ndim == 0 or positions.shape[-1] != t:
+        raise ValueError(f"{fn}: {name} must have shape [..., T] with T={t} (x shape {x.shape}), got {positions.shape}")
+    try:
+        jnp.broadcast_shapes(positions.shape[:-1], x.shape[:-3])
+    except ValueError:
+        raise ValueError(f"{fn}: {name} batch dims {positions.shape[:-1]} do not match x {x.shape[:-3]}") from None
+    return positions
+
+
+def rope(x: jax.Array, positions=None, *, base: float = 10000.0) -> jax.Array:
+    """Rotary position embedding: rotate each pair of channels of q (or k) by an angle growing with position.
+
+    Apply it to both q and k; then ``<rope(q, i), rope(k, j)>`` depends only on ``i - j``, and the
+    rotation preserves norms.
+
+    Args:
+        x: ``[..., T, N, H]`` queries or keys, H even.
+        positions: int ``[..., T]`` positions (default ``0 .. T-1``); pass offsets for a cache.
+        base: frequency base, as in the paper.
+
+    Returns:
+        ``[..., T, N, H]`` in x's dtype (computed in fp32).
+
+    Example:
+        >>> q = jnp.ones((3, 1, 4))
+        >>> bool(jnp.allclose(jnp.linalg.norm(rope(q), axis=-1), 2.0))
+        True
+    """
+    return _rotate(x, _positions(x, positions, "rope"), base, "rope")
+
+
+def rope_2d(x: jax.Array, rows, cols, *, base: float = 10000.0) -> jax.Array:
+    """2-D rotary embedding for image patches: the first H/2 channels rotate with the row, the rest with the column.
+
+    Args:
+        x: ``[..., T, N, H]``, H divisible by 4; T = number of patches.
+        rows, cols: int ``[..., T]`` row and column of each patch (e.g. ``divmod(arange(T), width)``).
+    """
+    rows = _positions(x, rows, "rope_2d", "rows")
+    cols = _positions(x, cols, "rope_2d", "cols")
+    h = x.shape[-1]
+    if h % 4:
+        raise ValueError(f"rope_2d: head dim must be divisible by 4, got {h}")
+    first = _rotate(x[..., : h // 2], rows, base, "rope_2d")
+    second = _rotate(x[..., h // 2 :], cols, base, "rope_2d")
+    return jnp.concatenate([first, second], axis=-1)
+
+
+# ------------------------------------------------------------------------------------------
+# Relative encodings (functions of query and key index, added to the logits)
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi's per-head slopes: the geometric sequence 2^(-8/n), 2^(-16/n), ... for n = num_heads.
+
+    For a head count that is not a power of two, Press et al. take the slopes of the closest
+    smaller power of two m, then every other slope of 2m for the remaining heads.
+
+    Example:
+        >>> alibi_slopes(4).tolist()
+        [0.25, 0.0625, 0.015625, 0.00390625]
+    """
+    n = _positive_int("alibi_slopes", "num_heads", num_heads)
+
+    def geometric(m):
+        return [2.0 ** (-8.0 * (i + 1) / m) for i in range(m)]
+
+    m = 2 ** int(math.floor(math.log2(n)))
+    slopes = geometric(m)
+    if m < n:
+        slopes += geometric(2 * m)[0::2][: n - m]
+    return np.asarray(slopes, np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Alibi:
+    """ALiBi bias ``-slope[n] * |i - j|`` (or ``-slope[n] * (i - j)`` for keys before the query when causal).
+
+    Call it on position vectors: ``alibi(q_idx [T'], k_idx [S']) -> fp32 [N, T', S']``.
+    """
+
+    num_heads: int
+
+    @property
+    def slopes(self) -> np.ndarray:
+        return alibi_slopes(self.num_heads)
+
+    def __call__(self, q_idx, k_idx):
+        dist = jnp.abs(q_idx[:, None] - k_idx[None, :]).astype(jnp.float32)  # [T', S']
+        return -jnp.asarray(self.slopes)[:, None, None] * dist  # [N, T', S']
+
+    def dense(self, T: int, S: int) -> jax.Array:
+        return self(jnp.arange(T), jnp.arange(S))
+
+
+def alibi(num_heads: int) -> Alibi:
+    """The ALiBi bias for ``num_heads`` heads (no parameters); ``alibi(n).slopes`` are the paper's slopes.
+
+    With a causal mask, |i - j| = i - j on every allowed pair, so this is exactly the paper's bias.
+
+    Example:
+        >>> alibi(2).slopes.tolist()
+        [0.0625, 0.00390625]
+        >>> alibi(2).dense(2, 3)[0].tolist()   # head 0: -|i - j| / 16
+        [[-0.0, -0.0625, -0.125], [-0.0625, -0.0, -0.0625]]
+    """
+    return Alibi(_positive_int("alibi", "num_heads", num_heads))
+
+
+def t5_bucket(relative_position, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128):
+    """T5's bucket of a relative position ``key index - query index``.
+
+    Small distances get a bucket each; larger ones share logarithmically wider buckets up to
+    ``max_distance``, beyond which everything shares the last bucket. Bidirectional: half the
+    buckets are for keys after the query. Causal (``bidirectional=False``): keys after the query
+    all fall in bucket 0.
+
+    Example:
+        >>> t5_bucket(jnp.array([-3, 3, -20, -200])).tolist()
+        [3, 19, 10, 15]
+    """
+    rel = jnp.asarray(relative_position)
+    n = -rel  # > 0: the key is before the query
+    bucket = jnp.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (n < 0).astype(n.dtype) * num_buckets  # keys after the query: upper half
+        n = jnp.abs(n)
+    else:
+        n = jnp.maximum(n, 0)
+    exact = num_buckets // 2  # distances 0 .. exact-1 each have their own bucket
+    log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact) / math.log(max_distance / exact)
+    large = exact + (log_ratio * (num_buckets - exact)).astype(n.dtype)
+    large = jnp.minimum(large, num_buckets - 1)
+    return bucket + jnp.where(n < exact, n, large)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Bias:
+    """T5 relative position bias: a learnable scalar per (bucket, head). A pytree: ``table`` is the parameter.
+
+    ``bias(q_idx [T'], k_idx [S']) -> fp32 [N, T', S']`` with ``bias[n, i, j] = table[bucket(k_j - q_i), n]``.
+    """
+
+    table: Any  # [num_buckets, N]
+    bidirectional: bool = True
+    max_distance: int = 128
+
+    def __call__(self, q_idx, k_idx):
+        table = jnp.asarray(self.table)
+        buckets = t5_bucket(
+            k_idx[None, :] - q_idx[:, None],
+            bidirectional=self.bidirectional,
+            num_buckets=table.shape[0],
+            max_distance=self.max_distance,
+        )  # [T', S']
+        return jnp.moveaxis(table[buckets], -1, 0).astype(jnp.float32)  # [T', S', N] -> [N, T', S']
+
+    def dense(self, T: int, S: int) -> jax.Array:
+        return self(jnp.arange(T), jnp.arange(S))
+
+
+jax.tree_util.register_dataclass(T5Bias, data_fields=["table"], meta_fields=["bidirectional", "max_distance"])
+
+
+def init_t5_bias(
+    key,
+    num_heads: int,
+    *,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+    bidirectional: bool = True,
+    stddev: float = 0.02,
+) -> T5Bias:
+    """A T5 bias with a fresh table ``[num_buckets, N]`` (normal(0, stddev)); ``jax.grad`` reaches ``.table``."""
+    n = _positive_int("init_t5_bias", "num_heads", num_heads)
+    b = _positive_int("init_t5_bias", "num_buckets", num_buckets)
+    if b < (4 if bidirectional else 2):
+        raise ValueError(f"init_t5_bias: num_buckets must be >= {4 if bidirectional else 2}, got {b}")
+    md = _positive_int("init_t5_bias", "max_distance", max_distance)
+    table = stddev * jax.random.normal(key, (b, n), jnp.float32)
+    return T5Bias(table, bool(bidirectional), md)
+
+
+# ------------------------------------------------------------------------------------------
+# One place that names them all
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """How a positional scheme enters the model."""
+
+    name: str
+    kind: str  # "none" | "input" (added to x) | "rotary" (applied to q, k) | "bias" (added to logits)
+    learned: bool
+    reference: str
+
+
+SCHEMES = {
+    s.name: s
+    for s in (
+        Scheme("none", "none", False, "no position information: attention is permutation-equivariant"),
+        Scheme("sinusoidal", "input", False, "Vaswani et al. 2017, arXiv 1706.03762"),
+        Scheme("learned", "input", True, "learned absolute table (BERT, GPT-2)"),
+        Scheme("rope", "rotary", False, "Su et al. 2021, arXiv 2104.09864"),
+        Scheme("alibi", "bias", False, "Press et al. 2021, arXiv 2108.12409"),
+        Scheme("t5", "bias", True, "Raffel et al. 2019, arXiv 1910.10683"),
+    )
+}
+
+
+def scheme(name: str) -> Scheme:
+    """Looks up a scheme by its flag value; ValueError lists the choices."""
+    if name not in SCHEMES:
+        raise ValueError(f"posenc must be one of {sorted(SCHEMES)}, got {name!r}")
+    return SCHEMES[name]

@@ -1,0 +1,60 @@
+"""Named variants of the attention sweep (`python -m experiments.sweep --config experiments/configs/sweep.py:NAME`).
+
+Variants:
+    default     `make sweep`: 2-core CPU, ~3 minutes. Full, causal and +-64 window masks, N = 256..2048,
+                1 and 8 heads, forward and forward+backward. Expect: quadratic growth for every
+                dense implementation, "xla" ahead of the fp32 reference, window no cheaper than full
+                for dense implementations (they compute every pair and then mask).
+    smoke       seconds; used by the tests.
+    long        `make sweep-long`: N up to 16K, for a GPU/TPU or a patient CPU; cells that run out of
+                memory are recorded as "oom" and the sweep goes on.
+    lra_table2  the shape of the Long Range Arena efficiency table (Tay et al. 2020, arXiv 2011.04006,
+                Table 2): attention forward+backward steps/s and memory at N = 1K, 2K, 3K, 4K, for each
+                attention variant available.
+
+Any field can be overridden on the command line, e.g. `--config.seq_lens=512,1024` or, for the
+common ones, the plain flags `--seq_lens=512,1024 --num_heads=4`.
+"""
+
+import ml_collections
+
+
+def get_config(variant: str = "default") -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.variant = variant
+    c.seq_lens = [256, 512, 1024, 2048]
+    c.num_heads = [1, 8]
+    c.head_dim = 64
+    c.batch = 1
+    c.implementations = ["reference", "xla"]
+    c.masks = ["full", "causal", "window:64:64"]
+    c.modes = ["fwd", "fwd_bwd"]
+    c.dtypes = ["float32"]
+    c.repeats = 3
+    c.cell_timeout_s = 60.0
+    c.seed = 0
+    if variant == "default":
+        pass
+    elif variant == "smoke":
+        c.seq_lens = [32, 64]
+        c.num_heads = [1, 2]
+        c.head_dim = 8
+        c.masks = ["full", "window:4:4"]
+        c.modes = ["fwd"]
+        c.repeats = 2
+    elif variant == "long":
+        c.seq_lens = [1024, 2048, 4096, 8192, 16384]
+        c.num_heads = [8]
+        c.masks = ["full", "causal", "window:128:128"]
+        c.repeats = 3
+        c.cell_timeout_s = 600.0
+    elif variant == "lra_table2":
+        c.seq_lens = [1024, 2048, 3072, 4096]
+        c.num_heads = [8]
+        c.masks = ["full", "window:128:128", "causal"]
+        c.modes = ["fwd_bwd"]
+        c.repeats = 3
+        c.cell_timeout_s = 300.0
+    else:
+        raise ValueError(f"unknown sweep variant {variant!r}: use default, smoke, long or lra_table2")
+    return c

@@ -1,0 +1,382 @@
+"""The sweep harness: sequence length x head count x implementation x mask x mode x dtype.
+
+Command (what `make sweep` runs; about 3 minutes on a 2-core CPU):
+
+    python -m experiments.sweep --config experiments/configs/sweep.py:default --out results/sweep
+
+Variants live in ``experiments/configs/sweep.py`` (``default``, ``smoke``, ``long``, ``lra_table2``);
+plain flags override them, e.g.
+
+    python -m experiments.sweep --seq_lens=1024,4096 --num_heads=8 --masks=full,window:128:128 \
+        --implementations=xla,jax.nn --modes=fwd_bwd --out results/mine
+
+Each cell is compiled once, called once to warm up, then timed ``repeats`` times. One JSON line per
+cell goes to ``<out>/results.jsonl`` (rewritten atomically after every cell) with: the cell's
+config, status (ok / timeout / oom / error + message), median and min time, compile time, useful
+FLOPs (only the (t, s) pairs the mask allows) and GFLOP/s, steps/s, memory (``memory_source`` says
+whether it is XLA's memory analysis of the compiled program or the device's own peak), backend,
+device kind, jax/jaxlib versions and host CPU count. Running the same command again skips cells
+already done (resume); ``--force`` redoes them. A cell that fails is recorded and the sweep goes on.
+``experiments/plot.py`` then draws the figures and a markdown summary from the JSONL alone (the
+sweep calls it at the end).
+
+Figure to expect from ``default`` on a 2-core CPU (``results/sweep/time_vs_n.png``): every dense
+implementation grows as N^2 (slope 2 on the log-log plot) for every mask, including the window;
+"xla" (``jax.nn.dot_product_attention`` inside attnlab) is faster than the fp32 reference;
+forward+backward costs about 2-3x forward.
+
+Implementations: every name in ``attnlab.IMPLEMENTATIONS`` (through ``attnlab.attention``), and the
+peer ``jax.nn`` (``jax.nn.dot_product_attention`` called directly with its own mask flags).
+Masks: ``full``, ``causal``, ``window:L:R``, ``graph:DENSITY`` (random graph, fixed seed,
+self-loops), ``padding:FRACTION`` (the last FRACTION of every sequence is padding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+import attnlab
+from attnlab import masks
+from experiments.plot import load_results, make_plots
+
+_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sweep.py")
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", f"{_CONFIGS}:default", "Sweep config file and variant.")
+flags.DEFINE_list("seq_lens", None, "Sequence lengths N (T = S = N); overrides the config.")
+flags.DEFINE_list("num_heads", None, "Head counts; overrides the config.")
+flags.DEFINE_list("implementations", None, "Implementations; overrides the config.")
+flags.DEFINE_list("masks", None, "Masks: full, causal, window:L:R, graph:DENSITY, padding:FRACTION.")
+flags.DEFINE_list("modes", None, "fwd and/or fwd_bwd; overrides the config.")
+flags.DEFINE_list("dtypes", None, "float32, bfloat16, float16; overrides the config.")
+flags.DEFINE_integer("head_dim", None, "Head dimension H; overrides the config.")
+flags.DEFINE_integer("batch", None, "Batch size B; overrides the config.")
+flags.DEFINE_integer("repeats", None, "Timed calls per cell after one warm-up; overrides the config.")
+flags.DEFINE_string("out", "results/sweep", "Results folder (results.jsonl, config.json, plots).")
+flags.DEFINE_bool("force", False, "Redo cells already in results.jsonl.")
+flags.DEFINE_bool("plot", True, "Draw the plots and summary.md at the end.")
+
+PEERS = ("jax.nn",)
+MODES = ("fwd", "fwd_bwd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One point of the sweep; its fields are the resume key."""
+
+    implementation: str
+    mask: str
+    seq_len: int
+    num_heads: int
+    head_dim: int
+    batch: int
+    mode: str
+    dtype: str
+
+    def key(self) -> tuple:
+        return dataclasses.astuple(self)
+
+
+def expand(config) -> list[Cell]:
+    """All cells of a config, in the order they run (small N first within each group)."""
+    for mode in config.modes:
+        if mode not in MODES:
+            raise ValueError(f"modes: unknown mode {mode!r}, expected one of {MODES}")
+    for impl in config.implementations:
+        if impl not in attnlab.IMPLEMENTATIONS + PEERS:
+            raise ValueError(f"implementations: unknown {impl!r}, expected one of {attnlab.IMPLEMENTATIONS + PEERS}")
+    for spec in config.masks:
+        parse_mask(spec, 8, 1)  # validates the spec
+    prod = itertools.product(
+        config.modes, config.dtypes, config.masks, config.num_heads, config.implementations, config.seq_lens
+    )
+    return [
+        Cell(impl, m, int(n), int(h), int(config.head_dim), int(config.batch), mode, dt)
+        for mode, dt, m, h, impl, n in prod
+    ]
+
+
+# ------------------------------------------------------------------------------------------
+# Masks and the work they allow
+
+
+def window_pairs(n: int, left: int, right: int) -> int:
+    """Number of (t, s) pairs in [0, n)^2 with t - left <= s <= t + right."""
+    t = np.arange(n)
+    return int((np.minimum(n - 1, t + right) - np.maximum(0, t - left) + 1).clip(min=0).sum())
+
+
+def parse_mask(spec: str, n: int, batch: int, seed: int = 0):
+    """Mask spec -> (attnlab mask or None, allowed (t, s) pairs summed over the batch, jax.nn kwargs)."""
+    name, *args = spec.split(":")
+    try:
+        if name == "full" and not args:
+            return None, batch * n * n, {}
+        if name == "causal" and not args:
+            return masks.causal(), batch * n * (n + 1) // 2, {"is_causal": True}
+        if name == "window" and len(args) == 2:
+            left, right = int(args[0]), int(args[1])
+            return (
+                masks.window(left, right),
+                batch * window_pairs(n, left, right),
+                {"local_window_size": (left, right)},
+            )
+        if name == "graph" and len(args) == 1:
+            density = float(args[0])
+            adj = np.random.default_rng(seed).random((n, n)) < density
+            adj |= np.eye(n, dtype=bool)  # self-loops: no empty rows
+            return masks.graph(adj), batch * int(adj.sum()), {"mask": jnp.asarray(adj)}
+        if name == "padding" and len(args) == 1:
+            length = max(1, round(n * (1 - float(args[0]))))
+            lengths = jnp.full((batch,), length, jnp.int32)
+            return (
+                masks.padding(lengths, lengths),
+                batch * length * length,
+                {"query_seq_lengths": lengths, "key_value_seq_lengths": lengths},
+            )
+    except ValueError as e:
+        raise ValueError(f"masks: bad spec {spec!r}: {e}") from e
+    raise ValueError(f"masks: bad spec {spec!r}; expected full, causal, window:L:R, graph:DENSITY or padding:FRACTION")
+
+
+def useful_flops(cell: Cell, pairs: int) -> int:
+    """FLOPs of the matmuls over allowed pairs: 2 matmuls forward, 4 more backward (no recomputation)."""
+    fwd = 4 * cell.num_heads * cell.head_dim * pairs  # 2 (mul + add) x (QK^T and AV)
+    return fwd if cell.mode == "fwd" else 3 * fwd
+
+
+# ------------------------------------------------------------------------------------------
+# One cell
+
+
+def build(cell: Cell, seed: int = 0):
+    """-> (function of (q, k, v, mask), its arguments, allowed pairs)."""
+    mask, pairs, jnn_kwargs = parse_mask(cell.mask, cell.seq_len, cell.batch, seed)
+    dtype = jnp.dtype(cell.dtype)
+    shape = (cell.batch, cell.seq_len, cell.num_heads, cell.head_dim)  # [B, T, N, H]
+    kq, kk, kv, kc = jax.random.split(jax.random.key(seed), 4)
+    q, k, v = (jax.random.normal(key, shape, jnp.float32).astype(dtype) for key in (kq, kk, kv))
+
+    if cell.implementation == "jax.nn":
+
+        def attend(q, k, v, m):
+            del m  # jax.nn takes the mask as its own flags
+            return jax.nn.dot_product_attention(q, k, v, **jnn_kwargs)
+    else:
+
+        def attend(q, k, v, m):
+            return attnlab.attention(q, k, v, mask=m, implementation=cell.implementation)
+
+    if cell.mode == "fwd":
+        fn = attend
+    else:
+        cotangent = jax.random.normal(kc, shape, jnp.float32)
+
+        def fn(q, k, v, m):
+            loss = lambda q, k, v: jnp.sum(attend(q, k, v, m).astype(jnp.float32) * cotangent)  # noqa: E731
+            return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    return fn, (q, k, v, mask), pairs
+
+
+def memory_record(compiled) -> dict:
+    rec = {}
+    try:
+        ma = compiled.memory_analysis()
+        total = ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
+        rec.update(
+            memory_bytes=int(total),
+            temp_bytes=int(ma.temp_size_in_bytes),
+            memory_source="xla_memory_analysis",
+        )
+    except Exception:  # some backends give no analysis
+        rec.update(memory_bytes=None, memory_source="unavailable")
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        rec.update(
+            device_peak_bytes=int(stats["peak_bytes_in_use"]),
+            device_peak_source="device memory_stats (process-wide peak)",
+        )
+    return rec
+
+
+def time_cell(cell: Cell, *, repeats: int, timeout_s: float = float("inf"), seed: int = 0) -> dict:
+    """Compiles once, warms up once, times `repeats` calls of the compiled program."""
+    fn, args, pairs = build(cell, seed)
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))  # warm-up
+    times = [time.perf_counter() - t0]
+    status = "ok"
+    if times[0] * (repeats + 1) > timeout_s:
+        status = "timeout"  # soft timeout: keep the warm-up time, skip the repeats
+    else:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(*args))
+            times.append(time.perf_counter() - t0)
+    flops = useful_flops(cell, pairs)
+    best = min(times)
+    return dict(
+        status=status,
+        error=None,
+        compile_s=compile_s,
+        repeats=len(times),
+        median_ms=1e3 * statistics.median(times),
+        min_ms=1e3 * best,
+        steps_per_s=1.0 / best,
+        allowed_pairs=pairs,
+        useful_flops=flops,
+        useful_gflops=flops / best / 1e9,
+        **memory_record(compiled),
+    )
+
+
+def environment() -> dict:
+    import jaxlib
+
+    dev = jax.devices()[0]
+    return dict(
+        backend=jax.default_backend(),
+        device_kind=dev.device_kind,
+        num_devices=jax.device_count(),
+        jax=jax.__version__,
+        jaxlib=jaxlib.__version__,
+        host_cpus=os.cpu_count(),
+        python=platform.python_version(),
+        platform=platform.platform(),
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# The sweep
+
+
+def write_results(path: str, records: list[dict]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half of one
+
+
+def record_key(r: dict) -> tuple:
+    return tuple(r[f.name] for f in dataclasses.fields(Cell))
+
+
+def run_sweep(config, out: str, *, force: bool = False, plot: bool = True) -> list[dict]:
+    """Runs every cell of `config` not already done in `<out>/results.jsonl`; returns this sweep's records."""
+    os.makedirs(out, exist_ok=True)
+    cells = expand(config)
+    path = os.path.join(out, "results.jsonl")
+    fields = [f.name for f in dataclasses.fields(Cell)]
+    previous = load_results(path)
+    by_key = {record_key(r): r for r in previous if all(name in r for name in fields)}
+    if len(by_key) < len(previous):
+        print(f"sweep: dropping {len(previous) - len(by_key)} records of an older format from {path}")
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config.to_dict() if hasattr(config, "to_dict") else dict(config), f, indent=2)
+    env = environment()
+    todo = [c for c in cells if force or by_key.get(c.key(), {}).get("status") in (None, "error")]
+    print(
+        f"sweep: {len(cells)} cells, {len(cells) - len(todo)} already done, {len(todo)} to run "
+        f"on {env['backend']} ({env['device_kind']})",
+        flush=True,
+    )
+    start = time.perf_counter()
+    for i, cell in enumerate(todo, 1):
+        try:
+            rec = time_cell(cell, repeats=config.repeats, timeout_s=config.cell_timeout_s, seed=config.seed)
+        except Exception as e:  # record and go on: one bad cell must not end the sweep
+            msg = f"{type(e).__name__}: {e}"
+            oom = isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in msg or "out of memory" in msg.lower()
+            rec = dict(status="oom" if oom else "error", error=msg[:2000])
+        rec = {**dataclasses.asdict(cell), **rec, **env, "variant": config.get("variant", "custom")}
+        by_key[cell.key()] = rec
+        write_results(path, list(by_key.values()))
+        elapsed = time.perf_counter() - start
+        eta = elapsed / i * (len(todo) - i)
+        what = (
+            f"{rec['min_ms']:9.2f} ms {rec['useful_gflops']:7.1f} GF/s"
+            if rec["status"] != "error" and rec["status"] != "oom"
+            else rec["status"].upper()
+        )
+        print(
+            f"[{i}/{len(todo)}] {cell.implementation:>9s} {cell.mask:>14s} {cell.mode:>7s} N={cell.seq_len:<6d} "
+            f"heads={cell.num_heads:<3d} {what}  (elapsed {elapsed:.0f}s, ETA {eta:.0f}s)",
+            flush=True,
+        )
+    records = [by_key[c.key()] for c in cells]
+    print_table(records)
+    if plot:
+        files = make_plots(path, out)
+        print("wrote " + ", ".join([path] + files))
+    return records
+
+
+def print_table(records: list[dict]) -> None:
+    cols = [
+        ("implementation", 10, "s"),
+        ("mask", 14, "s"),
+        ("mode", 7, "s"),
+        ("seq_len", 6, "d"),
+        ("num_heads", 5, "d"),
+        ("min_ms", 9, ".2f"),
+        ("median_ms", 9, ".2f"),
+        ("useful_gflops", 7, ".1f"),
+        ("compile_s", 7, ".2f"),
+    ]
+    names = {
+        "implementation": "impl",
+        "seq_len": "N",
+        "num_heads": "heads",
+        "min_ms": "min ms",
+        "median_ms": "med ms",
+        "useful_gflops": "GF/s",
+        "compile_s": "compile",
+    }
+    print("\n" + " ".join(f"{names.get(c, c):>{w}s}" for c, w, _ in cols) + "  status")
+    for r in records:
+        cells = []
+        for c, w, fmt in cols:
+            val = r.get(c)
+            cells.append(f"{val:>{w}{fmt}}" if val is not None else f"{'-':>{w}s}")
+        print(" ".join(cells) + f"  {r['status']}")
+
+
+def config_from_flags():
+    c = FLAGS.config
+    for name in ("seq_lens", "num_heads"):
+        if FLAGS[name].value is not None:
+            c[name] = [int(x) for x in FLAGS[name].value]
+    for name in ("implementations", "masks", "modes", "dtypes"):
+        if FLAGS[name].value is not None:
+            c[name] = list(FLAGS[name].value)
+    for name in ("head_dim", "batch", "repeats"):
+        if FLAGS[name].value is not None:
+            c[name] = FLAGS[name].value
+    return c
+
+
+def main(argv):
+    del argv
+    run_sweep(config_from_flags(), FLAGS.out, force=FLAGS.force, plot=FLAGS.plot)
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))

@@ -1,0 +1,217 @@
+"""Mask objects: dense values by hand, block layouts against their dense form, pytree behaviour."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnlab import masks
+
+
+def brute_layout(dense, T, S, bq, bk):
+    """Block layout straight from a dense [..., T, S] array: the definition, written out."""
+    d = np.asarray(dense)
+    d = np.broadcast_to(d, d.shape[:-2] + (T, S)).reshape(-1, T, S)
+    nq, nk = -(-T // bq), -(-S // bk)
+    out = np.zeros((nq, nk), np.int8)
+    for i in range(nq):
+        for j in range(nk):
+            blk = d[:, i * bq : (i + 1) * bq, j * bk : (j + 1) * bk]
+            out[i, j] = 0 if not blk.any() else (2 if blk.all() else 1)
+    return out
+
+
+def test_dense_by_hand():
+    # Each expected matrix written out from the definition (row t = query, column s = key).
+    assert masks.full().dense(2, 3).tolist() == [[True] * 3] * 2
+    assert masks.causal().dense(3, 4).astype(int).tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]]
+    # offset = S - T: the last query sees every key (decoding against a cache)
+    assert masks.causal(offset=1).dense(3, 4).astype(int).tolist() == [
+        [1, 1, 0, 0],
+        [1, 1, 1, 0],
+        [1, 1, 1, 1],
+    ]
+    assert masks.window(1, 0).dense(4, 4).astype(int).tolist() == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [0, 1, 1, 0],
+        [0, 0, 1, 1],
+    ]
+    assert masks.window(0, 2).dense(3, 4).astype(int).tolist() == [[1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
+    pad = masks.padding(q_lengths=np.array([1, 2]), kv_lengths=np.array([3, 1])).dense(2, 3)
+    assert pad.shape == (2, 1, 2, 3)  # [B, 1 (heads), T, S]
+    assert pad[:, 0].astype(int).tolist() == [[[1, 1, 1], [0, 0, 0]], [[1, 0, 0], [1, 0, 0]]]
+
+
+def test_window_matches_jax_nn_local_window_size():
+    # jax.nn documents local_window_size=(l, r) as: query t sees keys [t - l, t + r].
+    q = k = jax.random.normal(jax.random.key(0), (9, 1, 9))  # jax.nn needs Hv == H
+    v = jnp.eye(9)[:, None, :]  # value s = one-hot(s): the output row is the weight row
+    out = jax.nn.dot_product_attention(q, k, v, local_window_size=(2, 1))[:, 0, :]
+    np.testing.assert_array_equal(np.asarray(out) > 0, np.asarray(masks.window(2, 1).dense(9, 9)))
+
+
+def test_graph_and_self_loops():
+    adj = np.array([[0, 1, 0], [0, 0, 1], [1, 0, 0]], bool)  # a directed 3-cycle
+    assert np.array_equal(masks.graph(adj).dense(3, 3), adj)
+    with_loops = masks.graph(adj, self_loops=True).dense(3, 3)
+    assert np.array_equal(with_loops, adj | np.eye(3, dtype=bool))
+    assert np.array_equal(masks.with_self_loops(jnp.asarray(adj)), adj | np.eye(3, dtype=bool))
+    batched = masks.graph(np.stack([adj, adj.T])).dense(3, 3)
+    assert batched.shape == (2, 1, 3, 3)
+    assert np.array_equal(batched[1, 0], adj.T)
+
+
+def test_graph_edges_equals_adjacency():
+    rng = np.random.default_rng(0)
+    adj = rng.random((11, 11)) < 0.3
+    receivers, senders = np.nonzero(adj)  # edge s -> r means r attends to s
+    m = masks.graph_edges(senders, receivers, 11)
+    np.testing.assert_array_equal(m.dense(11, 11), adj)
+    np.testing.assert_array_equal(m.dense(11, 11), masks.graph(adj).dense(11, 11))
+    for bq, bk in [(4, 4), (3, 5), (11, 11), (16, 2)]:
+        np.testing.assert_array_equal(m.block_layout(11, 11, bq, bk), brute_layout(adj, 11, 11, bq, bk))
+
+
+def test_graph_edges_duplicates_are_one_edge():
+    m = masks.graph_edges([0, 0, 1], [1, 1, 0], 2)
+    assert m.dense(2, 2).astype(int).tolist() == [[0, 1], [1, 0]]
+    assert m.block_layout(2, 2, 1, 1).tolist() == [[0, 2], [2, 0]]
+
+
+RNG = np.random.default_rng(42)
+LAYOUT_MASKS = {
+    "full": masks.full(),
+    "causal": masks.causal(),
+    "causal_offset": masks.causal(offset=5),
+    "causal_neg_offset": masks.causal(offset=-3),
+    "window_sym": masks.window(3, 3),
+    "window_left": masks.window(6, 0),
+    "window_offset": masks.window(2, 4, offset=-3),
+    "padding": masks.padding(q_lengths=np.array([13, 4]), kv_lengths=np.array([9, 17])),
+    "padding_kv": masks.padding(kv_lengths=np.array([5])),
+    "graph": masks.graph(RNG.random((13, 17)) < 0.1),
+    "graph_batched": masks.graph(RNG.random((2, 13, 17)) < 0.05),
+    "causal_and_window": masks.causal() & masks.window(4, 0),
+    "window_or_causal": masks.window(1, 1) | masks.causal(offset=-8),
+    "padding_and_causal": masks.padding(kv_lengths=np.array([10, 3])) & masks.causal(offset=4),
+    "dense_array": masks.as_mask(RNG.random((13, 17)) < 0.5),
+    "chunks": masks.chunks(4),
+    "dilated": masks.dilated(5, 2, 3),
+    "strided_causal": masks.dilated(17, 0, 4) & masks.causal(),
+    "global": masks.global_tokens([0, 9]),
+    "longformer": masks.window(2, 2) | masks.global_tokens([0, 16]),
+    "random_blocks": masks.random_blocks(17, 4, 2, seed=3),
+    "bigbird": masks.bigbird(17, block_size=4, num_global=2, num_random=1, seed=5),
+}
+
+
+@pytest.mark.parametrize("blocks", [(4, 4), (3, 5), (8, 16), (13, 17), (1, 1), (32, 32)])
+@pytest.mark.parametrize("name", list(LAYOUT_MASKS))
+def test_block_layout_agrees_with_dense(name, blocks):
+    T, S = 13, 17  # not multiples of the block sizes: the last blocks are short
+    m = LAYOUT_MASKS[name]
+    layout = m.block_layout(T, S, *blocks)
+    assert layout.dtype == np.int8 and layout.shape == (-(-T // blocks[0]), -(-S // blocks[1]))
+    np.testing.assert_array_equal(layout, brute_layout(m.dense(T, S), T, S, *blocks))
+
+
+def test_block_layout_skips_blocks_for_window():
+    # A +-128 window at N = 4096 with 128-wide blocks touches 3 diagonals of 32 blocks.
+    layout = masks.window(128, 128).block_layout(4096, 4096, 128, 128)
+    assert (layout != masks.EMPTY).sum() == 32 * 3 - 2
+    assert (layout == masks.FULL).sum() == 32  # diagonal blocks: |t - s| <= 127 < 128
+
+
+def test_traced_masks_give_safe_layout():
+    @jax.jit
+    def f(lengths):
+        m = masks.padding(kv_lengths=lengths) & masks.causal()
+        assert not m.is_static
+        layout = m.block_layout(8, 8, 4, 4)
+        # causal's empty block is still known; the rest could be anything
+        assert layout.tolist() == [[1, 0], [1, 1]]
+        return m.dense(8, 8)
+
+    out = f(jnp.array([3]))
+    np.testing.assert_array_equal(out[0, 0], np.tril(np.ones((8, 8), bool)) & (np.arange(8) < 3))
+
+
+def test_masks_are_pytrees():
+    m = masks.padding(kv_lengths=jnp.array([2, 3])) & masks.window(1, 2)
+    leaves, treedef = jax.tree_util.tree_flatten(m)
+    assert len(leaves) == 1  # only the lengths are data
+    m2 = jax.tree_util.tree_unflatten(treedef, [jnp.array([4, 1])])
+    assert m2.b == masks.window(1, 2)
+    assert m2.a.kv_lengths.tolist() == [4, 1]
+    # vmap over a batch of masks: each example its own length
+    dense = jax.vmap(lambda n: masks.padding(kv_lengths=n).dense(2, 4))(jnp.array([1, 3]))
+    assert dense.shape == (2, 1, 2, 4)
+    assert dense[:, 0, 0].astype(int).tolist() == [[1, 0, 0, 0], [1, 1, 1, 0]]
+
+
+def test_evaluation_on_arbitrary_positions():
+    # What a kernel does: evaluate the mask on one block without forming [T, S].
+    m = masks.causal() & masks.padding(kv_lengths=jnp.array([6]))
+    blk = m(jnp.arange(4, 8), jnp.arange(2, 7))
+    full = m.dense(8, 8)
+    np.testing.assert_array_equal(blk, full[..., 4:8, 2:7])
+
+
+def test_bool_array_combines_with_mask():
+    arr = np.tril(np.ones((3, 3), bool))
+    m = arr & masks.window(0, 0)
+    np.testing.assert_array_equal(m.dense(3, 3), np.eye(3, dtype=bool))
+    m = masks.window(0, 0) | arr.T
+    np.testing.assert_array_equal(m.dense(3, 3), np.triu(np.ones((3, 3), bool)))
+
+
+def test_sparse_family_by_hand():
+    # chunks of 3 over 5 positions: {0,1,2}, {3,4}
+    assert masks.chunks(3).dense(5, 5).astype(int).tolist() == [
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 0, 0],
+        [0, 0, 0, 1, 1],
+        [0, 0, 0, 1, 1],
+    ]
+    # strided (Sparse Transformer): keys t, t-3, t-6, ... before the query
+    strided = (masks.dilated(10, 0, 3) & masks.causal()).dense(7, 7)
+    assert np.nonzero(np.asarray(strided[6]))[0].tolist() == [0, 3, 6]
+    # global token 2 sees all and is seen by all, on top of the diagonal
+    g = (masks.window(0, 0) | masks.global_tokens([2])).dense(4, 4).astype(int).tolist()
+    assert g == [[1, 0, 1, 0], [0, 1, 1, 0], [1, 1, 1, 1], [0, 0, 1, 1]]
+
+
+def test_random_blocks_are_seeded_and_counted():
+    a = masks.random_blocks(64, 8, 3, seed=7)
+    b = masks.random_blocks(64, 8, 3, seed=7)
+    c = masks.random_blocks(64, 8, 3, seed=8)
+    assert a == b and a != c  # static structure: equal seeds give equal (hashable) masks
+    layout = a.block_layout(64, 64, 8, 8)
+    assert (layout == masks.FULL).sum(1).tolist() == [3] * 8 and (layout == masks.PARTIAL).sum() == 0
+
+
+def test_bigbird_skips_most_blocks_at_length():
+    m = masks.bigbird(4096, block_size=128, num_global=2, num_random=3)
+    layout = m.block_layout(4096, 4096, 128, 128)
+    visited = (layout != masks.EMPTY).mean()
+    # per query block: 3 window + 3 random (some overlap) + the global column; first row is all global
+    assert 0.1 < visited < 0.25
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: masks.chunks(0), "size must be >= 1"),
+        (lambda: masks.dilated(2, 2, 0), "dilation must be >= 1"),
+        (lambda: masks.global_tokens([]), "at least one global position"),
+        (lambda: masks.global_tokens([-1]), "indices must be >= 0"),
+        (lambda: masks.random_blocks(16, 4, 5), r"num_random must be <= the number of blocks \(4\)"),
+    ],
+)
+def test_sparse_family_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -1,0 +1,163 @@
+"""Positional encodings against closed forms, hand-checked values and their defining properties."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import np_attention, qkv
+
+import attnlab
+from attnlab import masks, positional
+
+
+def test_sinusoidal_closed_form_entries():
+    pe = positional.sinusoidal(50, 8)
+    # PE[p, 2i] = sin(p / 10000^(2i/8)), PE[p, 2i+1] = cos(same angle)
+    np.testing.assert_allclose(pe[3, 2], np.sin(3 / 10000**0.25), rtol=1e-6)  # sin(0.3) = 0.29552
+    np.testing.assert_allclose(pe[3, 2], 0.295520, atol=1e-6)
+    np.testing.assert_allclose(pe[3, 3], 0.955336, atol=1e-6)  # cos(0.3)
+    np.testing.assert_allclose(pe[7, 6], np.sin(7 / 1000), rtol=1e-6)  # 10000^(6/8) = 1000
+    np.testing.assert_allclose(pe[0], [0, 1, 0, 1, 0, 1, 0, 1])
+    p, i = np.meshgrid(np.arange(50), np.arange(4), indexing="ij")
+    np.testing.assert_allclose(pe[:, 0::2], np.sin(p / 10000 ** (2 * i / 8)), atol=1e-6)
+    np.testing.assert_allclose(pe[:, 1::2], np.cos(p / 10000 ** (2 * i / 8)), atol=1e-6)
+    odd = positional.sinusoidal(5, 7)
+    assert odd.shape == (5, 7)
+    np.testing.assert_allclose(odd[:, 6], np.sin(np.arange(5) / 10000 ** (6 / 7)), atol=1e-6)
+
+
+def test_sinusoidal_2d_definition():
+    pe = positional.sinusoidal_2d(2, 3, 8)
+    assert pe.shape == (6, 8)
+    rows, cols = positional.sinusoidal(2, 4), positional.sinusoidal(3, 4)
+    for r in range(2):
+        for c in range(3):
+            np.testing.assert_allclose(pe[r * 3 + c], np.concatenate([rows[r], cols[c]]))
+    with pytest.raises(ValueError, match="d_model must be even"):
+        positional.sinusoidal_2d(2, 2, 7)
+
+
+def test_learned_table_shape_and_scale():
+    t = positional.init_learned(jax.random.key(0), 1000, 16)
+    assert t.shape == (1000, 16)
+    assert 0.015 < float(t.std()) < 0.025
+
+
+def _complex_rope(x, pos, base=10000.0):
+    """RoPE as in the paper's complex form: pair (x_2i, x_2i+1) is z_i, multiplied by exp(i pos theta_i)."""
+    x = np.asarray(x, np.float64)
+    h = x.shape[-1]
+    z = x[..., 0::2] + 1j * x[..., 1::2]
+    theta = base ** (-np.arange(0, h, 2) / h)
+    z = z * np.exp(1j * np.asarray(pos)[:, None, None] * theta)
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = z.real, z.imag
+    return out
+
+
+def test_rope_matches_complex_form_and_preserves_norms():
+    x = jax.random.normal(jax.random.key(0), (2, 5, 3, 8))  # [B, T, N, H]
+    out = positional.rope(x)
+    for b in range(2):
+        np.testing.assert_allclose(out[b], _complex_rope(x[b], np.arange(5)), atol=1e-5)
+    np.testing.assert_allclose(jnp.linalg.norm(out, axis=-1), jnp.linalg.norm(x, axis=-1), rtol=1e-5)
+    offset = positional.rope(x, jnp.arange(5) + 7)
+    np.testing.assert_allclose(offset[0], _complex_rope(x[0], np.arange(5) + 7), atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rope_dot_product_depends_only_on_offset(seed):
+    kq, kk, kp = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(kq, (1, 1, 16))
+    k = jax.random.normal(kk, (1, 1, 16))
+    i, j, shift = (int(v) for v in jax.random.randint(kp, (3,), 0, 500))
+
+    def score(a, b):
+        return float(jnp.sum(positional.rope(q, jnp.array([a])) * positional.rope(k, jnp.array([b]))))
+
+    np.testing.assert_allclose(score(i, j), score(i + shift, j + shift), rtol=1e-3, atol=1e-3)
+
+
+def test_rope_2d_rotates_halves_by_row_and_column():
+    x = jax.random.normal(jax.random.key(1), (6, 2, 8))  # 2 x 3 patches
+    rows, cols = jnp.arange(6) // 3, jnp.arange(6) % 3
+    out = positional.rope_2d(x, rows, cols)
+    np.testing.assert_allclose(out[..., :4], positional.rope(x[..., :4], rows), atol=1e-6)
+    np.testing.assert_allclose(out[..., 4:], positional.rope(x[..., 4:], cols), atol=1e-6)
+
+
+def test_alibi_slopes_follow_the_paper():
+    # 8 heads: 1/2, 1/4, ..., 1/256 (the paper's example)
+    np.testing.assert_allclose(positional.alibi_slopes(8), [2.0**-k for k in range(1, 9)])
+    # 6 heads: the 4-head sequence, then every other slope of the 8-head sequence
+    np.testing.assert_allclose(positional.alibi_slopes(6), [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3])
+    assert len(positional.alibi_slopes(12)) == 12
+
+
+def test_alibi_bias_values_and_attention():
+    a = positional.alibi(4)
+    dense = a.dense(5, 7)
+    assert dense.shape == (4, 5, 7)
+    slopes = positional.alibi_slopes(4)
+    for n, i, j in [(0, 0, 6), (3, 4, 1), (2, 2, 2)]:
+        assert float(dense[n, i, j]) == pytest.approx(-slopes[n] * abs(i - j))
+    np.testing.assert_array_equal(a(jnp.arange(2, 4), jnp.arange(3, 7)), dense[:, 2:4, 3:7])
+    q, k, v = qkv((2, 5, 4, 8), s=7)
+    mask = masks.causal(offset=2)
+    out = attnlab.attention(q, k, v, mask=mask, bias=dense)
+    expected, _ = np_attention(q, k, v, mask=np.asarray(mask.dense(5, 7)), bias=np.asarray(dense))
+    np.testing.assert_allclose(out, expected, atol=2e-5)
+
+
+def test_t5_buckets_by_hand():
+    # bidirectional, 32 buckets, max distance 128: 16 per direction, 8 exact.
+    # rel = -20 (key 20 before): 8 + floor(log(20/8) / log(128/8) * 8) = 8 + floor(2.64) = 10
+    # rel = -200: 8 + floor(log(25) / log(16) * 8) = 8 + 9 = 17 -> capped at 15
+    rel = jnp.array([0, -1, -7, -8, -20, -200, 1, 3, 20])
+    assert positional.t5_bucket(rel).tolist() == [0, 1, 7, 8, 10, 15, 17, 19, 26]
+    # causal: keys after the query share bucket 0; 16 exact buckets
+    # rel = -20: 16 + floor(log(20/16) / log(128/16) * 16) = 16 + floor(1.72) = 17
+    assert positional.t5_bucket(rel, bidirectional=False).tolist() == [0, 1, 7, 8, 17, 31, 0, 0, 0]
+
+
+def test_t5_bias_table_lookup_and_grads():
+    bias = positional.init_t5_bias(jax.random.key(0), 3, num_buckets=8, max_distance=16)
+    dense = bias.dense(6, 6)
+    table = np.asarray(bias.table)
+    for n, i, j in [(0, 0, 5), (2, 5, 0), (1, 3, 3)]:
+        b = int(positional.t5_bucket(jnp.array(j - i), num_buckets=8, max_distance=16))
+        assert float(dense[n, i, j]) == pytest.approx(table[b, n])
+    q, k, v = qkv((6, 3, 4))
+
+    def loss(b):
+        return jnp.sum(attnlab.attention(q, k, v, bias=b.dense(6, 6)) ** 2)
+
+    g = jax.grad(loss)(bias)
+    assert isinstance(g, positional.T5Bias) and g.table.shape == (8, 3)
+    assert float(jnp.abs(g.table).sum()) > 0
+
+
+def test_schemes_name_them_all():
+    assert sorted(positional.SCHEMES) == ["alibi", "learned", "none", "rope", "sinusoidal", "t5"]
+    assert positional.scheme("rope").kind == "rotary"
+    with pytest.raises(ValueError, match="posenc must be one of"):
+        positional.scheme("xpos")
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: positional.sinusoidal(0, 4), "num_positions must be a positive int"),
+        (lambda: positional.rope(jnp.ones((4, 2, 3))), "head dim must be even"),
+        (lambda: positional.rope(jnp.ones((4, 2, 4)), jnp.arange(5)), r"positions must have shape \[\.\.\., T\]"),
+        (lambda: positional.rope(jnp.ones((4, 4))), r"x must have shape \[\.\.\., T, N, H\]"),
+        (lambda: positional.rope_2d(jnp.ones((4, 2, 6)), jnp.arange(4), jnp.arange(4)), "divisible by 4"),
+        (lambda: positional.alibi(0), "num_heads must be a positive int"),
+        (lambda: positional.init_t5_bias(jax.random.key(0), 2, num_buckets=2), "num_buckets must be >= 4"),
+    ],
+)
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

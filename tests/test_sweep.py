@@ -1,0 +1,145 @@
+"""The sweep harness: FLOP counts by hand, schema, resume, fault isolation, no recompilation, plots."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import attnlab
+from experiments import plot, sweep
+from experiments.configs import sweep as sweep_configs
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "sweep_fixture.jsonl")
+
+
+def tiny_config(**overrides):
+    c = sweep_configs.get_config("smoke")
+    c.seq_lens = [16, 24]
+    c.num_heads = [1]
+    c.masks = ["full", "window:2:1"]
+    c.update(overrides)
+    return c
+
+
+@pytest.mark.parametrize("spec", ["full", "causal", "window:3:1", "window:0:0", "graph:0.2", "padding:0.25"])
+def test_allowed_pairs_match_dense_mask(spec):
+    n, batch = 13, 2
+    mask, pairs, _ = sweep.parse_mask(spec, n, batch)
+    dense = np.ones((n, n), bool) if mask is None else np.asarray(mask.dense(n, n))
+    assert pairs == np.broadcast_to(dense, (batch, 1, n, n)).sum()
+
+
+def test_flops_by_hand():
+    # window:1:1 on N=4 allows 2 + 3 + 3 + 2 = 10 pairs.
+    assert sweep.window_pairs(4, 1, 1) == 10
+    cell = sweep.Cell("xla", "window:1:1", 4, 2, 8, 1, "fwd", "float32")
+    assert sweep.useful_flops(cell, 10) == 4 * 2 * 8 * 10  # 2 matmuls x (mul + add)
+    cell_bwd = sweep.Cell("xla", "window:1:1", 4, 2, 8, 1, "fwd_bwd", "float32")
+    assert sweep.useful_flops(cell_bwd, 10) == 3 * 4 * 2 * 8 * 10  # + 4 backward matmuls
+
+
+def test_every_variant_expands():
+    for variant in ("default", "smoke", "long", "lra_table2"):
+        cells = sweep.expand(sweep_configs.get_config(variant))
+        assert cells and len(set(c.key() for c in cells)) == len(cells)
+    with pytest.raises(ValueError, match="unknown sweep variant"):
+        sweep_configs.get_config("huge")
+    with pytest.raises(ValueError, match="masks: bad spec 'window:3'"):
+        sweep.expand(tiny_config(masks=["window:3"]))
+    with pytest.raises(ValueError, match="implementations: unknown 'flash'"):
+        sweep.expand(tiny_config(implementations=["flash"]))
+
+
+def test_schema_resume_and_fault_isolation(tmp_path, monkeypatch, capsys):
+    config = tiny_config(implementations=["reference", "xla", "jax.nn"], modes=["fwd", "fwd_bwd"])
+    real_time_cell = sweep.time_cell
+    broken = sweep.Cell("xla", "window:2:1", 24, 1, 8, 1, "fwd_bwd", "float32")
+
+    def flaky(cell, **kw):
+        if cell == broken:
+            raise RuntimeError("forced failure")
+        return real_time_cell(cell, **kw)
+
+    monkeypatch.setattr(sweep, "time_cell", flaky)
+    records = sweep.run_sweep(config, str(tmp_path), plot=False)
+    assert len(records) == 3 * 2 * 2 * 2
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == len(records)
+    failed = [r for r in rows if r["status"] != "ok"]
+    assert len(failed) == 1 and failed[0]["status"] == "error" and "forced failure" in failed[0]["error"]
+    for r in rows:
+        for key in (
+            "implementation",
+            "mask",
+            "seq_len",
+            "num_heads",
+            "head_dim",
+            "batch",
+            "mode",
+            "dtype",
+            "backend",
+            "device_kind",
+            "jax",
+            "jaxlib",
+            "host_cpus",
+            "variant",
+        ):
+            assert key in r, key
+        if r["status"] == "ok":
+            assert 0 < r["min_ms"] <= r["median_ms"] and r["compile_s"] > 0 and r["repeats"] == config.repeats
+            assert r["useful_gflops"] > 0 and r["memory_bytes"] > 0
+            assert r["memory_source"] == "xla_memory_analysis"
+    assert "ETA" in capsys.readouterr().out
+
+    # Rerun: only the failed cell runs again.
+    ran = []
+    monkeypatch.setattr(sweep, "time_cell", lambda cell, **kw: ran.append(cell) or real_time_cell(cell, **kw))
+    sweep.run_sweep(config, str(tmp_path), plot=False)
+    assert ran == [broken]
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == len(records) and all(r["status"] == "ok" for r in rows)
+
+    # --force redoes everything.
+    ran.clear()
+    sweep.run_sweep(tiny_config(seq_lens=[16], masks=["full"]), str(tmp_path), force=True, plot=False)
+    assert len(ran) == 2
+
+
+def test_forward_backward_cells_compute_gradients():
+    fn, args, _ = sweep.build(sweep.Cell("reference", "causal", 8, 2, 4, 1, "fwd_bwd", "float32"))
+    grads = fn(*args)
+    assert len(grads) == 3 and all(g.shape == (1, 8, 2, 4) for g in grads)
+
+
+def test_no_recompilation_across_repeats(monkeypatch):
+    traces = []
+    real = attnlab.attention
+
+    def counting(*a, **kw):
+        traces.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(attnlab, "attention", counting)
+    rec = sweep.time_cell(sweep.Cell("xla", "causal", 16, 1, 8, 1, "fwd", "float32"), repeats=4)
+    assert rec["status"] == "ok" and rec["repeats"] == 4
+    assert len(traces) == 1  # traced and compiled once, then the compiled program is reused
+
+
+def test_soft_timeout_is_recorded():
+    rec = sweep.time_cell(sweep.Cell("reference", "full", 16, 1, 8, 1, "fwd", "float32"), repeats=3, timeout_s=0.0)
+    assert rec["status"] == "timeout" and rec["repeats"] == 1
+
+
+def test_plots_from_fixture(tmp_path):
+    files = plot.make_plots(FIXTURE, str(tmp_path))
+    names = sorted(os.path.basename(f) for f in files)
+    assert names == ["gflops_vs_n.png", "memory_vs_n.png", "summary.md", "time_vs_heads.png", "time_vs_n.png"]
+    for f in files:
+        assert os.path.getsize(f) > 1000
+    summary = (tmp_path / "summary.md").read_text()
+    n_records = len(plot.load_results(FIXTURE))
+    assert summary.count("\n| ") == n_records + 1  # header + one row per cell
+    assert "oom" in summary and "Failed cells" in summary
