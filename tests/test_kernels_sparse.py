@@ -143,3 +143,20 @@ def test_memory_is_linear_in_edges():
     small, large = temp_bytes(8192), temp_bytes(32768)
     assert large < 5 * small, (small, large)
     assert large < 4096 * 4096 * 4, large  # less than one dense fp32 [T, S]
+
+
+def test_edge_chunks_do_not_change_the_result(monkeypatch):
+    # 16-edge chunks: several chunks and a padded last one (the edge count is not a multiple of 16)
+    from attnlab.kernels import sparse as sparse_lib
+
+    edges, adj = _random_edges(8)
+    assert edges.senders.shape[0] % 16
+    q, k, v = qkv((2, NODES, 4, 8), kv_heads=2, seed=9)
+    monkeypatch.setattr(sparse_lib, "EDGE_CHUNK", 16)
+    out, grads = _fwd_and_grads(lambda q, k, v: kernels.sparse_attention(q, k, v, mask=edges), q, k, v)
+    out_r, grads_r = _fwd_and_grads(
+        lambda q, k, v: attnlab.attention_reference(q, k, v, mask=masks.graph(adj)), q, k, v
+    )
+    _compare(out, out_r, tol(jnp.float32))
+    for g, g_r in zip(grads, grads_r, strict=True):
+        _compare(g, g_r, grad_tol(jnp.float32))

@@ -24,6 +24,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from attnlab import masks as masks_lib
 from attnlab import scores as scores_lib
@@ -61,11 +62,96 @@ def edge_score(score, scale, fn="sparse_attention"):
     )
 
 
-def _one_graph(q, k, v, senders, receivers, *, score_e):
+# Edges per chunk of the dot-product path: bounds the gathered [chunk, N, H] temporaries.
+EDGE_CHUNK = 32768
+
+
+def _chunks(senders, receivers, T, S, chunk):
+    """Pads the edge list to a multiple of `chunk` -> [nc, chunk] index arrays.
+
+    Padded edges get the out-of-range segment id (T for receivers, S for senders), which
+    ``segment_sum``/``segment_max`` drop; gathers use the clipped ids, and their alpha is 0.
+    """
+    E = senders.shape[0]
+    nc = max(1, -(-E // chunk))
+    pad = nc * chunk - E
+    r_seg = jnp.pad(receivers, (0, pad), constant_values=T).reshape(nc, chunk)
+    s_seg = jnp.pad(senders, (0, pad), constant_values=S).reshape(nc, chunk)
+    return s_seg, r_seg, jnp.minimum(s_seg, S - 1), jnp.minimum(r_seg, T - 1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _dot_graph(q, k, v, senders, receivers, scale, chunk):
+    """Dot-product graph attention over edge chunks, with a hand-written chunked backward.
+
+    q [T, K, G, H], k [S, K, H], v [S, K, Hv] (fp32); senders/receivers [E] -> [T, K, G, Hv].
+    Memory: O(E * N) for the per-edge logits and weights, O((T + S) * N * H) for inputs and
+    gradients, and O(chunk * N * H) for the gathered rows of one chunk: autodiff of the plain
+    form would keep q[r], k[s] and v[s] for all E edges at once.
+    """
+    return _dot_graph_fwd(q, k, v, senders, receivers, scale, chunk)[0]
+
+
+def _dot_graph_fwd(q, k, v, senders, receivers, scale, chunk):
+    T, K, G, _ = q.shape
+    S, Hv = k.shape[0], v.shape[-1]
+    s_seg, r_seg, s_idx, r_idx = _chunks(senders, receivers, T, S, chunk)
+    # pass 1: per-edge logits, one chunk at a time -> [nc, chunk, K, G]
+    logits = jax.lax.map(lambda sr: jnp.einsum("ekgh,ekh->ekg", q[sr[1]], k[sr[0]]) * scale, (s_idx, r_idx))
+    r_flat = r_seg.reshape(-1)
+    logits = logits.reshape(-1, K, G)  # [E', K, G]
+    m = jax.ops.segment_max(logits, r_flat, num_segments=T)  # [T, K, G]; -inf where no edge
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    valid = (r_flat < T)[:, None, None]
+    p = jnp.where(valid, jnp.exp(logits - m[jnp.minimum(r_flat, T - 1)]), 0.0)
+    denom = jax.ops.segment_sum(p, r_flat, num_segments=T)  # [T, K, G], > 0 wherever an edge ends
+    alpha = (p / jnp.where(valid, denom[jnp.minimum(r_flat, T - 1)], 1.0)).reshape(*s_seg.shape, K, G)
+
+    # pass 2: out = sum over a receiver's edges of alpha_e v[s_e]
+    def add_chunk(c, out):
+        msg = alpha[c][..., None] * v[s_idx[c]][:, :, None, :]  # [chunk, K, G, Hv]
+        return out + jax.ops.segment_sum(msg, r_seg[c], num_segments=T)
+
+    out = jax.lax.fori_loop(0, s_seg.shape[0], add_chunk, jnp.zeros((T, K, G, Hv), jnp.float32))
+    return out, (q, k, v, senders, receivers, alpha, out)
+
+
+def _dot_graph_bwd(scale, chunk, res, dout):
+    q, k, v, senders, receivers, alpha, out = res
+    T, S = q.shape[0], k.shape[0]
+    s_seg, r_seg, s_idx, r_idx = _chunks(senders, receivers, T, S, chunk)
+    delta = jnp.sum(dout * out, -1)  # [T, K, G] = sum over a receiver's edges of alpha * dalpha
+
+    def add_chunk(c, grads):
+        dq, dk, dv = grads
+        a, s_i, r_i = alpha[c], s_idx[c], r_idx[c]
+        dout_e = dout[r_i]  # [chunk, K, G, Hv]
+        dalpha = jnp.einsum("ekgd,ekd->ekg", dout_e, v[s_i])  # d out / d alpha_e
+        dlogit = a * (dalpha - delta[r_i]) * scale  # softmax backward, per receiver
+        dv = dv + jax.ops.segment_sum(jnp.einsum("ekg,ekgd->ekd", a, dout_e), s_seg[c], num_segments=S)
+        dq = dq + jax.ops.segment_sum(dlogit[..., None] * k[s_i][:, :, None, :], r_seg[c], num_segments=T)
+        dk = dk + jax.ops.segment_sum(jnp.einsum("ekg,ekgh->ekh", dlogit, q[r_i]), s_seg[c], num_segments=S)
+        return dq, dk, dv
+
+    zeros = (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v))
+    dq, dk, dv = jax.lax.fori_loop(0, s_seg.shape[0], add_chunk, zeros)
+    zero = np.zeros(senders.shape, jax.dtypes.float0)
+    return dq, dk, dv, zero, zero
+
+
+_dot_graph.defvjp(_dot_graph_fwd, _dot_graph_bwd)
+
+
+def _one_graph(q, k, v, senders, receivers, *, score_e, scale_dot=None):
     """q [T, N, H], k [S, K, H], v [S, K, Hv]; senders/receivers [E] -> [T, N, Hv] fp32."""
     T, N, H = q.shape
     K = k.shape[1]
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))  # fp32 throughout (XLA:CPU has no half dots)
+    if score_e is None:  # the dot product, with its own backward
+        scale = 1.0 / math.sqrt(H) if scale_dot is None else float(scale_dot)
+        chunk = min(EDGE_CHUNK, max(1, senders.shape[0]))
+        out = _dot_graph(q.reshape(T, K, N // K, H), k, v, senders, receivers, scale, chunk)
+        return out.reshape(T, N, -1)  # [T, K, G, Hv] -> [T, N, Hv]
     q_e = q[receivers].reshape(-1, K, N // K, H)  # [E, N, H] -> [E, K, G, H]
     k_e = k[senders]  # [E, K, H]
     logits = score_e(q_e, k_e, H)  # [E, K, G] fp32
@@ -123,12 +209,15 @@ def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
             f"S={S} positions; both must equal num_nodes"
         )
     score_e = edge_score(score, scale, fn)
+    if isinstance(score, str):  # "dot": the custom-vjp path
+        score_e = None
     K, Hv = v.shape[-2], v.shape[-1]
     one = functools.partial(
         _one_graph,
         senders=jnp.asarray(mask.senders, jnp.int32),
         receivers=jnp.asarray(mask.receivers, jnp.int32),
         score_e=score_e,
+        scale_dot=scale,
     )
     # [..., T, N, H] -> [B, T, N, H]; vmap adds the batch (the edge list is shared)
     qb, kb, vb = q.reshape(-1, T, N, H), k.reshape(-1, S, K, H), v.reshape(-1, S, K, Hv)
