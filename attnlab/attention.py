@@ -271,6 +271,7 @@ def _check_mask_for_kernel(m, q, k):
 def _choose(q, k, v, *, mask, bias, score, is_dot):
     """The rule of ``attention(implementation=None)`` (see its docstring)."""
     m = masks_lib.as_mask(mask, "mask")
+    _check_mask_for_kernel(m, q, k)  # a mask of the wrong size fails here with its own message
     edge_score_ok = is_dot or (isinstance(score, functools.partial) and score.func is scores.additive)
     if isinstance(m, masks_lib.GraphEdges) and bias is None and edge_score_ok:
         return "sparse"

@@ -205,8 +205,8 @@ def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
     S = k.shape[-3]
     if (mask.num_nodes, mask.num_nodes) != (T, S):
         raise ValueError(
-            f"mask: graph_edges has num_nodes={mask.num_nodes} but q has T={T} and k has "
-            f"S={S} positions; both must equal num_nodes"
+            f"mask: graph_edges has num_nodes={mask.num_nodes} but attention is {T}x{S} "
+            f"(T queries x S keys); both must equal num_nodes"
         )
     score_e = edge_score(score, scale, fn)
     if isinstance(score, str):  # "dot": the custom-vjp path
