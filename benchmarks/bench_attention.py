@@ -48,7 +48,9 @@ _WIN_FLEX = flags.DEFINE_list(
     "N at which torch flex_attention is also timed (each N compiles anew).",
 )
 _WIN_JNN = flags.DEFINE_list(
-    "window_jax_nn_lengths", ["4096"], "N at which jax.nn's (quadratic) local window is also timed."
+    "window_jax_nn_lengths",
+    ["4096", "8192"],
+    "N at which jax.nn's local window is also timed (it forms [N, T, S]: 16K needs > 20 GB).",
 )
 _WINDOW = flags.DEFINE_integer("window", 128, "Window half-width: keys t-w .. t+w.")
 _NODES = flags.DEFINE_integer("graph_nodes", 100_000, "Graph suite: nodes.")
@@ -345,13 +347,9 @@ def main(argv):
     if torch is not None:
         torch.set_num_threads(os.cpu_count() or 1)
     suites = dict(full=suite_full, full_bwd=suite_full_bwd, window=suite_window, graph=suite_graph, memory=suite_memory)
-    recs = []
     for name in _SUITES.value:
         if name not in suites:
             raise app.UsageError(f"--suites: unknown suite {name!r}; choose from {sorted(suites)}")
-        print(f"running {name} ...", file=sys.stderr, flush=True)
-        recs += suites[name](torch)
-    _print_table(recs)
     os.makedirs(_OUT.value, exist_ok=True)
     meta = dict(
         flags={f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])},
@@ -361,9 +359,16 @@ def main(argv):
         machine=platform.machine(),
         backend=jax.default_backend(),
     )
-    with open(os.path.join(_OUT.value, "bench.json"), "w") as f:
-        json.dump(dict(meta=meta, records=recs), f, indent=1)
-    print(f"wrote {os.path.join(_OUT.value, 'bench.json')}", file=sys.stderr)
+    recs = []
+    path = os.path.join(_OUT.value, "bench.json")
+    for name in _SUITES.value:
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        new = suites[name](torch)
+        _print_table(new)
+        recs += new
+        with open(path, "w") as f:  # after every suite, so a crash (e.g. out of memory) keeps the rest
+            json.dump(dict(meta=meta, records=recs), f, indent=1)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
