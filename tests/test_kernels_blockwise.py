@@ -259,3 +259,25 @@ def test_t5_bias_table_gets_gradients():
     _compare(val, val_r, tol(jnp.float32))
     _compare(grad, grad_r, grad_tol(jnp.float32))
     assert np.abs(np.asarray(grad)).sum() > 0
+
+
+@pytest.mark.parametrize(
+    "make_mask",
+    [
+        lambda: masks.chunks(8),
+        lambda: masks.dilated(12, 4, 3),
+        lambda: masks.window(2, 2) | masks.global_tokens([0, 17]),
+        lambda: masks.bigbird(40, block_size=8, num_global=1, num_random=1, seed=3),
+    ],
+    ids=["chunks", "dilated", "window_global", "bigbird"],
+)
+def test_sparse_family_masks(make_mask):
+    # main's structured sparse masks: their layouts let the kernel skip tiles; results must not change
+    mask = make_mask()
+    q, k, v = qkv((40, 2, 8), s=40, seed=13)
+    fast = functools.partial(kernels.blockwise_attention, mask=mask, block_sizes=SMALL)
+    ref = functools.partial(attnlab.attention_reference, mask=mask)
+    (out, grads), (out_r, grads_r) = _fwd_and_grads(fast, q, k, v), _fwd_and_grads(ref, q, k, v)
+    _compare(out, out_r, tol(jnp.float32))
+    for g, g_r in zip(grads, grads_r, strict=True):
+        _compare(g, g_r, grad_tol(jnp.float32))
