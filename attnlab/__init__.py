@@ -4,7 +4,7 @@ Layout follows ``jax.nn.dot_product_attention``: queries ``[..., T, N, H]``, key
 ``[..., S, K, H]``. See README.md for a tour.
 """
 
-from attnlab import efficient, masks, positional, scores
+from attnlab import efficient, kernels, masks, positional, scores
 from attnlab.attention import (
     IMPLEMENTATIONS,
     attention,
@@ -22,6 +22,7 @@ __all__ = [
     "attention_reference",
     "attention_weights",
     "efficient",
+    "kernels",
     "init_multi_head_params",
     "masked_softmax",
     "masks",
