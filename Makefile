@@ -44,6 +44,12 @@ sweep-long: install  ## N up to 16K (for a GPU/TPU or a patient CPU) -> results/
 plots: install  ## redraw figures + summary.md from results/sweep/results.jsonl alone
 	$(PY) -m experiments.plot --results results/sweep/results.jsonl --out results/sweep
 
+.PHONY: bench
+BENCH_FLAGS ?=
+bench: install  ## attnlab's kernels vs torch SDPA / flex_attention, jax.nn, PyG (bench extra) -> results/bench/
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[bench]"
+	$(PY) -m benchmarks.bench_attention --out results/bench $(BENCH_FLAGS)
+
 pos: install data  ## POS tagging on Brown: each model into results/pos/<variant>/, then table + figures
 	for v in $(POS_VARIANTS); do \
 	  $(PY) -m experiments.pos_tagging --config experiments/configs/pos_tagging.py:$$v --out results/pos $(POS_FLAGS) || exit 1; \

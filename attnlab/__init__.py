@@ -4,7 +4,7 @@ Layout follows ``jax.nn.dot_product_attention``: queries ``[..., T, N, H]``, key
 ``[..., S, K, H]``. See README.md for a tour.
 """
 
-from attnlab import masks, scores
+from attnlab import efficient, kernels, masks, positional, scores
 from attnlab.attention import (
     IMPLEMENTATIONS,
     attention,
@@ -21,11 +21,14 @@ __all__ = [
     "attention",
     "attention_reference",
     "attention_weights",
+    "efficient",
+    "kernels",
     "init_multi_head_params",
     "masked_softmax",
     "masks",
     "merge_heads",
     "multi_head_attention",
+    "positional",
     "scores",
     "split_heads",
 ]

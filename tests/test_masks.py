@@ -98,6 +98,13 @@ LAYOUT_MASKS = {
     "window_or_causal": masks.window(1, 1) | masks.causal(offset=-8),
     "padding_and_causal": masks.padding(kv_lengths=np.array([10, 3])) & masks.causal(offset=4),
     "dense_array": masks.as_mask(RNG.random((13, 17)) < 0.5),
+    "chunks": masks.chunks(4),
+    "dilated": masks.dilated(5, 2, 3),
+    "strided_causal": masks.dilated(17, 0, 4) & masks.causal(),
+    "global": masks.global_tokens([0, 9]),
+    "longformer": masks.window(2, 2) | masks.global_tokens([0, 16]),
+    "random_blocks": masks.random_blocks(17, 4, 2, seed=3),
+    "bigbird": masks.bigbird(17, block_size=4, num_global=2, num_random=1, seed=5),
 }
 
 
@@ -159,3 +166,52 @@ def test_bool_array_combines_with_mask():
     np.testing.assert_array_equal(m.dense(3, 3), np.eye(3, dtype=bool))
     m = masks.window(0, 0) | arr.T
     np.testing.assert_array_equal(m.dense(3, 3), np.triu(np.ones((3, 3), bool)))
+
+
+def test_sparse_family_by_hand():
+    # chunks of 3 over 5 positions: {0,1,2}, {3,4}
+    assert masks.chunks(3).dense(5, 5).astype(int).tolist() == [
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 0, 0],
+        [0, 0, 0, 1, 1],
+        [0, 0, 0, 1, 1],
+    ]
+    # strided (Sparse Transformer): keys t, t-3, t-6, ... before the query
+    strided = (masks.dilated(10, 0, 3) & masks.causal()).dense(7, 7)
+    assert np.nonzero(np.asarray(strided[6]))[0].tolist() == [0, 3, 6]
+    # global token 2 sees all and is seen by all, on top of the diagonal
+    g = (masks.window(0, 0) | masks.global_tokens([2])).dense(4, 4).astype(int).tolist()
+    assert g == [[1, 0, 1, 0], [0, 1, 1, 0], [1, 1, 1, 1], [0, 0, 1, 1]]
+
+
+def test_random_blocks_are_seeded_and_counted():
+    a = masks.random_blocks(64, 8, 3, seed=7)
+    b = masks.random_blocks(64, 8, 3, seed=7)
+    c = masks.random_blocks(64, 8, 3, seed=8)
+    assert a == b and a != c  # static structure: equal seeds give equal (hashable) masks
+    layout = a.block_layout(64, 64, 8, 8)
+    assert (layout == masks.FULL).sum(1).tolist() == [3] * 8 and (layout == masks.PARTIAL).sum() == 0
+
+
+def test_bigbird_skips_most_blocks_at_length():
+    m = masks.bigbird(4096, block_size=128, num_global=2, num_random=3)
+    layout = m.block_layout(4096, 4096, 128, 128)
+    visited = (layout != masks.EMPTY).mean()
+    # per query block: 3 window + 3 random (some overlap) + the global column; first row is all global
+    assert 0.1 < visited < 0.25
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: masks.chunks(0), "size must be >= 1"),
+        (lambda: masks.dilated(2, 2, 0), "dilation must be >= 1"),
+        (lambda: masks.global_tokens([]), "at least one global position"),
+        (lambda: masks.global_tokens([-1]), "indices must be >= 0"),
+        (lambda: masks.random_blocks(16, 4, 5), r"num_random must be <= the number of blocks \(4\)"),
+    ],
+)
+def test_sparse_family_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

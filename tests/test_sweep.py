@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import attnlab
+from attnlab import masks
 from experiments import plot, sweep
 from experiments.configs import sweep as sweep_configs
 
@@ -106,6 +107,22 @@ def test_schema_resume_and_fault_isolation(tmp_path, monkeypatch, capsys):
     ran.clear()
     sweep.run_sweep(tiny_config(seq_lens=[16], masks=["full"]), str(tmp_path), force=True, plot=False)
     assert len(ran) == 2
+
+
+def test_sparse_cells_take_the_graph_as_edges():
+    cells = sweep.expand(tiny_config(implementations=["sparse", "xla"], masks=["full", "graph:0.3"]))
+    assert {(c.implementation, c.mask) for c in cells} == {
+        ("sparse", "graph:0.3"),
+        ("xla", "full"),
+        ("xla", "graph:0.3"),
+    }
+    cell = sweep.Cell("sparse", "graph:0.3", 12, 2, 4, 1, "fwd", "float32")
+    fn, (q, k, v, mask), pairs = sweep.build(cell)
+    assert isinstance(mask, masks.GraphEdges) and mask.senders.shape[0] == pairs
+    dense_fn, (_, _, _, dense_mask), _ = sweep.build(
+        sweep.Cell("reference", "graph:0.3", 12, 2, 4, 1, "fwd", "float32")
+    )
+    np.testing.assert_allclose(fn(q, k, v, mask), dense_fn(q, k, v, dense_mask), atol=2e-5)
 
 
 def test_forward_backward_cells_compute_gradients():

@@ -1,0 +1,585 @@
+"""Block-sparse, flash-style attention in pure JAX: O(N) memory forward and backward.
+
+The queries are cut into blocks of ``block_q`` rows and the keys into blocks of ``block_k``
+columns. The mask's static ``block_layout`` says which (query block, key block) pairs are EMPTY
+(skipped: never loaded, never multiplied), FULL (no mask is evaluated) or PARTIAL (the mask is
+evaluated on that block only, with ``mask(q_idx, k_idx)``). For each query block the kernel runs
+an online softmax (Milakov & Gimelshein 2018, arXiv 1805.02867) over its non-empty key blocks,
+keeping a running max ``m``, a running sum ``l`` and an fp32 accumulator, as in FlashAttention
+(Dao et al. 2022, arXiv 2205.14135). Only the output and the log-sum-exp ``L = m + log l`` per
+row are stored; the backward pass (a ``jax.custom_vjp``) recomputes each block's probabilities
+from ``L`` instead of storing ``[T, S]`` of them, so memory is O(T + S) in both directions.
+
+Shape legend (as ``jax.nn.dot_product_attention``):
+    B    batch (all leading dims flattened)   T, S  query / key length
+    N    query heads, K kv heads, G = N // K  H, Hv  head dims
+    nq, nk  number of query / key blocks     bq, bk  block sizes
+    J    the longest list of non-empty key blocks of any query block
+
+Inside, everything is heads-first: ``[B, T, N, H]`` is transposed once to
+``[nq, B, K, G, bq, H]`` and back once at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnlab import masks as masks_lib
+
+__all__ = ["BlockSizes", "default_block_sizes", "blockwise_attention", "block_schedule"]
+
+_NEG = -0.7 * float(np.finfo(np.float32).max)  # large finite negative, as in masked_softmax
+
+BiasFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Static tile sizes of the blockwise kernel (Python ints; changing them recompiles).
+
+    Attributes:
+        block_q: queries per block (rows of one tile).
+        block_k: keys per block (columns of one tile).
+        backward: ``"two_pass"`` (a dk/dv pass over key blocks and a dq pass over
+            query blocks, 7 tile matmuls, no transposes) or ``"fused"`` (default: one pass over query
+            blocks carrying full-size dk/dv, 5 tile matmuls plus tile transposes).
+    """
+
+    block_q: int
+    block_k: int
+    backward: str = "fused"
+
+    def __post_init__(self):
+        for name in ("block_q", "block_k"):
+            b = getattr(self, name)
+            if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b <= 0:
+                raise ValueError(f"{name} must be a positive int, got {b!r}")
+        if self.backward not in ("two_pass", "fused"):
+            raise ValueError(f"backward must be 'two_pass' or 'fused', got {self.backward!r}")
+
+
+# Per-backend defaults (dense, sparse). CPU: 256 x 256 tiles were the best of {128, 256, 512}^2
+# for full attention forward and backward at N = 1K-4K; 64 x 64 the best of {32, ..., 256}^2 for a
+# ±128 window at N = 4K (little work wasted on the band's edges). GPU/TPU: 128-wide tiles, the
+# usual flash choice (untested here: no accelerator was available).
+_DEFAULTS = {
+    "cpu": (BlockSizes(256, 256), BlockSizes(64, 64)),
+    "gpu": (BlockSizes(128, 128), BlockSizes(128, 128)),
+    "tpu": (BlockSizes(512, 512), BlockSizes(128, 128)),
+}
+
+
+def default_block_sizes(backend: str | None = None, *, sparse: bool = False) -> BlockSizes:
+    """Default tile sizes for ``backend`` (default: ``jax.default_backend()``).
+
+    Args:
+        backend: ``"cpu"``, ``"gpu"``, ``"tpu"``, or None for the current default backend.
+        sparse: True for masks with many empty blocks (windows, block-sparse graphs): smaller tiles.
+    """
+    backend = jax.default_backend() if backend is None else backend
+    dense, sparse_ = _DEFAULTS.get(backend, _DEFAULTS["gpu"])
+    return sparse_ if sparse else dense
+
+
+# A tile's fixed cost (loop step, mask and softmax bookkeeping) counted in (query, key) pairs.
+_TILE_OVERHEAD_PAIRS = 64 * 64
+
+
+def _pick_block_sizes(m, T: int, S: int) -> BlockSizes:
+    """The backend's dense or sparse tiles, whichever visits fewer pairs (plus a per-tile cost)."""
+    dense, sparse = default_block_sizes(), default_block_sizes(sparse=True)
+    if m is None or not m.is_static:
+        return dense
+
+    def cost(bs):
+        bq, bk = min(bs.block_q, T), min(bs.block_k, S)
+        tiles = int((m.block_layout(T, S, bq, bk) != masks_lib.EMPTY).sum())
+        return tiles * (bq * bk + _TILE_OVERHEAD_PAIRS)
+
+    return sparse if cost(sparse) < cost(dense) else dense
+
+
+# ------------------------------------------------------------------------------------------
+# The static schedule: which key blocks each query block visits
+
+
+def block_schedule(layout: np.ndarray, S: int, bk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per query block, the list of non-empty key blocks and their kind.
+
+    Args:
+        layout: int8 ``[nq, nk]`` from ``mask.block_layout`` (0 EMPTY, 1 PARTIAL, 2 FULL).
+        S: key length (a short last key block is made PARTIAL so its padding is masked).
+        bk: key block size.
+
+    Returns:
+        ``(index, kind)``, both int32 ``[nq, J]``: key block indices (padding entries point to
+        block 0) and kinds (0 = padding entry, skipped; 1 = PARTIAL; 2 = FULL).
+    """
+    return _rows(_adjusted(layout, S, bk))
+
+
+def _adjusted(layout: np.ndarray, S: int, bk: int) -> np.ndarray:
+    layout = np.array(layout, np.int32)
+    if S % bk:
+        layout[:, -1] = np.minimum(layout[:, -1], masks_lib.PARTIAL)
+    return layout
+
+
+def _rows(layout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    nq = layout.shape[0]
+    rows = [np.nonzero(layout[i])[0] for i in range(nq)]
+    J = max(1, max(len(r) for r in rows))
+    index = np.zeros((nq, J), np.int32)
+    kind = np.zeros((nq, J), np.int32)
+    for i, r in enumerate(rows):
+        index[i, : len(r)] = r
+        kind[i, : len(r)] = layout[i, r]
+    return index, kind
+
+
+# ------------------------------------------------------------------------------------------
+# One tile: logits, the element mask, and the bias function
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Everything the traced kernel needs to know as Python values (hashable, static)."""
+
+    T: int
+    S: int
+    bq: int
+    bk: int
+    lead: tuple
+    N: int
+    K: int
+    scale: float
+    has_bias: bool
+    kinds_used: tuple  # sorted kinds present in the schedule, e.g. (2,) for full attention
+    kinds_used_t: tuple  # the same for the transposed schedule (key block -> query blocks)
+    compute_dtype: str
+    backward: str
+
+
+def _to_tile(x: jax.Array, st: _Static) -> jax.Array:
+    """[..., N|1, bq|1, bk|1] (broadcastable to [*lead, N, bq, bk]) -> [B|1, K|1, G|1, bq|1, bk|1]."""
+    nl = len(st.lead)
+    x = x.reshape((1,) * (nl + 3 - x.ndim) + tuple(x.shape))
+    if any(d != 1 for d in x.shape[:nl]):
+        x = jnp.broadcast_to(x, st.lead + x.shape[nl:]).reshape((-1,) + x.shape[nl:])
+    else:
+        x = x.reshape((1,) + x.shape[nl:])
+    if x.shape[1] == 1:  # heads broadcast: [B|1, 1, bq, bk] -> [B|1, 1, 1, bq, bk]
+        return x[:, :, None]
+    return x.reshape(x.shape[0], st.K, st.N // st.K, *x.shape[2:])  # [.., N, ..] -> [.., K, G, ..]
+
+
+def _positions(i, j, st: _Static):
+    q_pos = i * st.bq + jnp.arange(st.bq, dtype=jnp.int32)  # [bq]
+    k_pos = j * st.bk + jnp.arange(st.bk, dtype=jnp.int32)  # [bk]
+    return q_pos, k_pos
+
+
+def _allowed(mask, i, j, st: _Static):
+    """bool [B|1, K|1, G|1, bq, bk]: the mask on tile (i, j), False on padded key positions."""
+    q_pos, k_pos = _positions(i, j, st)
+    q_c = jnp.minimum(q_pos, st.T - 1)  # padded query rows are discarded; keep indices in range
+    k_c = jnp.minimum(k_pos, st.S - 1)
+    ok = (k_pos < st.S)[None, :]
+    if mask is not None:
+        ok = ok & mask(q_c, k_c)
+    return _to_tile(ok, st)
+
+
+def _logits(qi, kj, bias_fn, consts, i, j, st: _Static):
+    """fp32 [B, K, G, bq, bk]: (pre-scaled q) . k + bias(q_pos, k_pos)."""
+    s = jnp.einsum("bkgqh,bksh->bkgqs", qi, kj, preferred_element_type=jnp.float32)
+    if st.has_bias:
+        q_pos, k_pos = _positions(i, j, st)
+        b = bias_fn(jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1), *consts)
+        s = s + _to_tile(b.astype(jnp.float32), st)
+    return s
+
+
+# ------------------------------------------------------------------------------------------
+# Forward: lax.map over query blocks, lax.scan over that block's non-empty key blocks
+
+
+def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn):
+    """q [nq, B, K, G, bq, H] (pre-scaled), k [nk, B, K, bk, H], v [nk, B, K, bk, Hv].
+
+    Returns out [nq, B, K, G, bq, Hv] (compute dtype) and lse [nq, B, K, G, bq] (fp32).
+    """
+    nq, B, K, G, bq, _ = q.shape
+    Hv = v.shape[-1]
+
+    def one_query_block(args):
+        qi, i, idx_i, kind_i = args
+
+        def step(carry, jk):
+            j, kd = jk
+
+            def visit(carry, partial, ok=None):
+                if partial and ok is None:  # evaluate the tile's mask; skip it if empty at run time
+                    ok = _allowed(mask, i, j, st)
+                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, carry)
+                m, l, acc = carry
+                s = _logits(qi, k[j], bias_fn, consts, i, j, st)
+                if partial:
+                    s = jnp.where(ok, s, _NEG)
+                m_new = jnp.maximum(m, s.max(-1))
+                p = jnp.exp(s - m_new[..., None])
+                if partial:
+                    p = jnp.where(ok, p, 0.0)
+                alpha = jnp.exp(m - m_new)
+                l = l * alpha + p.sum(-1)
+                pv = jnp.einsum("bkgqs,bksh->bkgqh", p.astype(v.dtype), v[j], preferred_element_type=jnp.float32)
+                return m_new, l, acc * alpha[..., None] + pv
+
+            branches = {
+                0: lambda c: c,
+                1: functools.partial(visit, partial=True),
+                2: functools.partial(visit, partial=False),
+            }
+            if len(st.kinds_used) == 1:
+                return branches[st.kinds_used[0]](carry), None
+            return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], carry), None
+
+        m0 = jnp.full((B, K, G, bq), _NEG, jnp.float32)
+        l0 = jnp.zeros((B, K, G, bq), jnp.float32)
+        acc0 = jnp.zeros((B, K, G, bq, Hv), jnp.float32)
+        (m, l, acc), _ = jax.lax.scan(step, (m0, l0, acc0), (idx_i, kind_i))
+        nonempty = l > 0
+        out = acc / jnp.where(nonempty, l, 1.0)[..., None]
+        lse = jnp.where(nonempty, m + jnp.log(jnp.where(nonempty, l, 1.0)), 0.0)
+        return out, lse
+
+    iq = jnp.arange(nq, dtype=jnp.int32)
+    return jax.lax.map(one_query_block, (q, iq, index, kind))
+
+
+# ------------------------------------------------------------------------------------------
+# Backward: recompute each tile's probabilities from the stored log-sum-exp
+
+
+def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static, bias_fn):
+    """FlashAttention-2-style backward: scan over query blocks; dk, dv are carried full-size."""
+    nq, B, K, G, bq, H = q.shape
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [nq, B, K, G, bq]
+
+    def one_query_block(carry, args):
+        dk, dv, dconsts = carry
+        qi, doi, lse_i, delta_i, i, idx_i, kind_i = args
+
+        def step(c, jk):
+            j, kd = jk
+
+            def visit(c, partial, ok=None):
+                if partial and ok is None:
+                    ok = _allowed(mask, i, j, st)
+                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, c)
+                dq_i, dk, dv, dconsts = c
+                s = _logits(qi, k[j], bias_fn, consts, i, j, st)
+                p = jnp.exp(s - lse_i[..., None])
+                if partial:
+                    p = jnp.where(ok, p, 0.0)
+                dv_j = jnp.einsum("bkgqs,bkgqh->bksh", p.astype(doi.dtype), doi, preferred_element_type=jnp.float32)
+                dp = jnp.einsum("bkgqh,bksh->bkgqs", doi, v[j], preferred_element_type=jnp.float32)
+                ds = p * (dp - delta_i[..., None])  # d(logit) [B, K, G, bq, bk]
+                dq_i = dq_i + jnp.einsum(
+                    "bkgqs,bksh->bkgqh", ds.astype(k.dtype), k[j], preferred_element_type=jnp.float32
+                )
+                dk_j = jnp.einsum("bkgqs,bkgqh->bksh", ds.astype(qi.dtype), qi, preferred_element_type=jnp.float32)
+                dk = dk.at[j].add(dk_j)
+                dv = dv.at[j].add(dv_j)
+                if st.has_bias and consts:
+                    q_pos, k_pos = _positions(i, j, st)
+                    qc, kc = jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1)
+
+                    def tile_bias(*cs):
+                        return _to_tile(bias_fn(qc, kc, *cs).astype(jnp.float32), st)
+
+                    b, vjp = jax.vjp(tile_bias, *consts)
+                    # sum ds over the dims the bias broadcast along, then pull back
+                    axes = tuple(a for a in range(ds.ndim) if b.shape[a] == 1 and ds.shape[a] != 1)
+                    dconsts = tuple(x + y for x, y in zip(dconsts, vjp(ds.sum(axes, keepdims=True)), strict=True))
+                return dq_i, dk, dv, dconsts
+
+            branches = {
+                0: lambda c: c,
+                1: functools.partial(visit, partial=True),
+                2: functools.partial(visit, partial=False),
+            }
+            if len(st.kinds_used) == 1:
+                return branches[st.kinds_used[0]](c), None
+            return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], c), None
+
+        dq0 = jnp.zeros((B, K, G, bq, H), jnp.float32)
+        (dq_i, dk, dv, dconsts), _ = jax.lax.scan(step, (dq0, dk, dv, dconsts), (idx_i, kind_i))
+        return (dk, dv, dconsts), dq_i
+
+    dk0 = jnp.zeros(k.shape, jnp.float32)
+    dv0 = jnp.zeros(v.shape, jnp.float32)
+    dc0 = tuple(jnp.zeros(c.shape, jnp.float32) for c in consts)
+    iq = jnp.arange(nq, dtype=jnp.int32)
+    (dk, dv, dconsts), dq = jax.lax.scan(one_query_block, (dk0, dv0, dc0), (q, dout, lse, delta, iq, index, kind))
+    dconsts = tuple(d.astype(c.dtype) for d, c in zip(dconsts, consts, strict=True))
+    return dq, dk, dv, dconsts
+
+
+def _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, *, st: _Static, bias_fn):
+    """Backward in two passes with no full-size carry and every matmul in canonical form.
+
+    Pass 1 (lax.map over key blocks j, scan over the query blocks that see j) works on the
+    transposed tile ``sT = k_j q_i^T`` [B, K, bk, G, bq] and accumulates dk_j, dv_j locally.
+    Pass 2 (lax.map over query blocks i, scan over their key blocks) accumulates dq_i. The
+    logits are recomputed in both (7 matmuls per tile instead of 5), in exchange for no
+    transposes of [bq, bk] tiles and no dynamic updates of full-size buffers.
+    """
+    index, kind, index_t, kind_t = sched
+    nq, B, K, G, bq, H = q.shape
+    nk = k.shape[0]
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [nq, B, K, G, bq]
+
+    def tile_bias_t(i, j, *cs):  # [B|1, K|1, bk|1, G|1, bq|1]
+        q_pos, k_pos = _positions(i, j, st)
+        b = bias_fn(jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1), *cs)
+        return jnp.moveaxis(_to_tile(b.astype(jnp.float32), st), -1, 2)
+
+    def switch(kinds_used, kd, visit, c):
+        branches = {
+            0: lambda c: c,
+            1: functools.partial(visit, partial=True),
+            2: functools.partial(visit, partial=False),
+        }
+        if len(kinds_used) == 1:
+            return branches[kinds_used[0]](c)
+        return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], c)
+
+    def one_key_block(args):  # -> dk_j, dv_j, dconsts
+        kj, vj, j, idx_j, kind_j = args
+
+        def step(c, ik):
+            i, kd = ik
+
+            def visit(c, partial, ok=None):
+                if partial and ok is None:
+                    ok = jnp.moveaxis(_allowed(mask, i, j, st), -1, 2)  # [B|1, K|1, bk, G|1, bq]
+                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, c)
+                dk_j, dv_j, dconsts = c
+                qi, doi = q[i], dout[i]
+                s_t = jnp.einsum("bksh,bkgqh->bksgq", kj, qi, preferred_element_type=jnp.float32)
+                if st.has_bias:
+                    s_t = s_t + tile_bias_t(i, j, *consts)
+                p_t = jnp.exp(s_t - lse[i][:, :, None])
+                if partial:
+                    p_t = jnp.where(ok, p_t, 0.0)
+                dv_j = dv_j + jnp.einsum(
+                    "bksgq,bkgqh->bksh", p_t.astype(doi.dtype), doi, preferred_element_type=jnp.float32
+                )
+                dp_t = jnp.einsum("bksh,bkgqh->bksgq", vj, doi, preferred_element_type=jnp.float32)
+                ds_t = p_t * (dp_t - delta[i][:, :, None])
+                dk_j = dk_j + jnp.einsum(
+                    "bksgq,bkgqh->bksh", ds_t.astype(qi.dtype), qi, preferred_element_type=jnp.float32
+                )
+                if st.has_bias and consts:
+                    b, vjp = jax.vjp(functools.partial(tile_bias_t, i, j), *consts)
+                    axes = tuple(a for a in range(ds_t.ndim) if b.shape[a] == 1 and ds_t.shape[a] != 1)
+                    dconsts = tuple(x + y for x, y in zip(dconsts, vjp(ds_t.sum(axes, keepdims=True)), strict=True))
+                return dk_j, dv_j, dconsts
+
+            return switch(st.kinds_used_t, kd, visit, c), None
+
+        c0 = (
+            jnp.zeros(kj.shape, jnp.float32),
+            jnp.zeros(vj.shape, jnp.float32),
+            tuple(jnp.zeros(c.shape, jnp.float32) for c in consts),
+        )
+        (dk_j, dv_j, dconsts), _ = jax.lax.scan(step, c0, (idx_j, kind_j))
+        return dk_j, dv_j, dconsts
+
+    ik = jnp.arange(nk, dtype=jnp.int32)
+    dk, dv, dconsts = jax.lax.map(one_key_block, (k, v, ik, index_t, kind_t))
+    dconsts = tuple(d.sum(0) for d in dconsts)
+
+    def one_query_block(args):  # -> dq_i
+        qi, doi, lse_i, delta_i, i, idx_i, kind_i = args
+
+        def step(dq_i, jk):
+            j, kd = jk
+
+            def visit(dq_i, partial, ok=None):
+                if partial and ok is None:
+                    ok = _allowed(mask, i, j, st)
+                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, dq_i)
+                s = _logits(qi, k[j], bias_fn, consts, i, j, st)
+                p = jnp.exp(s - lse_i[..., None])
+                if partial:
+                    p = jnp.where(ok, p, 0.0)
+                dp = jnp.einsum("bkgqh,bksh->bkgqs", doi, v[j], preferred_element_type=jnp.float32)
+                ds = p * (dp - delta_i[..., None])
+                return dq_i + jnp.einsum(
+                    "bkgqs,bksh->bkgqh", ds.astype(k.dtype), k[j], preferred_element_type=jnp.float32
+                )
+
+            return switch(st.kinds_used, kd, visit, dq_i), None
+
+        dq_i, _ = jax.lax.scan(step, jnp.zeros(qi.shape, jnp.float32), (idx_i, kind_i))
+        return dq_i
+
+    iq = jnp.arange(nq, dtype=jnp.int32)
+    dq = jax.lax.map(one_query_block, (q, dout, lse, delta, iq, index, kind))
+    dconsts = tuple(d.astype(c.dtype) for d, c in zip(dconsts, consts, strict=True))
+    return dq, dk, dv, dconsts
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _flash(q, k, v, mask, consts, sched, st, bias_fn):
+    """sched = (index, kind, index_t, kind_t): the schedule and its transpose, int32 arrays."""
+    return _forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn)[0]
+
+
+def _flash_fwd(q, k, v, mask, consts, sched, st, bias_fn):
+    out, lse = _forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn)
+    return out, (q, k, v, mask, consts, sched, out, lse)
+
+
+def _flash_bwd(st, bias_fn, res, dout):
+    q, k, v, mask, consts, sched, out, lse = res
+    if st.backward == "two_pass":
+        dq, dk, dv, dconsts = _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, st=st, bias_fn=bias_fn)
+    else:
+        dq, dk, dv, dconsts = _backward(
+            q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn
+        )
+    zero = lambda x: np.zeros(x.shape, jax.dtypes.float0)  # noqa: E731  (int/bool leaves)
+    dmask = jax.tree_util.tree_map(
+        lambda x: zero(x) if not jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros_like(x), mask
+    )
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dmask, dconsts, tuple(zero(x) for x in sched))
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# ------------------------------------------------------------------------------------------
+# Public entry point
+
+
+def _as_bias_fn(bias, T, S, bq, bk):
+    """Callable bias -> (closure-converted fn(q_idx, k_idx, *consts), consts); None -> (None, ())."""
+    if bias is None:
+        return None, ()
+    if not callable(bias):
+        raise ValueError(
+            "bias: implementation='blockwise' takes a callable bias(q_idx, k_idx) -> "
+            "[..., N, len(q_idx), len(k_idx)] (e.g. ALiBi), not an array; an array bias "
+            "is already O(T*S): use implementation='xla' or 'reference'"
+        )
+    ex_q, ex_k = jnp.zeros((bq,), jnp.int32), jnp.zeros((bk,), jnp.int32)
+    # (a lambda: closure_convert caches on its argument, and a pytree bias holding tracers is unhashable)
+    fn, consts = jax.closure_convert(lambda q_idx, k_idx: bias(q_idx, k_idx), ex_q, ex_k)
+    return fn, tuple(consts)
+
+
+def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_sizes=None):
+    """Flash-style attention visiting only the non-empty blocks of ``mask``; O(T + S) memory.
+
+    Args:
+        q: ``[..., T, N, H]`` queries.
+        k: ``[..., S, K, H]`` keys (N % K == 0; GQA shares each key tile between G query heads).
+        v: ``[..., S, K, Hv]`` values.
+        mask: an ``attnlab.masks`` object or bool array (True = attend), or None. Its static
+            ``block_layout`` decides which tiles are skipped; traced leaves (padding lengths
+            under jit) make tiles PARTIAL, evaluated per tile, and tiles found empty at run time
+            are skipped with ``lax.cond``-style branching. Changing only lengths never recompiles.
+        bias: None, or a callable ``bias(q_idx, k_idx) -> float [..., N, len(q_idx), len(k_idx)]``
+            of integer positions (ALiBi, relative bias), evaluated one tile at a time; arrays it
+            closes over receive gradients.
+        scale: logit scale; default ``1/sqrt(H)``.
+        block_sizes: a ``BlockSizes``; default: the backend's dense or sparse tiles
+            (``default_block_sizes``), whichever visits fewer (query, key) pairs for this mask.
+
+    Returns:
+        ``[..., T, N, Hv]`` in q's dtype; softmax statistics and accumulation in fp32. Rows with
+        no allowed key are zeros, with zero gradients.
+
+    Example:
+        >>> q = k = v = jnp.ones((1000, 2, 8))                   # [T, N, H]
+        >>> blockwise_attention(q, k, v, mask=masks_lib.window(16, 0)).shape
+        (1000, 2, 8)
+    """
+    *lead, T, N, H = q.shape
+    S, K, Hv = v.shape[-3:]
+    lead = tuple(lead)
+    if T == 0 or S == 0:
+        return jnp.zeros((*lead, T, N, Hv), q.dtype)
+    m = masks_lib.as_mask(mask, "mask")
+    if isinstance(m, masks_lib.Full):
+        m = None
+    if block_sizes is None:
+        block_sizes = _pick_block_sizes(m, T, S)
+    if not isinstance(block_sizes, BlockSizes):
+        raise ValueError(f"block_sizes must be an attnlab.kernels.BlockSizes, got {block_sizes!r}")
+    bq, bk = min(block_sizes.block_q, T), min(block_sizes.block_k, S)
+    nq, nk = -(-T // bq), -(-S // bk)
+
+    layout = np.full((nq, nk), masks_lib.FULL, np.int8) if m is None else m.block_layout(T, S, bq, bk)
+    layout = _adjusted(layout, S, bk)
+    index, kind = _rows(layout)
+    index_t, kind_t = _rows(layout.T)  # key block -> the query blocks that see it
+    bias_fn, consts = _as_bias_fn(bias, T, S, bq, bk)
+
+    dtype = q.dtype
+    # XLA:CPU has no fast half-precision dot (and no fp16 x fp16 -> fp32 one): compute in fp32
+    # there; elsewhere tiles stay in the input dtype with fp32 accumulation.
+    half = dtype in (jnp.bfloat16, jnp.float16)
+    compute = jnp.float32 if (half and jax.default_backend() == "cpu") else dtype
+    scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+    st = _Static(
+        T=T,
+        S=S,
+        bq=bq,
+        bk=bk,
+        lead=lead,
+        N=N,
+        K=K,
+        scale=scale,
+        has_bias=bias_fn is not None,
+        kinds_used=tuple(np.unique(kind).tolist()),
+        kinds_used_t=tuple(np.unique(kind_t).tolist()),
+        compute_dtype=jnp.dtype(compute).name,
+        backward=block_sizes.backward,
+    )
+
+    sched = tuple(jnp.asarray(x) for x in (index, kind, index_t, kind_t))
+    return _blockwise(q, k, v, m, consts, sched, st, bias_fn)
+
+
+@functools.partial(jax.jit, static_argnums=(6, 7))
+def _blockwise(q, k, v, m, consts, sched, st: _Static, bias_fn):
+    """Layout in, layout out: [..., T, N, H] -> heads-first tiles -> kernel -> [..., T, N, Hv]."""
+    lead, T, S, N, K, bq, bk = st.lead, st.T, st.S, st.N, st.K, st.bq, st.bk
+    B, H, Hv, G = math.prod(lead), q.shape[-1], v.shape[-1], N // K
+    nq, nk = -(-T // bq), -(-S // bk)
+    dtype, compute, scale = q.dtype, jnp.dtype(st.compute_dtype), st.scale
+    Tp, Sp = nq * bq, nk * bk
+    # q: [..., T, N, H] -> [B, Tp, K, G, H] -> [B, nq, bq, K, G, H] -> [nq, B, K, G, bq, H]
+    qs = (q.astype(jnp.float32) * scale).astype(compute).reshape(B, T, K, G, H)
+    qs = jnp.pad(qs, ((0, 0), (0, Tp - T), (0, 0), (0, 0), (0, 0)))
+    qs = qs.reshape(B, nq, bq, K, G, H).transpose(1, 0, 3, 4, 2, 5)
+
+    def kv_tiles(x):  # [..., S, K, D] -> [B, Sp, K, D] -> [B, nk, bk, K, D] -> [nk, B, K, bk, D]
+        x = jnp.pad(x.astype(compute).reshape(B, S, K, -1), ((0, 0), (0, Sp - S), (0, 0), (0, 0)))
+        return x.reshape(B, nk, bk, K, -1).transpose(1, 0, 3, 2, 4)
+
+    out = _flash(qs, kv_tiles(k), kv_tiles(v), m, consts, sched, st, bias_fn)
+    # [nq, B, K, G, bq, Hv] -> [B, nq, bq, K, G, Hv] -> [..., T, N, Hv]
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, Tp, N, Hv)[:, :T]
+    return out.reshape(*lead, T, N, Hv).astype(dtype)

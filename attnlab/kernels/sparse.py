@@ -1,0 +1,225 @@
+"""Graph attention along an edge list: a segment softmax in O(E) time and memory.
+
+For a graph given as ``masks.graph_edges(senders, receivers, num_nodes)`` (edge e: receiver
+``r_e`` = query attends to sender ``s_e`` = key), attention never needs the ``[T, S]`` logits:
+
+1. gather ``q[r_e]`` and ``k[s_e]`` and score each edge and head: ``α'_e`` (dot or additive);
+2. softmax over the edges that share a receiver: ``segment_max`` / ``segment_sum`` over ``r``;
+3. gather ``v[s_e]``, weight it by ``α_e`` and ``segment_sum`` the messages into the receivers.
+
+This is the message-passing form of graph attention (GAT, Veličković et al. 2017,
+arXiv 1710.10903; jraph's ``segment_softmax``). It equals dense attention with
+``masks.graph(adjacency)`` on the same graph, as long as the edge list has no duplicate edges
+(a duplicated edge is counted twice here but once in the adjacency). A node with no incoming
+edge gets zeros, with zero gradients.
+
+Shape legend: B batch (leading dims), T = S = num_nodes, N query heads, K kv heads, G = N // K,
+H head dim, Hv value head dim, E edges.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnlab import masks as masks_lib
+from attnlab import scores as scores_lib
+
+__all__ = ["sparse_attention", "edge_score"]
+
+
+def edge_score(score, scale, fn="sparse_attention"):
+    """Turns ``score`` into a per-edge function ``(q_e [E, K, G, H], k_e [E, K, H]) -> fp32 [E, K, G]``.
+
+    Supports ``"dot"`` (with ``scale``) and ``functools.partial(attnlab.scores.additive, w=w)``.
+    """
+    if isinstance(score, str) and score in ("dot", "dot_product"):
+
+        def dot(q_e, k_e, h):
+            s = 1.0 / math.sqrt(h) if scale is None else scale
+            return jnp.einsum("ekgh,ekh->ekg", q_e, k_e, preferred_element_type=jnp.float32) * s
+
+        return dot
+    if isinstance(score, functools.partial) and score.func is scores_lib.additive and not score.args:
+        if scale is not None:
+            raise ValueError(f"{fn}: scale applies to score='dot' only")
+        w = jnp.asarray(score.keywords["w"])
+
+        def additive(q_e, k_e, h):
+            kh, g = q_e.shape[1], q_e.shape[2]
+            ww = jnp.broadcast_to(w.astype(jnp.float32), (kh * g, h)).reshape(kh, g, h)  # [K, G, H]
+            pre = q_e.astype(jnp.float32) + k_e.astype(jnp.float32)[:, :, None, :]  # [E, K, G, H]
+            return jnp.einsum("ekgh,kgh->ekg", jnp.tanh(pre), ww)
+
+        return additive
+    raise ValueError(
+        f"{fn}: score must be 'dot' or functools.partial(attnlab.scores.additive, w=w) "
+        f"(a general score(q, k) callable needs the dense [T, S] form), got {score!r}"
+    )
+
+
+# Edges per chunk of the dot-product path: bounds the gathered [chunk, N, H] temporaries.
+EDGE_CHUNK = 32768
+
+
+def _chunks(senders, receivers, T, S, chunk):
+    """Pads the edge list to a multiple of `chunk` -> [nc, chunk] index arrays.
+
+    Padded edges get the out-of-range segment id (T for receivers, S for senders), which
+    ``segment_sum``/``segment_max`` drop; gathers use the clipped ids, and their alpha is 0.
+    """
+    E = senders.shape[0]
+    nc = max(1, -(-E // chunk))
+    pad = nc * chunk - E
+    r_seg = jnp.pad(receivers, (0, pad), constant_values=T).reshape(nc, chunk)
+    s_seg = jnp.pad(senders, (0, pad), constant_values=S).reshape(nc, chunk)
+    return s_seg, r_seg, jnp.minimum(s_seg, S - 1), jnp.minimum(r_seg, T - 1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _dot_graph(q, k, v, senders, receivers, scale, chunk):
+    """Dot-product graph attention over edge chunks, with a hand-written chunked backward.
+
+    q [T, K, G, H], k [S, K, H], v [S, K, Hv] (fp32); senders/receivers [E] -> [T, K, G, Hv].
+    Memory: O(E * N) for the per-edge logits and weights, O((T + S) * N * H) for inputs and
+    gradients, and O(chunk * N * H) for the gathered rows of one chunk: autodiff of the plain
+    form would keep q[r], k[s] and v[s] for all E edges at once.
+    """
+    return _dot_graph_fwd(q, k, v, senders, receivers, scale, chunk)[0]
+
+
+def _dot_graph_fwd(q, k, v, senders, receivers, scale, chunk):
+    T, K, G, _ = q.shape
+    S, Hv = k.shape[0], v.shape[-1]
+    s_seg, r_seg, s_idx, r_idx = _chunks(senders, receivers, T, S, chunk)
+    # pass 1: per-edge logits, one chunk at a time -> [nc, chunk, K, G]
+    logits = jax.lax.map(lambda sr: jnp.einsum("ekgh,ekh->ekg", q[sr[1]], k[sr[0]]) * scale, (s_idx, r_idx))
+    r_flat = r_seg.reshape(-1)
+    logits = logits.reshape(-1, K, G)  # [E', K, G]
+    m = jax.ops.segment_max(logits, r_flat, num_segments=T)  # [T, K, G]; -inf where no edge
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    valid = (r_flat < T)[:, None, None]
+    p = jnp.where(valid, jnp.exp(logits - m[jnp.minimum(r_flat, T - 1)]), 0.0)
+    denom = jax.ops.segment_sum(p, r_flat, num_segments=T)  # [T, K, G], > 0 wherever an edge ends
+    alpha = (p / jnp.where(valid, denom[jnp.minimum(r_flat, T - 1)], 1.0)).reshape(*s_seg.shape, K, G)
+
+    # pass 2: out = sum over a receiver's edges of alpha_e v[s_e]
+    def add_chunk(c, out):
+        msg = alpha[c][..., None] * v[s_idx[c]][:, :, None, :]  # [chunk, K, G, Hv]
+        return out + jax.ops.segment_sum(msg, r_seg[c], num_segments=T)
+
+    out = jax.lax.fori_loop(0, s_seg.shape[0], add_chunk, jnp.zeros((T, K, G, Hv), jnp.float32))
+    return out, (q, k, v, senders, receivers, alpha, out)
+
+
+def _dot_graph_bwd(scale, chunk, res, dout):
+    q, k, v, senders, receivers, alpha, out = res
+    T, S = q.shape[0], k.shape[0]
+    s_seg, r_seg, s_idx, r_idx = _chunks(senders, receivers, T, S, chunk)
+    delta = jnp.sum(dout * out, -1)  # [T, K, G] = sum over a receiver's edges of alpha * dalpha
+
+    def add_chunk(c, grads):
+        dq, dk, dv = grads
+        a, s_i, r_i = alpha[c], s_idx[c], r_idx[c]
+        dout_e = dout[r_i]  # [chunk, K, G, Hv]
+        dalpha = jnp.einsum("ekgd,ekd->ekg", dout_e, v[s_i])  # d out / d alpha_e
+        dlogit = a * (dalpha - delta[r_i]) * scale  # softmax backward, per receiver
+        dv = dv + jax.ops.segment_sum(jnp.einsum("ekg,ekgd->ekd", a, dout_e), s_seg[c], num_segments=S)
+        dq = dq + jax.ops.segment_sum(dlogit[..., None] * k[s_i][:, :, None, :], r_seg[c], num_segments=T)
+        dk = dk + jax.ops.segment_sum(jnp.einsum("ekg,ekgh->ekh", dlogit, q[r_i]), s_seg[c], num_segments=S)
+        return dq, dk, dv
+
+    zeros = (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v))
+    dq, dk, dv = jax.lax.fori_loop(0, s_seg.shape[0], add_chunk, zeros)
+    zero = np.zeros(senders.shape, jax.dtypes.float0)
+    return dq, dk, dv, zero, zero
+
+
+_dot_graph.defvjp(_dot_graph_fwd, _dot_graph_bwd)
+
+
+def _one_graph(q, k, v, senders, receivers, *, score_e, scale_dot=None):
+    """q [T, N, H], k [S, K, H], v [S, K, Hv]; senders/receivers [E] -> [T, N, Hv] fp32."""
+    T, N, H = q.shape
+    K = k.shape[1]
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))  # fp32 throughout (XLA:CPU has no half dots)
+    if score_e is None:  # the dot product, with its own backward
+        scale = 1.0 / math.sqrt(H) if scale_dot is None else float(scale_dot)
+        chunk = min(EDGE_CHUNK, max(1, senders.shape[0]))
+        out = _dot_graph(q.reshape(T, K, N // K, H), k, v, senders, receivers, scale, chunk)
+        return out.reshape(T, N, -1)  # [T, K, G, Hv] -> [T, N, Hv]
+    q_e = q[receivers].reshape(-1, K, N // K, H)  # [E, N, H] -> [E, K, G, H]
+    k_e = k[senders]  # [E, K, H]
+    logits = score_e(q_e, k_e, H)  # [E, K, G] fp32
+    m = jax.ops.segment_max(logits, receivers, num_segments=T)  # [T, K, G]; -inf where no edge
+    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+    p = jnp.exp(logits - m[receivers])  # [E, K, G]
+    denom = jax.ops.segment_sum(p, receivers, num_segments=T)  # [T, K, G]
+    alpha = p / denom[receivers]  # each receiver's weights sum to 1 (denom > 0 on any edge)
+    msg = alpha[..., None] * v[senders][:, :, None, :]  # [E, K, G, Hv]
+    out = jax.ops.segment_sum(msg, receivers, num_segments=T)  # [T, K, G, Hv]
+    return out.reshape(T, N, -1)  # [T, K, G, Hv] -> [T, N, Hv]
+
+
+def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
+    """Attention along the edges of ``mask = masks.graph_edges(...)``: O(E) time and memory.
+
+    Args:
+        q: ``[..., T, N, H]`` queries, T = num_nodes.
+        k: ``[..., S, K, H]`` keys, S = num_nodes.
+        v: ``[..., S, K, Hv]`` values.
+        mask: a ``masks.GraphEdges`` (``masks.graph_edges(senders, receivers, num_nodes)``);
+            the same edge list for every batch element. Edges may be traced arrays.
+        score: ``"dot"`` or ``functools.partial(attnlab.scores.additive, w=w)``.
+        scale: logit scale for ``score="dot"``; default ``1/sqrt(H)``.
+        bias: must be None (per-edge biases are not supported yet).
+
+    Returns:
+        ``[..., T, N, Hv]`` in q's dtype (computed in fp32); nodes with no incoming edge get zeros.
+
+    Raises:
+        ValueError: ``mask`` is not an edge list, T or S differ from num_nodes, a bias is given,
+            or ``score`` has no per-edge form.
+
+    Example:
+        >>> m = masks_lib.graph_edges(senders=[0, 1, 2], receivers=[1, 2, 0], num_nodes=3)
+        >>> q = k = v = jnp.ones((3, 2, 4))           # [T=3, N=2, H=4]
+        >>> sparse_attention(q, k, v, mask=m).shape
+        (3, 2, 4)
+    """
+    fn = "sparse_attention"
+    if not isinstance(mask, masks_lib.GraphEdges):
+        raise ValueError(
+            f"mask: implementation='sparse' needs an edge list, masks.graph_edges(senders, "
+            f"receivers, num_nodes), got {type(mask).__name__}"
+        )
+    if bias is not None:
+        raise ValueError(
+            f"bias: {fn} does not support a bias yet; use implementation='blockwise' with masks.graph(adjacency)"
+        )
+    *lead, T, N, H = q.shape
+    S = k.shape[-3]
+    if (mask.num_nodes, mask.num_nodes) != (T, S):
+        raise ValueError(
+            f"mask: graph_edges has num_nodes={mask.num_nodes} but attention is {T}x{S} "
+            f"(T queries x S keys); both must equal num_nodes"
+        )
+    score_e = edge_score(score, scale, fn)
+    if isinstance(score, str):  # "dot": the custom-vjp path
+        score_e = None
+    K, Hv = v.shape[-2], v.shape[-1]
+    one = functools.partial(
+        _one_graph,
+        senders=jnp.asarray(mask.senders, jnp.int32),
+        receivers=jnp.asarray(mask.receivers, jnp.int32),
+        score_e=score_e,
+        scale_dot=scale,
+    )
+    # [..., T, N, H] -> [B, T, N, H]; vmap adds the batch (the edge list is shared)
+    qb, kb, vb = q.reshape(-1, T, N, H), k.reshape(-1, S, K, H), v.reshape(-1, S, K, Hv)
+    out = jax.vmap(one)(qb, kb, vb)
+    return out.reshape(*lead, T, N, Hv).astype(q.dtype)

@@ -1,0 +1,375 @@
+r"""Speed and memory of attnlab's kernels against peers, as ratios measured side by side.
+
+Peers (optional ``bench`` extra): torch 2.13 CPU ``scaled_dot_product_attention`` and compiled
+``flex_attention`` with a block mask, ``jax.nn.dot_product_attention`` (XLA), and PyTorch
+Geometric's ``TransformerConv`` for graphs. Missing peers are skipped, not faked.
+
+Each suite times every implementation once per round, rounds alternate (so machine load hits all
+alike), and the best of ``--repeats`` rounds is reported after a warm-up call (whose extra time
+is reported as compile time). GFLOP/s counts useful work only: 4·N·H per allowed (query, key)
+pair forward, 3.5x that for forward+backward (the backward does 5 matmuls to the forward's 2).
+
+Command (what ``make bench`` runs; about 10 minutes on 2 cores):
+
+    python -m benchmarks.bench_attention --out results/bench
+
+Short smoke run:
+
+    python -m benchmarks.bench_attention --suites=full --full_lengths=512 --repeats=2
+
+Writes ``<out>/bench.json`` (one record per implementation and size, plus the flags) and prints
+a table.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+import attnlab
+from attnlab import masks
+
+_SUITES = flags.DEFINE_list("suites", ["full", "full_bwd", "window", "graph", "memory"], "Suites to run.")
+_FULL = flags.DEFINE_list("full_lengths", ["1024", "2048", "4096"], "N for full attention forward.")
+_BWD = flags.DEFINE_list("bwd_lengths", ["1024", "2048"], "N for full attention forward+backward.")
+_WIN = flags.DEFINE_list("window_lengths", ["1024", "4096", "16384", "65536"], "N for window attention.")
+_WIN_FLEX = flags.DEFINE_list(
+    "window_flex_lengths",
+    ["1024", "4096", "16384"],
+    "N at which torch flex_attention is also timed (each N compiles anew).",
+)
+_WIN_JNN = flags.DEFINE_list(
+    "window_jax_nn_lengths",
+    ["4096", "8192"],
+    "N at which jax.nn's local window is also timed (it forms [N, T, S]: 16K needs > 20 GB).",
+)
+_WINDOW = flags.DEFINE_integer("window", 128, "Window half-width: keys t-w .. t+w.")
+_NODES = flags.DEFINE_integer("graph_nodes", 100_000, "Graph suite: nodes.")
+_EDGES = flags.DEFINE_integer("graph_edges", 1_000_000, "Graph suite: edges (random, unique).")
+_MEM = flags.DEFINE_list("memory_lengths", ["8192", "32768"], "N for the compiled fwd+bwd memory.")
+_HEADS = flags.DEFINE_integer("heads", 8, "N heads.")
+_HEAD_DIM = flags.DEFINE_integer("head_dim", 64, "H head dim.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed rounds (best is reported).")
+_PEERS = flags.DEFINE_list("peers", ["torch", "jax_nn", "pyg"], "Peers to include if installed.")
+_OUT = flags.DEFINE_string("out", "results/bench", "Output folder for bench.json.")
+
+
+def _torch():
+    if "torch" not in _PEERS.value:
+        return None
+    try:
+        import torch
+    except ImportError:
+        print("torch not installed (pip install -e '.[bench]'): torch peers skipped", file=sys.stderr)
+        return None
+    return torch
+
+
+def _time_side_by_side(fns: dict, repeats: int) -> dict:
+    """{name: fn()} -> {name: (best_ms, first_call_ms)}; fns must block until done."""
+    first = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        fn()
+        first[name] = (time.perf_counter() - t0) * 1e3
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: (min(ts), first[name]) for name, ts in times.items()}
+
+
+def _records(suite, n, timed, flops, peers_of):
+    """One record per implementation, with ratios (peer ms / ours ms: > 1 means ours is faster)."""
+    out = []
+    for name, (ms, first_ms) in timed.items():
+        rec = dict(
+            suite=suite,
+            impl=name,
+            N=n,
+            ms=round(ms, 3),
+            compile_ms=round(max(first_ms - ms, 0), 1),
+            gflops=round(flops / ms / 1e6, 2),
+        )
+        if name in peers_of:
+            for peer in peers_of[name]:
+                if peer in timed:
+                    rec[f"x_vs_{peer}"] = round(timed[peer][0] / ms, 3)
+        out.append(rec)
+    return out
+
+
+def _qkv(n, seed=0):
+    h, d = _HEADS.value, _HEAD_DIM.value
+    keys = jax.random.split(jax.random.key(seed), 3)
+    return [jax.random.normal(kk, (1, n, h, d), jnp.float32) for kk in keys]  # [B, T, N, H]
+
+
+def _to_torch(torch, xs, grad=False):
+    # [B, T, N, H] -> [B, N, T, H] (torch's layout), once, outside the timed region
+    return [torch.tensor(np.asarray(x)).transpose(1, 2).contiguous().requires_grad_(grad) for x in xs]
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def suite_full(torch):
+    recs = []
+    ours = jax.jit(functools.partial(attnlab.attention, implementation="blockwise"))
+    jnn = jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="xla"))
+    for n in map(int, _FULL.value):
+        q, k, v = _qkv(n)
+        fns = {"attnlab.blockwise": lambda q=q, k=k, v=v: ours(q, k, v).block_until_ready()}
+        if "jax_nn" in _PEERS.value:
+            fns["jax.nn"] = lambda q=q, k=k, v=v: jnn(q, k, v).block_until_ready()
+        if torch is not None:
+            tq, tk, tv = _to_torch(torch, (q, k, v))
+            fns["torch.sdpa"] = lambda tq=tq, tk=tk, tv=tv: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+        flops = 4 * n * n * _HEADS.value * _HEAD_DIM.value
+        recs += _records(
+            "full fwd",
+            n,
+            _time_side_by_side(fns, _REPEATS.value),
+            flops,
+            {"attnlab.blockwise": ["torch.sdpa", "jax.nn"]},
+        )
+    return recs
+
+
+def suite_full_bwd(torch):
+    recs = []
+
+    def fwd_bwd(impl):
+        def f(q, k, v, ct):
+            out, vjp = jax.vjp(functools.partial(attnlab.attention, implementation=impl), q, k, v)
+            return vjp(ct)
+
+        return jax.jit(f)
+
+    ours, xla = fwd_bwd("blockwise"), fwd_bwd("xla")
+    for n in map(int, _BWD.value):
+        q, k, v = _qkv(n)
+        ct = _qkv(n, seed=1)[0]
+        fns = {"attnlab.blockwise": lambda q=q, k=k, v=v, ct=ct: jax.block_until_ready(ours(q, k, v, ct))}
+        if "jax_nn" in _PEERS.value:
+            fns["jax.nn"] = lambda q=q, k=k, v=v, ct=ct: jax.block_until_ready(xla(q, k, v, ct))
+        if torch is not None:
+            tq, tk, tv = _to_torch(torch, (q, k, v), grad=True)
+            tct = _to_torch(torch, (ct,))[0]
+
+            def run_torch(tq=tq, tk=tk, tv=tv, tct=tct):
+                out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+                return torch.autograd.grad(out, (tq, tk, tv), tct)
+
+            fns["torch.sdpa"] = run_torch
+        flops = 3.5 * 4 * n * n * _HEADS.value * _HEAD_DIM.value
+        recs += _records(
+            "full fwd+bwd",
+            n,
+            _time_side_by_side(fns, _REPEATS.value),
+            flops,
+            {"attnlab.blockwise": ["torch.sdpa", "jax.nn"]},
+        )
+    return recs
+
+
+def suite_window(torch):
+    recs = []
+    w = _WINDOW.value
+    mask = masks.window(w, w)
+    ours = jax.jit(functools.partial(attnlab.attention, mask=mask, implementation="blockwise"))
+    jnn = jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="xla", local_window_size=(w, w)))
+    flex = None
+    if torch is not None:
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            flex = torch.compile(flex_attention)
+        except Exception as e:  # noqa: BLE001  (report, don't fail the other peers)
+            print(f"flex_attention unavailable: {e}", file=sys.stderr)
+    for n in map(int, _WIN.value):
+        q, k, v = _qkv(n)
+        fns = {"attnlab.blockwise": lambda q=q, k=k, v=v: ours(q, k, v).block_until_ready()}
+        if "jax_nn" in _PEERS.value and str(n) in _WIN_JNN.value:
+            fns["jax.nn"] = lambda q=q, k=k, v=v: jnn(q, k, v).block_until_ready()
+        if flex is not None and str(n) in _WIN_FLEX.value:
+            tq, tk, tv = _to_torch(torch, (q, k, v))
+
+            def window_mod(b, h, qi, ki):
+                return (ki - qi <= w) & (qi - ki <= w)
+
+            bm = create_block_mask(window_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device="cpu")
+            fns["torch.flex"] = lambda tq=tq, tk=tk, tv=tv, bm=bm: flex(tq, tk, tv, block_mask=bm)
+        pairs = int(np.asarray(mask.dense(n, n)).sum()) if n <= 16384 else (2 * w + 1) * n - w * (w + 1)
+        flops = 4 * pairs * _HEADS.value * _HEAD_DIM.value
+        timed = _time_side_by_side(fns, _REPEATS.value if n <= 16384 else max(2, _REPEATS.value // 2))
+        recs += _records(f"window ±{w} fwd", n, timed, flops, {"attnlab.blockwise": ["torch.flex", "jax.nn"]})
+        recs[-len(timed) :] = [dict(r, us_per_token=round(r["ms"] * 1e3 / n, 3)) for r in recs[-len(timed) :]]
+    return recs
+
+
+def _random_graph(nodes, edges, seed=0):
+    rng = np.random.default_rng(seed)
+    pairs = np.unique(rng.integers(0, nodes, size=(int(edges * 1.01) + 16, 2)), axis=0)
+    pairs = pairs[rng.permutation(len(pairs))[:edges]]
+    return pairs[:, 0].astype(np.int32), pairs[:, 1].astype(np.int32)  # senders, receivers
+
+
+def suite_graph(torch):
+    nodes, e = _NODES.value, _EDGES.value
+    h, d = _HEADS.value, _HEAD_DIM.value
+    senders, receivers = _random_graph(nodes, e)
+    mask = masks.graph_edges(senders, receivers, nodes)
+    keys = jax.random.split(jax.random.key(0), 5)
+    x = jax.random.normal(keys[0], (nodes, h * d), jnp.float32)
+    w = [jax.random.normal(kk, (h * d, h * d), jnp.float32) / np.sqrt(h * d) for kk in keys[1:4]]
+    ct = jax.random.normal(keys[4], (nodes, h, d), jnp.float32)
+
+    # everything is an argument (closed-over arrays become constants XLA tries to fold)
+    def attn_only(q, k, v, mask):
+        return attnlab.attention(q, k, v, mask=mask, implementation="sparse")
+
+    def layer(x, wq, wk, wv, mask):  # as TransformerConv(root_weight=False): projections + attention
+        q, k, v = ((x @ wi).reshape(nodes, h, d) for wi in (wq, wk, wv))
+        return attn_only(q, k, v, mask)
+
+    @jax.jit
+    def attn_fwd_bwd(q, k, v, mask, ct):
+        return jax.vjp(functools.partial(attn_only, mask=mask), q, k, v)[1](ct)
+
+    @jax.jit
+    def layer_fwd_bwd(x, wq, wk, wv, mask, ct):
+        return jax.vjp(functools.partial(layer, mask=mask), x, wq, wk, wv)[1](ct)
+
+    mask = jax.tree_util.tree_map(jnp.asarray, mask)
+    q, k, v = ((x @ wi).reshape(nodes, h, d) for wi in w)
+    fns = {
+        "attnlab.sparse (attention)": lambda: jax.block_until_ready(attn_fwd_bwd(q, k, v, mask, ct)),
+        "attnlab.sparse (layer)": lambda: jax.block_until_ready(layer_fwd_bwd(x, *w, mask, ct)),
+    }
+    if torch is not None and "pyg" in _PEERS.value:
+        try:
+            from torch_geometric.nn import TransformerConv
+
+            conv = TransformerConv(h * d, d, heads=h, root_weight=False)
+            tx = torch.tensor(np.asarray(x), requires_grad=True)
+            edge_index = torch.tensor(np.stack([senders, receivers]).astype(np.int64))  # source -> target
+            tct = torch.tensor(np.asarray(ct).reshape(nodes, h * d))
+
+            def run_pyg():
+                out = conv(tx, edge_index)
+                return torch.autograd.grad(out, [tx, *conv.parameters()], tct, allow_unused=True)
+
+            fns["pyg.TransformerConv (layer)"] = run_pyg
+        except ImportError:
+            print("torch_geometric not installed: PyG peer skipped", file=sys.stderr)
+    attn_flops = 3.5 * e * h * (2 * d + 2 * d)
+    timed = _time_side_by_side(fns, max(2, _REPEATS.value // 2))
+    recs = _records(
+        f"graph {nodes // 1000}K nodes / {e // 1000}K edges fwd+bwd",
+        e,
+        timed,
+        attn_flops,
+        {"attnlab.sparse (layer)": ["pyg.TransformerConv (layer)"]},
+    )
+    # memory of the compiled attention fwd+bwd, at E and 4E
+    for r in recs:
+        if r["impl"] == "attnlab.sparse (attention)":
+            ma = attn_fwd_bwd.lower(q, k, v, mask, ct).compile().memory_analysis()
+            r["temp_mb"] = round(ma.temp_size_in_bytes / 2**20, 1)
+    return recs
+
+
+def suite_memory(torch):
+    """Compiled fwd+bwd temp memory of the blockwise kernel (XLA's buffer assignment; not run)."""
+    recs = []
+    h, d = _HEADS.value, _HEAD_DIM.value
+    for n in map(int, _MEM.value):
+        x = jax.ShapeDtypeStruct((1, n, h, d), jnp.float32)
+
+        def loss(q, k, v):
+            return jnp.sum(attnlab.attention(q, k, v, implementation="blockwise"))
+
+        t0 = time.perf_counter()
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile()
+        ma = compiled.memory_analysis()
+        recs.append(
+            dict(
+                suite="memory fwd+bwd (compiled)",
+                impl="attnlab.blockwise",
+                N=n,
+                temp_mb=round(ma.temp_size_in_bytes / 2**20, 1),
+                args_out_mb=round((ma.argument_size_in_bytes + ma.output_size_in_bytes) / 2**20, 1),
+                dense_logits_mb=round(n * n * h * 4 / 2**20, 1),
+                compile_ms=round((time.perf_counter() - t0) * 1e3, 1),
+            )
+        )
+    return recs
+
+
+def _print_table(recs):
+    cols = [
+        "suite",
+        "impl",
+        "N",
+        "ms",
+        "compile_ms",
+        "gflops",
+        "us_per_token",
+        "temp_mb",
+        "args_out_mb",
+        "dense_logits_mb",
+    ]
+    cols += sorted({k for r in recs for k in r if k.startswith("x_vs_")})
+    cols = [c for c in cols if any(c in r for r in recs)]
+    rows = [[str(r.get(c, "")) for c in cols] for r in recs]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+    print(" | ".join(c.ljust(wd) for c, wd in zip(cols, widths, strict=True)))
+    print("-|-".join("-" * wd for wd in widths))
+    for row in rows:
+        print(" | ".join(x.ljust(wd) for x, wd in zip(row, widths, strict=True)))
+
+
+def main(argv):
+    del argv
+    torch = _torch()
+    if torch is not None:
+        torch.set_num_threads(os.cpu_count() or 1)
+    suites = dict(full=suite_full, full_bwd=suite_full_bwd, window=suite_window, graph=suite_graph, memory=suite_memory)
+    for name in _SUITES.value:
+        if name not in suites:
+            raise app.UsageError(f"--suites: unknown suite {name!r}; choose from {sorted(suites)}")
+    os.makedirs(_OUT.value, exist_ok=True)
+    meta = dict(
+        flags={f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])},
+        jax=jax.__version__,
+        torch=getattr(torch, "__version__", None),
+        cpus=os.cpu_count(),
+        machine=platform.machine(),
+        backend=jax.default_backend(),
+    )
+    recs = []
+    path = os.path.join(_OUT.value, "bench.json")
+    for name in _SUITES.value:
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        new = suites[name](torch)
+        _print_table(new)
+        recs += new
+        with open(path, "w") as f:  # after every suite, so a crash (e.g. out of memory) keeps the rest
+            json.dump(dict(meta=meta, records=recs), f, indent=1)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,283 @@
+"""The blockwise (flash-style) kernel against attention_reference: outputs and gradients."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import grad_tol, qkv, tol
+
+import attnlab
+from attnlab import kernels, masks
+from attnlab.attention import _choose
+
+# Odd lengths, not multiples of the (small) tiles, so short last blocks are exercised.
+T, S = 37, 45
+SMALL = kernels.BlockSizes(8, 16)
+
+MASKS = {
+    "none": lambda: None,
+    "causal": lambda: masks.causal(offset=S - T),
+    "window": lambda: masks.window(5, 3),
+    "padding": lambda: masks.padding(q_lengths=jnp.array([30, 37]), kv_lengths=jnp.array([45, 10])),
+    "graph": lambda: masks.graph(np.random.default_rng(0).random((T, S)) < 0.1),
+    "combined": lambda: (
+        (masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([20, 45]))) | masks.window(0, 0)
+    ),
+    "array": lambda: np.random.default_rng(1).random((2, 1, T, S)) < 0.5,
+}
+
+
+def _fwd_and_grads(fn, q, k, v):
+    """(out, (dq, dk, dv)) of fn with a fixed random cotangent, in one jit."""
+    ct = jax.random.normal(jax.random.key(7), q.shape[:-1] + v.shape[-1:], jnp.float32).astype(q.dtype)
+
+    @jax.jit
+    def run(q, k, v):
+        out, vjp = jax.vjp(fn, q, k, v)
+        return out, vjp(ct)
+
+    return run(q, k, v)
+
+
+def _compare(a, b, tolerance):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("mask_kind", list(MASKS))
+def test_matches_reference_fwd_and_grad(mask_kind, dtype):
+    q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, dtype=dtype)  # GQA: 4 query heads, 2 kv heads
+    mask = MASKS[mask_kind]()
+    fast = functools.partial(kernels.blockwise_attention, mask=mask, block_sizes=SMALL)
+    ref = functools.partial(attnlab.attention_reference, mask=mask)
+    out, grads = _fwd_and_grads(fast, q, k, v)
+    out_r, grads_r = _fwd_and_grads(ref, q, k, v)
+    assert out.shape == (2, T, 4, 8) and out.dtype == dtype
+    _compare(out, out_r, tol(dtype))
+    for g, g_r in zip(grads, grads_r, strict=True):
+        assert g.dtype == dtype
+        _compare(g, g_r, grad_tol(dtype))
+
+
+@pytest.mark.parametrize("mask_kind", ["padding", "combined", "graph"])
+def test_two_pass_backward_matches_reference(mask_kind):
+    q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, seed=11)
+    mask = MASKS[mask_kind]()
+    fast = functools.partial(
+        kernels.blockwise_attention, mask=mask, block_sizes=kernels.BlockSizes(8, 16, backward="two_pass")
+    )
+    ref = functools.partial(attnlab.attention_reference, mask=mask)
+    (out, grads), (out_r, grads_r) = _fwd_and_grads(fast, q, k, v), _fwd_and_grads(ref, q, k, v)
+    _compare(out, out_r, tol(jnp.float32))
+    for g, g_r in zip(grads, grads_r, strict=True):
+        _compare(g, g_r, grad_tol(jnp.float32))
+
+
+@pytest.mark.parametrize("block", [(8, 16), (16, 8), (64, 64), (1, 45)])
+def test_block_sizes_do_not_change_the_result(block):
+    q, k, v = qkv((T, 2, 8), s=S, seed=2)  # no batch dims at all
+    mask = masks.window(7, 2) & masks.causal(offset=S - T)
+    out = kernels.blockwise_attention(q, k, v, mask=mask, block_sizes=kernels.BlockSizes(*block))
+    _compare(out, attnlab.attention_reference(q, k, v, mask=mask), tol(jnp.float32))
+
+
+def test_value_head_dim_and_leading_dims():
+    q, k, v = qkv((2, 3, T, 2, 8), s=S, hv=5, seed=4)  # two leading batch dims, Hv != H
+    mask = masks.causal(offset=S - T)
+    out = kernels.blockwise_attention(q, k, v, mask=mask, block_sizes=SMALL)
+    assert out.shape == (2, 3, T, 2, 5)
+    _compare(out, attnlab.attention_reference(q, k, v, mask=mask), tol(jnp.float32))
+    # vmap over an unbatched call gives the batched result
+    per_example = jax.vmap(
+        jax.vmap(lambda q, k, v: kernels.blockwise_attention(q, k, v, mask=mask, block_sizes=SMALL))
+    )(q, k, v)
+    _compare(per_example, out, tol(jnp.float32))
+
+
+@pytest.mark.parametrize("kind", ["padded_query", "empty_kv", "isolated_node", "neg_inf_bias"])
+def test_fully_masked_rows_are_zero_with_finite_grads(kind):
+    q, k, v = qkv((2, T, 2, 8), s=S, seed=5)
+    bias = None
+    if kind == "padded_query":
+        mask = masks.padding(q_lengths=jnp.array([3, 37]))
+    elif kind == "empty_kv":
+        mask = masks.padding(kv_lengths=jnp.array([0, 45]))
+    elif kind == "isolated_node":
+        adj = np.random.default_rng(3).random((T, S)) < 0.2
+        adj[[0, 5, 36]] = False
+        mask = masks.graph(adj)
+    else:
+        mask = masks.causal(offset=S - T)
+        bias = lambda qi, ki: jnp.where(qi[:, None] < 4, -jnp.inf, 0.0)  # noqa: E731  rows 0..3 empty
+    expected = attnlab.attention_reference(q, k, v, mask=mask, bias=bias)
+    fast = functools.partial(kernels.blockwise_attention, mask=mask, bias=bias, block_sizes=SMALL)
+    out, grads = _fwd_and_grads(fast, q, k, v)
+    _compare(out, expected, tol(jnp.float32))
+    empty = ~np.asarray(masks.as_mask(mask).dense(T, S)).any(-1)  # [*B|1, 1|, T]
+    if kind == "neg_inf_bias":
+        empty = np.arange(T) < 4
+    rows = np.broadcast_to(empty.reshape(-1, T) if empty.ndim > 1 else empty, (2, T))
+    assert rows.any()
+    assert np.all(np.asarray(out)[rows] == 0)
+    for g in grads:
+        assert np.all(np.isfinite(np.asarray(g)))
+    assert np.all(np.asarray(grads[0])[rows] == 0)  # dq of an empty row is zero
+
+
+def _alibi(slopes):
+    # ALiBi-like linear bias -slope[n] * |i - j|, [N, T', S'] (Press et al. 2021, arXiv 2108.12409)
+    def bias(q_idx, k_idx):
+        dist = jnp.abs(q_idx[:, None] - k_idx[None, :]).astype(jnp.float32)
+        return -slopes[:, None, None] * dist
+
+    return bias
+
+
+@pytest.mark.parametrize("backward", ["fused", "two_pass"])
+def test_callable_bias_matches_dense_array_bias_with_grads(backward):
+    q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, seed=6)
+    slopes = 2.0 ** -jnp.arange(1, 5, dtype=jnp.float32)
+    mask = masks.causal(offset=S - T)
+    dense = _alibi(slopes)(jnp.arange(T), jnp.arange(S))  # [N, T, S]
+
+    def loss(q, k, v, slopes, impl):
+        if impl == "dense":
+            b = _alibi(slopes)(jnp.arange(T), jnp.arange(S))
+            out = attnlab.attention_reference(q, k, v, mask=mask, bias=b)
+        else:
+            bs = kernels.BlockSizes(8, 16, backward=backward)
+            out = kernels.blockwise_attention(q, k, v, mask=mask, bias=_alibi(slopes), block_sizes=bs)
+        return jnp.sum(out * jnp.cos(out)), out
+
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True), static_argnums=4)
+    (gs, out), (gs_r, out_r) = g(q, k, v, slopes, "fast"), g(q, k, v, slopes, "dense")
+    _compare(out, out_r, tol(jnp.float32))
+    _compare(out, attnlab.attention_reference(q, k, v, mask=mask, bias=dense), tol(jnp.float32))
+    for a, b in zip(gs, gs_r, strict=True):  # dq, dk, dv and d slopes
+        _compare(a, b, grad_tol(jnp.float32))
+    # the public entry point takes the callable too, for every implementation
+    for impl in ("reference", "xla", "blockwise", None):
+        out_i = attnlab.attention(q, k, v, mask=mask, bias=_alibi(slopes), implementation=impl)
+        _compare(out_i, out_r, tol(jnp.float32))
+
+
+def test_padding_lengths_change_without_recompiling():
+    q, k, v = qkv((2, T, 2, 8), s=S, seed=8)
+    traces = []
+
+    @jax.jit
+    def f(q, k, v, kv_lengths):
+        traces.append(1)
+        mask = masks.padding(kv_lengths=kv_lengths)
+        return attnlab.attention(q, k, v, mask=mask, implementation="blockwise")
+
+    for lengths in ([45, 3], [10, 0], [1, 44]):
+        lengths = jnp.array(lengths)
+        out = f(q, k, v, lengths)
+        _compare(out, attnlab.attention_reference(q, k, v, mask=masks.padding(kv_lengths=lengths)), tol(jnp.float32))
+    assert len(traces) == 1
+
+
+def test_schedule_visits_only_nonempty_blocks():
+    layout = masks.window(128, 128).block_layout(4096, 4096, 128, 128)
+    index, kind = kernels.block_schedule(layout, 4096, 128)
+    assert index.shape == (32, 3)  # 3 key blocks per query block (1.5x the useful pairs), not 32
+    assert (kind[:, 0] == 0).sum() == 0 and (kind == masks.FULL).sum() == 32  # the diagonal is FULL
+    # a short last key block is never FULL (its padding must be masked)
+    _, kind = kernels.block_schedule(np.full((2, 3), masks.FULL, np.int8), S=40, bk=16)
+    assert (kind[:, 2] == masks.PARTIAL).all() and (kind[:, :2] == masks.FULL).all()
+
+
+def test_dispatch_rule():
+    q, k, v = qkv((16, 2, 8))
+    big_q, big_k, big_v = (jax.ShapeDtypeStruct((512, 2, 8), jnp.float32),) * 3
+    edges = masks.graph_edges(senders=[0, 1], receivers=[1, 0], num_nodes=16)
+    assert _choose(q, k, v, mask=edges, bias=None, score="dot", is_dot=True) == "sparse"
+    assert _choose(q, k, v, mask=None, bias=None, score="dot", is_dot=True) == "xla"
+    assert _choose(q, k, v, mask=masks.causal(), bias=None, score="dot", is_dot=True) == "xla"
+    long = masks.window(128, 128).block_layout(1024, 1024, 128, 128)
+    assert (long == masks.EMPTY).any()
+    q1 = jax.ShapeDtypeStruct((1024, 2, 8), jnp.float32)
+    win = masks.window(128, 128)
+    assert _choose(q1, q1, q1, mask=win, bias=None, score="dot", is_dot=True) == "blockwise"
+    assert _choose(big_q, big_k, big_v, mask=None, bias=None, score="dot", is_dot=True) == "blockwise"
+    # an array bias is already O(T*S): XLA
+    assert _choose(big_q, big_k, big_v, mask=None, bias=jnp.zeros((512, 512)), score="dot", is_dot=True) == "xla"
+
+
+def test_errors_name_the_argument():
+    q, k, v = qkv((T, 2, 8), s=S)
+    with pytest.raises(ValueError, match="bias"):
+        attnlab.attention(q, k, v, bias=jnp.zeros((T, S)), implementation="blockwise")
+    with pytest.raises(ValueError, match="score"):
+        attnlab.attention(q, k, v, score=lambda q, k: attnlab.scores.dot_product(q, k), implementation="blockwise")
+    with pytest.raises(ValueError, match="block_q"):
+        kernels.BlockSizes(0, 16)
+    with pytest.raises(ValueError, match="backward"):
+        kernels.BlockSizes(16, 16, backward="fast")
+    with pytest.raises(ValueError, match="mask"):
+        attnlab.attention(q, k, v, mask=np.ones((3, T, S), bool), implementation="blockwise")
+
+
+def test_memory_is_linear_in_length():
+    """Compiled fwd+bwd temp memory grows ~linearly (x4 for 4x N), far from quadratic (x16)."""
+
+    def temp_bytes(n):
+        q = jax.ShapeDtypeStruct((1, n, 2, 64), jnp.float32)
+
+        def loss(q, k, v):
+            return jnp.sum(kernels.blockwise_attention(q, k, v, mask=masks.causal()))
+
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, q, q).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    small, large = temp_bytes(1024), temp_bytes(4096)
+    dense_large = 4096 * 4096 * 2 * 4  # one fp32 [N, T, S] array for 2 heads
+    assert large < 6 * small, (small, large)
+    assert large < dense_large / 4, (large, dense_large)
+
+
+def test_t5_bias_table_gets_gradients():
+    # attnlab.positional's learnable T5 bias is a callable pytree: its table must receive gradients
+    from attnlab import positional
+
+    q, k, v = qkv((T, 4, 8), s=S, seed=12)
+    t5 = positional.init_t5_bias(jax.random.key(1), 4, num_buckets=8, max_distance=16, stddev=1.0)
+    mask = masks.window(9, 4)
+
+    def loss(table, impl):
+        out = attnlab.attention(q, k, v, mask=mask, bias=dataclasses.replace(t5, table=table), implementation=impl)
+        return jnp.sum(out * jnp.sin(out))
+
+    g = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (val, grad), (val_r, grad_r) = g(t5.table, "blockwise"), g(t5.table, "reference")
+    _compare(val, val_r, tol(jnp.float32))
+    _compare(grad, grad_r, grad_tol(jnp.float32))
+    assert np.abs(np.asarray(grad)).sum() > 0
+
+
+@pytest.mark.parametrize(
+    "make_mask",
+    [
+        lambda: masks.chunks(8),
+        lambda: masks.dilated(12, 4, 3),
+        lambda: masks.window(2, 2) | masks.global_tokens([0, 17]),
+        lambda: masks.bigbird(40, block_size=8, num_global=1, num_random=1, seed=3),
+    ],
+    ids=["chunks", "dilated", "window_global", "bigbird"],
+)
+def test_sparse_family_masks(make_mask):
+    # main's structured sparse masks: their layouts let the kernel skip tiles; results must not change
+    mask = make_mask()
+    q, k, v = qkv((40, 2, 8), s=40, seed=13)
+    fast = functools.partial(kernels.blockwise_attention, mask=mask, block_sizes=SMALL)
+    ref = functools.partial(attnlab.attention_reference, mask=mask)
+    (out, grads), (out_r, grads_r) = _fwd_and_grads(fast, q, k, v), _fwd_and_grads(ref, q, k, v)
+    _compare(out, out_r, tol(jnp.float32))
+    for g, g_r in zip(grads, grads_r, strict=True):
+        _compare(g, g_r, grad_tol(jnp.float32))
