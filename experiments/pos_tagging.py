@@ -45,11 +45,17 @@ from attnlab import nn
 from attnlab import train as train_lib
 from attnlab.data import brown
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "experiments/configs/pos_tagging.py:attention", "experiment config, file.py:variant"
-)
-_OUT = flags.DEFINE_string("out", "results/pos", "results folder; each run goes to <out>/<variant>/")
-_REPORT = flags.DEFINE_string("report", None, "only draw figures + table from the results in this folder")
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    """Defines the command-line flags; only when run as a program, so experiments can be imported together."""
+    config_flags.DEFINE_config_file(
+        "config", "experiments/configs/pos_tagging.py:attention", "experiment config, file.py:variant"
+    )
+    flags.DEFINE_string("out", "results/pos", "results folder; each run goes to <out>/<variant>/")
+    flags.DEFINE_string("report", None, "only draw figures + table from the results in this folder")
+
 
 AMBIGUOUS_EXAMPLES = ("that", "like", "back", "can", "before", "down", "as")
 
@@ -358,11 +364,12 @@ def report(folder: Path) -> str:
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
-    if _REPORT.value:
-        print(report(Path(_REPORT.value)))
+    if FLAGS.report:
+        print(report(Path(FLAGS.report)))
         return
-    run(_CONFIG.value, Path(_OUT.value))
+    run(FLAGS.config, Path(FLAGS.out))
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

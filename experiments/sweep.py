@@ -56,19 +56,24 @@ from experiments.plot import load_results, make_plots
 
 _CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sweep.py")
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", f"{_CONFIGS}:default", "Sweep config file and variant.")
-flags.DEFINE_list("seq_lens", None, "Sequence lengths N (T = S = N); overrides the config.")
-flags.DEFINE_list("num_heads", None, "Head counts; overrides the config.")
-flags.DEFINE_list("implementations", None, "Implementations; overrides the config.")
-flags.DEFINE_list("masks", None, "Masks: full, causal, window:L:R, graph:DENSITY, padding:FRACTION.")
-flags.DEFINE_list("modes", None, "fwd and/or fwd_bwd; overrides the config.")
-flags.DEFINE_list("dtypes", None, "float32, bfloat16, float16; overrides the config.")
-flags.DEFINE_integer("head_dim", None, "Head dimension H; overrides the config.")
-flags.DEFINE_integer("batch", None, "Batch size B; overrides the config.")
-flags.DEFINE_integer("repeats", None, "Timed calls per cell after one warm-up; overrides the config.")
-flags.DEFINE_string("out", "results/sweep", "Results folder (results.jsonl, config.json, plots).")
-flags.DEFINE_bool("force", False, "Redo cells already in results.jsonl.")
-flags.DEFINE_bool("plot", True, "Draw the plots and summary.md at the end.")
+
+
+def define_flags():
+    """Defines the command-line flags; only when run as a program, so experiments can be imported together."""
+    config_flags.DEFINE_config_file("config", f"{_CONFIGS}:default", "Sweep config file and variant.")
+    flags.DEFINE_list("seq_lens", None, "Sequence lengths N (T = S = N); overrides the config.")
+    flags.DEFINE_list("num_heads", None, "Head counts; overrides the config.")
+    flags.DEFINE_list("implementations", None, "Implementations; overrides the config.")
+    flags.DEFINE_list("masks", None, "Masks: full, causal, window:L:R, graph:DENSITY, padding:FRACTION.")
+    flags.DEFINE_list("modes", None, "fwd and/or fwd_bwd; overrides the config.")
+    flags.DEFINE_list("dtypes", None, "float32, bfloat16, float16; overrides the config.")
+    flags.DEFINE_integer("head_dim", None, "Head dimension H; overrides the config.")
+    flags.DEFINE_integer("batch", None, "Batch size B; overrides the config.")
+    flags.DEFINE_integer("repeats", None, "Timed calls per cell after one warm-up; overrides the config.")
+    flags.DEFINE_string("out", "results/sweep", "Results folder (results.jsonl, config.json, plots).")
+    flags.DEFINE_bool("force", False, "Redo cells already in results.jsonl.")
+    flags.DEFINE_bool("plot", True, "Draw the plots and summary.md at the end.")
+
 
 PEERS = ("jax.nn",)
 MODES = ("fwd", "fwd_bwd")
@@ -386,4 +391,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     sys.exit(app.run(main))

@@ -160,3 +160,12 @@ def test_plots_from_fixture(tmp_path):
     n_records = len(plot.load_results(FIXTURE))
     assert summary.count("\n| ") == n_records + 1  # header + one row per cell
     assert "oom" in summary and "Failed cells" in summary
+
+
+def test_experiments_import_together():
+    # Flags are defined only when a module runs as a program, so several experiments (and the
+    # benchmarks) can be imported into one process, as the test suite and notebooks do.
+    import importlib
+
+    for name in ("experiments.sweep", "experiments.plot", "experiments.pos_tagging", "benchmarks.bench_attention"):
+        importlib.import_module(name)
