@@ -216,11 +216,36 @@ def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn):
 
     Returns out [nq, B, K, G, bq, Hv] (compute dtype) and lse [nq, B, K, G, bq] (fp32).
     """
+    return finalize(*forward_carry(q, k, v, mask, consts, index, kind, init_carry(q, v.shape[-1]), st=st, bias_fn=bias_fn))
+
+
+def init_carry(q, Hv):
+    """Empty online-softmax state for tiled queries q [nq, B, K, G, bq, H]: (m, l, acc), fp32."""
     nq, B, K, G, bq, _ = q.shape
-    Hv = v.shape[-1]
+    m0 = jnp.full((nq, B, K, G, bq), _NEG, jnp.float32)
+    l0 = jnp.zeros((nq, B, K, G, bq), jnp.float32)
+    return m0, l0, jnp.zeros((nq, B, K, G, bq, Hv), jnp.float32)
+
+
+def finalize(m, l, acc):
+    """Online-softmax state -> (out = acc / l, lse = m + log l); rows with nothing allowed -> 0, 0."""
+    nonempty = l > 0
+    out = acc / jnp.where(nonempty, l, 1.0)[..., None]
+    lse = jnp.where(nonempty, m + jnp.log(jnp.where(nonempty, l, 1.0)), 0.0)
+    return out, lse
+
+
+def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: _Static, bias_fn):
+    """The block step: folds the key blocks of the schedule into the running (m, l, acc).
+
+    ``carry`` is ``(m [nq, B, K, G, bq], l [same], acc [nq, B, K, G, bq, Hv])`` (fp32) from
+    ``init_carry`` or a previous call, so a caller can stream key/value blocks that arrive one
+    after another (ring attention) and ``finalize`` once at the end. ``mask(q_idx, k_idx)`` sees
+    local block positions; a caller with sharded sequences passes a mask that adds its offsets.
+    """
 
     def one_query_block(args):
-        qi, i, idx_i, kind_i = args
+        qi, i, idx_i, kind_i, m0, l0, acc0 = args
 
         def step(carry, jk):
             j, kd = jk
@@ -251,17 +276,10 @@ def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn):
                 return branches[st.kinds_used[0]](carry), None
             return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], carry), None
 
-        m0 = jnp.full((B, K, G, bq), _NEG, jnp.float32)
-        l0 = jnp.zeros((B, K, G, bq), jnp.float32)
-        acc0 = jnp.zeros((B, K, G, bq, Hv), jnp.float32)
-        (m, l, acc), _ = jax.lax.scan(step, (m0, l0, acc0), (idx_i, kind_i))
-        nonempty = l > 0
-        out = acc / jnp.where(nonempty, l, 1.0)[..., None]
-        lse = jnp.where(nonempty, m + jnp.log(jnp.where(nonempty, l, 1.0)), 0.0)
-        return out, lse
+        return jax.lax.scan(step, (m0, l0, acc0), (idx_i, kind_i))[0]
 
-    iq = jnp.arange(nq, dtype=jnp.int32)
-    return jax.lax.map(one_query_block, (q, iq, index, kind))
+    iq = jnp.arange(q.shape[0], dtype=jnp.int32)
+    return jax.lax.map(one_query_block, (q, iq, index, kind, *carry))
 
 
 # ------------------------------------------------------------------------------------------
