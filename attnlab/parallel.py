@@ -102,7 +102,9 @@ def _check(q, k, v, mask, bias, score, mesh, seq_axis, head_axis):
         if not hasattr(x, "ndim") or x.ndim < 3:
             raise ValueError(f"{name} must have shape [..., L, heads, H], got {getattr(x, 'shape', x)}")
     if not isinstance(mesh, Mesh):
-        raise ValueError(f"mesh must be a jax.sharding.Mesh (see attnlab.parallel.make_mesh), got {type(mesh).__name__}")
+        raise ValueError(
+            f"mesh must be a jax.sharding.Mesh (see attnlab.parallel.make_mesh), got {type(mesh).__name__}"
+        )
     if seq_axis is not None and seq_axis == head_axis:
         raise ValueError(f"seq_axis and head_axis must be different mesh axes, both are {seq_axis!r}")
     if bias is not None:
@@ -110,7 +112,9 @@ def _check(q, k, v, mask, bias, score, mesh, seq_axis, head_axis):
     if score != "dot":
         raise ValueError(f"score: attnlab.parallel supports score='dot' only, got {score!r}")
     if q.shape[:-3] != k.shape[:-3] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape}: expected [..., T, N, H], [..., S, K, H], [..., S, K, Hv]")
+        raise ValueError(
+            f"q {q.shape}, k {k.shape}, v {v.shape}: expected [..., T, N, H], [..., S, K, H], [..., S, K, Hv]"
+        )
     N, K = q.shape[-2], k.shape[-2]
     if N % K:
         raise ValueError(f"q has {N} heads, k has {K}: N must be a multiple of K")
@@ -214,10 +218,14 @@ def attention(
             return _attention(q, k, v, mask=m, scale=scale, implementation=implementation)
 
         spec = _spec(nlead, None, head_axis)
-        fn = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec, PartitionSpec()), out_specs=spec, check_vma=False)
+        fn = jax.shard_map(
+            body, mesh=mesh, in_specs=(spec, spec, spec, PartitionSpec()), out_specs=spec, check_vma=False
+        )
         return fn(q, k, v, m)
 
-    rs = _ring_static(m, q, k, v, mesh=mesh, seq_axis=seq_axis, head_axis=head_axis, scale=scale, block_sizes=block_sizes)
+    rs = _ring_static(
+        m, q, k, v, mesh=mesh, seq_axis=seq_axis, head_axis=head_axis, scale=scale, block_sizes=block_sizes
+    )
     T = q.shape[-3]
     lead = q.shape[:-3]
     B = math.prod(lead)
@@ -273,7 +281,9 @@ def multi_head_attention(
         if not hasattr(x, "ndim") or x.ndim < 2:
             raise ValueError(f"multi_head_attention: {name} must have shape [..., T, D], got {getattr(x, 'shape', x)}")
     if "w_score" in params:
-        raise ValueError("multi_head_attention: params hold w_score (additive score); attnlab.parallel supports dot only")
+        raise ValueError(
+            "multi_head_attention: params hold w_score (additive score); attnlab.parallel supports dot only"
+        )
     wq, wk, wv, wo = params["wq"], params["wk"], params["wv"], params["wo"]
     N, K, H, Hv = wq.shape[1], wk.shape[1], wq.shape[2], wv.shape[2]
     lead, T, S = x_q.shape[:-2], x_q.shape[-2], x_kv.shape[-2]
@@ -285,7 +295,15 @@ def multi_head_attention(
     rs = None
     if seq_axis is not None:
         rs = _ring_static(
-            m, q_aval, k_aval, v_aval, mesh=mesh, seq_axis=seq_axis, head_axis=head_axis, scale=scale, block_sizes=block_sizes
+            m,
+            q_aval,
+            k_aval,
+            v_aval,
+            mesh=mesh,
+            seq_axis=seq_axis,
+            head_axis=head_axis,
+            scale=scale,
+            block_sizes=block_sizes,
         )
     B = math.prod(lead)
     nlead = len(lead)

@@ -216,7 +216,9 @@ def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn):
 
     Returns out [nq, B, K, G, bq, Hv] (compute dtype) and lse [nq, B, K, G, bq] (fp32).
     """
-    return finalize(*forward_carry(q, k, v, mask, consts, index, kind, init_carry(q, v.shape[-1]), st=st, bias_fn=bias_fn))
+    return finalize(
+        *forward_carry(q, k, v, mask, consts, index, kind, init_carry(q, v.shape[-1]), st=st, bias_fn=bias_fn)
+    )
 
 
 def init_carry(q, Hv):

@@ -56,7 +56,7 @@ def shard_layout(mask, T: int, S: int, D: int) -> np.ndarray:
     else:
         inner = mask.block_layout(T, S, Tl, Sl)
     layout[: inner.shape[0], : inner.shape[1]] = inner
-    if S % Sl or S < D * Sl:  # the shard holding key S - 1 also holds padding
+    if S % Sl:  # the shard holding key S - 1 also holds padding (shards past it are EMPTY)
         last = (S - 1) // Sl
         layout[:, last] = np.minimum(layout[:, last], masks_lib.PARTIAL)
     return layout
@@ -188,9 +188,7 @@ def _bwd_impl(qs, ks, vs, mask, out, lse, dout, rs: RingStatic):
         def run(sched, st):
             def f(c):
                 dq, dkt, dvt = c
-                dq_r, dk_r, dv_r, _ = bw._backward(
-                    qs, kt, vt, gm, (), *sched, out, lse, dout, st=st, bias_fn=None
-                )
+                dq_r, dk_r, dv_r, _ = bw._backward(qs, kt, vt, gm, (), *sched, out, lse, dout, st=st, bias_fn=None)
                 return dq + dq_r, dkt + dk_r, dvt + dv_r
 
             return f
@@ -223,7 +221,9 @@ def _ring_bwd(rs, res, dout):
     qs, ks, vs, mask, out, lse = res
     dq, dk, dv = _bwd_impl(qs, ks, vs, mask, out, lse, dout, rs)
     dmask = jax.tree_util.tree_map(
-        lambda x: np.zeros(x.shape, jax.dtypes.float0) if not jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros_like(x),
+        lambda x: (
+            np.zeros(x.shape, jax.dtypes.float0) if not jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros_like(x)
+        ),
         mask,
     )
     return dq.astype(qs.dtype), dk.astype(ks.dtype), dv.astype(vs.dtype), dmask
