@@ -275,7 +275,6 @@ def multi_head_attention(
     Returns:
         ``[..., T, D]``.
     """
-    x_kv_given = x_kv is not None
     x_kv = x_q if x_kv is None else x_kv
     for name, x in (("x_q", x_q), ("x_kv", x_kv)):
         if not hasattr(x, "ndim") or x.ndim < 2:
@@ -284,7 +283,7 @@ def multi_head_attention(
         raise ValueError(
             "multi_head_attention: params hold w_score (additive score); attnlab.parallel supports dot only"
         )
-    wq, wk, wv, wo = params["wq"], params["wk"], params["wv"], params["wo"]
+    wq, wk, wv = params["wq"], params["wk"], params["wv"]
     N, K, H, Hv = wq.shape[1], wk.shape[1], wq.shape[2], wv.shape[2]
     lead, T, S = x_q.shape[:-2], x_q.shape[-2], x_kv.shape[-2]
     # shapes of the per-head tensors, to check divisibility and build the ring's statics
@@ -348,7 +347,6 @@ def multi_head_attention(
         xq, xkv = pad(x_q, rs.D * rs.Tl), pad(x_kv, rs.D * rs.Sl)
     else:
         xq, xkv = x_q, x_kv
-    del x_kv_given
     y = fn(p, xq, xkv, None if rs_mask_is_full(m) else m)[..., :T, :]
     if params.get("bo") is not None:
         y = y + params["bo"]
