@@ -66,8 +66,8 @@ def make_mesh(spec: str | dict[str, int], devices=None) -> Mesh:
         ValueError: when the mesh needs more devices than there are (with the CPU flag to fix it).
 
     Example:
-        >>> make_mesh("sp=1").shape
-        OrderedDict({'sp': 1})
+        >>> dict(make_mesh("sp=1").shape)
+        {'sp': 1}
     """
     axes = parse_mesh(spec) if isinstance(spec, str) else dict(spec)
     devices = jax.devices() if devices is None else list(devices)

@@ -288,8 +288,12 @@ def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: _Static, bia
 # Backward: recompute each tile's probabilities from the stored log-sum-exp
 
 
-def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static, bias_fn):
-    """FlashAttention-2-style backward: scan over query blocks; dk, dv are carried full-size."""
+def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static, bias_fn, dk0=None, dv0=None):
+    """FlashAttention-2-style backward: scan over query blocks; dk, dv are carried full-size.
+
+    ``dk0``/``dv0`` (fp32, k's/v's tile shapes) are added to: a caller streaming key/value shards
+    (ring attention) passes its travelling accumulators instead of adding a fresh copy.
+    """
     nq, B, K, G, bq, H = q.shape
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [nq, B, K, G, bq]
 
@@ -344,8 +348,8 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
         (dq_i, dk, dv, dconsts), _ = jax.lax.scan(step, (dq0, dk, dv, dconsts), (idx_i, kind_i))
         return (dk, dv, dconsts), dq_i
 
-    dk0 = jnp.zeros(k.shape, jnp.float32)
-    dv0 = jnp.zeros(v.shape, jnp.float32)
+    dk0 = jnp.zeros(k.shape, jnp.float32) if dk0 is None else dk0
+    dv0 = jnp.zeros(v.shape, jnp.float32) if dv0 is None else dv0
     dc0 = tuple(jnp.zeros(c.shape, jnp.float32) for c in consts)
     iq = jnp.arange(nq, dtype=jnp.int32)
     (dk, dv, dconsts), dq = jax.lax.scan(one_query_block, (dk0, dv0, dc0), (q, dout, lse, delta, iq, index, kind))

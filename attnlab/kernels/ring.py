@@ -188,8 +188,10 @@ def _bwd_impl(qs, ks, vs, mask, out, lse, dout, rs: RingStatic):
         def run(sched, st):
             def f(c):
                 dq, dkt, dvt = c
-                dq_r, dk_r, dv_r, _ = bw._backward(qs, kt, vt, gm, (), *sched, out, lse, dout, st=st, bias_fn=None)
-                return dq + dq_r, dkt + dk_r, dvt + dv_r
+                dq_r, dkt, dvt, _ = bw._backward(
+                    qs, kt, vt, gm, (), *sched, out, lse, dout, st=st, bias_fn=None, dk0=dkt, dv0=dvt
+                )
+                return dq + dq_r, dkt, dvt
 
             return f
 
