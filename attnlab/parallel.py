@@ -93,7 +93,16 @@ def _spec(nlead: int, seq_axis, head_axis) -> PartitionSpec:
 
 
 def shard(x, mesh: Mesh, *, seq_axis=None, head_axis=None):
-    """Places ``[..., T, N, H]`` on ``mesh`` split on T over ``seq_axis`` and on N over ``head_axis``."""
+    """Places ``[..., T, N, H]`` on ``mesh`` split on T over ``seq_axis`` and on N over ``head_axis``.
+
+    Raises:
+        ValueError: when T or N is not divisible by its axis (``attention`` pads T itself; place
+            such arrays replicated or pad them first).
+    """
+    for dim, axis, what in ((-3, seq_axis, "sequence length"), (-2, head_axis, "head count")):
+        size = _axis_size(mesh, axis, "seq_axis" if dim == -3 else "head_axis")
+        if x.shape[dim] % size:
+            raise ValueError(f"shard: {what} {x.shape[dim]} of x {x.shape} is not divisible by axis {axis!r} ({size})")
     return jax.device_put(x, NamedSharding(mesh, _spec(x.ndim - 3, seq_axis, head_axis)))
 
 

@@ -35,7 +35,8 @@ self-loops), ``padding:FRACTION`` (the last FRACTION of every sequence is paddin
 Several devices: ``--mesh=sp=8`` (ring attention over the sequence), ``--mesh=heads=4`` (head
 parallelism) or ``--mesh=heads=4,sp=2`` (both) runs every cell through ``attnlab.parallel.attention``
 with q/k/v sharded over that mesh; with an ``sp`` axis only ``blockwise`` cells run (the ring uses
-its block step), and the peer ``jax.nn`` is left out. Memory is then per device. On CPU force the
+its block step), and the peer ``jax.nn`` and head counts the ``heads`` axis does not divide are
+left out. Memory is then per device. On CPU force the
 devices before JAX starts:
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.sweep \
@@ -128,7 +129,8 @@ def expand(config) -> list[Cell]:
         Cell(impl, m, int(n), int(h), int(config.head_dim), int(config.batch), mode, dt, mesh)
         for mode, dt, m, h, impl, n in prod
         if impl != "sparse" or m.startswith("graph:")  # the edge-list kernel only takes graphs
-        if not mesh or (impl not in PEERS and ("sp" not in axes or impl == "blockwise"))
+        if not mesh
+        or (impl not in PEERS and ("sp" not in axes or impl == "blockwise") and h % axes.get("heads", 1) == 0)
     ]
 
 
