@@ -58,3 +58,8 @@ pos: install data  ## POS tagging on Brown: each model into results/pos/<variant
 
 clean:
 	rm -rf $(VENV) .pytest_cache results
+
+# --- parallel (issue 8): ring attention memory on 8 forced CPU host devices ---
+.PHONY: ring-memory
+ring-memory: install  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
+	$(PY) -m benchmarks.ring_memory --out results/ring_memory
