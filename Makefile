@@ -58,3 +58,9 @@ pos: install data  ## POS tagging on Brown: each model into results/pos/<variant
 
 clean:
 	rm -rf $(VENV) .pytest_cache results
+
+# --- positional encoding ablation (issue 4) ---
+.PHONY: posenc
+POSENC_FLAGS ?=
+posenc: install  ## every posenc scheme x 3 seeds on the shift task, eval at L, 2L, 4L -> results/posenc/
+	$(PY) -m experiments.posenc --config experiments/configs/posenc.py:default --out results/posenc $(POSENC_FLAGS)
