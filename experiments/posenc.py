@@ -11,6 +11,7 @@ Commands:
 
     make posenc                    # every scheme x seed of the default config, then the report
     python -m experiments.posenc --config experiments/configs/posenc.py:default --out results/posenc
+    python -m experiments.posenc --posenc=rope --out results/posenc   # one scheme (3 seeds)
     python -m experiments.posenc --report results/posenc   # figures + table from the JSONL only
 
 Each run writes ``<out>/runs/<scheme>/seed<s>/`` (``metrics.jsonl``, a final checkpoint) and
@@ -55,6 +56,11 @@ def define_flags():
     )
     flags.DEFINE_string("out", "results/posenc", "results folder")
     flags.DEFINE_string("report", None, "only draw figures + table from <report>/results.jsonl")
+    flags.DEFINE_string(
+        "posenc",
+        None,
+        "scheme(s) to run, comma-separated, of none|sinusoidal|learned|rope|alibi|t5 (default: config.schemes)",
+    )
 
 
 def _ints(text) -> list[int]:
@@ -318,7 +324,10 @@ def main(argv):
     if FLAGS.report:
         print(report(Path(FLAGS.report)))
         return
-    run(FLAGS.config, Path(FLAGS.out))
+    cfg = FLAGS.config
+    if FLAGS.posenc:
+        cfg.schemes = ",".join(_names(FLAGS.posenc))
+    run(cfg, Path(FLAGS.out))
     print(report(Path(FLAGS.out)))
 
 
