@@ -63,3 +63,9 @@ clean:
 .PHONY: ring-memory
 ring-memory: install  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
 	$(PY) -m benchmarks.ring_memory --out results/ring_memory
+
+# --- positional encoding ablation (issue 4) ---
+.PHONY: posenc
+POSENC_FLAGS ?=
+posenc: install  ## every posenc scheme x 3 seeds on the shift task, eval at L, 2L, 4L -> results/posenc/
+	$(PY) -m experiments.posenc --config experiments/configs/posenc.py:default --out results/posenc $(POSENC_FLAGS)

@@ -158,6 +158,7 @@ def multi_head_attention(
     scale=None,
     implementation=None,
     return_weights=False,
+    rotary=None,
 ):
     """Multi-head self-attention (``x_kv=None``) or cross-attention on a params pytree.
 
@@ -168,6 +169,8 @@ def multi_head_attention(
         mask, bias, scale, implementation: as ``attnlab.attention``.
         score: ``"dot"``, ``"additive"`` (uses ``params["w_score"]``) or a callable.
         return_weights: also return the attention weights ``[..., N, T, S]`` (fp32).
+        rotary: None, or a function ``[..., T, N, H] -> [..., T, N, H]`` applied to the projected
+            queries and keys before the scores, e.g. ``attnlab.positional.rope`` (RoPE).
 
     Returns:
         ``[..., T, D]`` (and the weights when asked).
@@ -189,6 +192,8 @@ def multi_head_attention(
     q = _project(x_q, params["wq"], params.get("bq"), "x_q")  # [..., T, N, H]
     k = _project(x_kv, params["wk"], params.get("bk"), "x_kv")  # [..., S, K, H]
     v = _project(x_kv, params["wv"], params.get("bv"), "x_kv")  # [..., S, K, Hv]
+    if rotary is not None:
+        q, k = rotary(q), rotary(k)  # e.g. RoPE: rotate q and k by their positions
     if score == "additive":
         if "w_score" not in params:
             raise ValueError(

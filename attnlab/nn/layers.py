@@ -35,7 +35,7 @@ __all__ = [
     "SequenceClassifier",
 ]
 
-POSENCS = ("none", "sinusoidal", "learned")
+POSENCS = tuple(positional.SCHEMES)  # none, sinusoidal, learned, rope, alibi, t5
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -156,8 +156,12 @@ class MultiHeadAttention(nnx.Module):
         """The params pytree for ``attnlab.heads.multi_head_attention``."""
         return {name: getattr(self, name)[...] for name in self.names}
 
-    def __call__(self, x_q, x_kv=None, *, mask=None, bias=None, return_weights=False):
-        """``[..., T, D]`` (and ``[..., S, Dkv]``) -> ``[..., T, D]`` (, weights ``[..., N, T, S]``)."""
+    def __call__(self, x_q, x_kv=None, *, mask=None, bias=None, return_weights=False, rotary=None):
+        """``[..., T, D]`` (and ``[..., S, Dkv]``) -> ``[..., T, D]`` (, weights ``[..., N, T, S]``).
+
+        ``bias`` (an array or a callable ``bias(q_idx, k_idx)`` such as ``positional.alibi(N)``) and
+        ``rotary`` (e.g. ``positional.rope``, applied to q and k) are as in ``multi_head_attention``.
+        """
         return multi_head_attention(
             self.params(),
             x_q,
@@ -167,6 +171,7 @@ class MultiHeadAttention(nnx.Module):
             score=self.score,
             implementation=self.implementation,
             return_weights=return_weights,
+            rotary=rotary,
         )
 
 
@@ -197,10 +202,10 @@ class TransformerBlock(nnx.Module):
         self.mlp_out = nnx.Linear(mlp_dim, d_model, rngs=rngs)
         self.dropout_rate = dropout_rate
 
-    def __call__(self, x, *, mask=None, dropout_key=None, return_weights=False):
-        """``[B, T, D] -> [B, T, D]`` (, attention weights ``[B, N, T, S]``)."""
+    def __call__(self, x, *, mask=None, dropout_key=None, return_weights=False, bias=None, rotary=None):
+        """``[B, T, D] -> [B, T, D]`` (, attention weights ``[B, N, T, S]``); bias, rotary: see MultiHeadAttention."""
         k1, k2, k3 = _split(dropout_key, 3)
-        a = self.attn(self.ln1(x), mask=mask, return_weights=return_weights)
+        a = self.attn(self.ln1(x), mask=mask, return_weights=return_weights, bias=bias, rotary=rotary)
         a, w = a if return_weights else (a, None)
         x = x + dropout(a, self.dropout_rate, k1)
         h = dropout(jax.nn.gelu(self.mlp_in(self.ln2(x))), self.dropout_rate, k2)
@@ -214,8 +219,15 @@ class Encoder(nnx.Module):
     Args:
         d_model: D.  num_layers: L.  num_heads: N.  mlp_dim: M (default 4 D).
         vocab_sizes / input_dim: see ``TokenEmbedding``.
-        posenc: ``"none"`` | ``"sinusoidal"`` (Vaswani 2017) | ``"learned"`` (a ``[max_len, D]`` table).
-        max_len: longest sequence for the positional table.
+        posenc: one of ``positional.SCHEMES``: ``"none"`` | ``"sinusoidal"`` (Vaswani 2017, added to
+            the embeddings) | ``"learned"`` (a ``[max_len, D]`` table, added) | ``"rope"`` (``positional.rope``
+            on q and k in every layer) | ``"alibi"`` (``positional.alibi(N)`` as a callable bias on the
+            logits of every layer) | ``"t5"`` (T5 bucketed relative bias, bidirectional, a learnable
+            ``t5_table [num_buckets, N]`` shared by all layers as in T5, as a callable bias). Callable
+            biases are evaluated per tile by the blockwise kernel: no ``[T, S]`` array is built there.
+        max_len: longest sequence for the absolute schemes (sinusoidal, learned); the relative
+            schemes (rope, alibi, t5) take any length.
+        t5_buckets, t5_max_distance: the T5 bias's ``num_buckets`` and ``max_distance``.
         window: None for full attention, or w: each token sees the w tokens on each side
             (``masks.window(w, w)``), combined with the padding mask.
         dropout_rate, num_kv_heads, score, implementation: passed to each block.
@@ -246,6 +258,8 @@ class Encoder(nnx.Module):
         num_kv_heads: int | None = None,
         score: str = "dot",
         implementation: str | None = None,
+        t5_buckets: int = 32,
+        t5_max_distance: int = 128,
         rngs: nnx.Rngs,
     ):
         if posenc not in POSENCS:
@@ -258,6 +272,15 @@ class Encoder(nnx.Module):
         self.max_len = max_len
         if posenc == "learned":
             self.pos_table = nnx.Param(positional.init_learned(rngs.params(), max_len, d_model))
+        if posenc == "rope" and (d_model % num_heads or (d_model // num_heads) % 2):
+            raise ValueError(
+                f"Encoder: posenc='rope' needs an even head dim d_model/num_heads, got {d_model}/{num_heads}"
+            )
+        if posenc == "t5":
+            t5 = positional.init_t5_bias(rngs.params(), num_heads, num_buckets=t5_buckets, max_distance=t5_max_distance)
+            self.t5_table = nnx.Param(t5.table)  # [num_buckets, N]
+            self.t5_max_distance = t5_max_distance
+        self.num_heads = num_heads
         self.blocks = nnx.List(
             [
                 TransformerBlock(
@@ -287,22 +310,27 @@ class Encoder(nnx.Module):
 
     def __call__(self, inputs, lengths=None, *, dropout_key=None, return_weights=False):
         T = inputs.shape[1]
-        if self.posenc != "none" and inputs.shape[1] > self.max_len:
+        if self.posenc in ("sinusoidal", "learned") and inputs.shape[1] > self.max_len:
             raise ValueError(f"Encoder: inputs length {T} exceeds max_len={self.max_len}")
         x = self.embed(inputs)  # [B, T, D]
+        bias = rotary = None
         match self.posenc:
             case "sinusoidal":
                 x = x + positional.sinusoidal(T, self.features)
             case "learned":
                 x = x + self.pos_table[...][:T]
-            case "none":
-                pass
+            case "rope":
+                rotary = positional.rope  # positions 0 .. T-1 of q and k
+            case "alibi":
+                bias = positional.alibi(self.num_heads)  # bias(q_idx, k_idx) -> [N, T', S']
+            case "t5":
+                bias = positional.T5Bias(self.t5_table[...], bidirectional=True, max_distance=self.t5_max_distance)
         keys = _split(dropout_key, len(self.blocks) + 1)
         x = dropout(x, self.dropout_rate, keys[0])
         mask = self.mask(lengths, T)
         weights = []
         for block, k in zip(self.blocks, keys[1:], strict=True):
-            x = block(x, mask=mask, dropout_key=k, return_weights=return_weights)
+            x = block(x, mask=mask, dropout_key=k, return_weights=return_weights, bias=bias, rotary=rotary)
             if return_weights:
                 x, w = x
                 weights.append(w)
