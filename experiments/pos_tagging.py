@@ -1,5 +1,9 @@
 """Part-of-speech tagging on the Brown corpus: self-attention against no-context and local baselines.
 
+The same entry point tags Chinese (People's Daily 1998, ``data.corpus="pku"``): see
+``experiments/configs/pos_zh.py`` and ``make pos-zh``; those runs also report the note's word
+意思 and sentence 意思 一下 ， 小 意思 (``focus_word``, ``example`` in the config).
+
 The course note's first example: a word's part of speech depends on its context ("that" is a
 determiner in "that dog" and a conjunction in "said that he"); self-attention lets every word look
 at the whole sentence. Here on a real corpus (Brown, 1.16M tokens, via ``make data``).
@@ -203,6 +207,11 @@ def focus_occurrences(examples, raw, preds, tags, word: str, split: str) -> list
     return out
 
 
+@nnx.jit
+def _attention_weights(model, inputs, lengths):  # one compile instead of op-by-op dispatch
+    return model.backbone(inputs, lengths, return_weights=True)
+
+
 def tag_example(model, data, words: list[str]) -> tuple[list[str], dict | None]:
     """Predicted tags for one segmented sentence, and (attention models) its head-averaged attention."""
     x = data["vocab"].ids(words)
@@ -210,7 +219,7 @@ def tag_example(model, data, words: list[str]) -> tuple[list[str], dict | None]:
     tags = [data["tagmap"].tags[i] for i in pred]
     if not isinstance(model.backbone, nn.Encoder):
         return tags, None
-    _, weights = model.backbone(jnp.asarray(x)[None], jnp.array([len(words)]), return_weights=True)
+    _, weights = _attention_weights(model, jnp.asarray(x)[None], jnp.array([len(words)]))
     return tags, {
         "words": words,
         "pred": tags,
@@ -446,11 +455,12 @@ def report(folder: Path) -> str:
         labels = [f"{w} ({p})" for w, p in zip(amap["words"], amap["pred"], strict=True)]
         for li, (ax, w) in enumerate(zip(axes, layers, strict=True)):
             ax.imshow(np.asarray(w), cmap="viridis")
-            ax.set_xticks(range(len(labels)), amap["words"], rotation=90, fontsize=7)
+            rotation = 90 if all(w.isascii() for w in amap["words"]) else 0  # short Chinese words: upright
+            ax.set_xticks(range(len(labels)), amap["words"], rotation=rotation, fontsize=7)
             ax.set_yticks(range(len(labels)), labels if li == 0 else amap["words"], fontsize=7)
             ax.set_title(f"layer {li + 1} (mean over heads)")
         what = f"a sentence with ambiguous '{amap['word']}'" if "word" in amap else "the example sentence"
-        fig.suptitle(f"{amap_path.parent.name}: attention for {what}; rows: query (predicted tag)")
+        fig.suptitle(f"model '{amap_path.parent.name}': attention for {what}; rows: query (predicted tag)")
         fig.tight_layout()
         fig.savefig(folder / "attention_map.png", dpi=120)
         plt.close(fig)
