@@ -29,9 +29,11 @@ Variants (d=64, batch 64 sentences, 2,000 AdamW steps ~ 3.4 epochs; measured num
 README section "Chinese part-of-speech tagging"):
     attention  2-layer pre-norm self-attention encoder, 4 heads, sinusoidal positions, window +-4
                (the Brown runs found a small window better than full attention for POS).
-    mlp        per-word MLP: no context at all.
-    cnn        2 convolutions of width 5 (+-4 words).
-    gru        1-layer bidirectional GRU.
+               Measured 95.30% test (ambiguous 91.08, OOV 75.19), 3/5 on 意思, example n m w a n.
+    mlp        per-word MLP: no context at all. Measured 92.22% (ambiguous 83.29, OOV 69.67).
+    cnn        2 convolutions of width 5 (+-4 words). Measured 96.32% (ambiguous 93.37).
+    gru        1-layer bidirectional GRU. Measured 96.30%; the only one to tag the example v m w a n.
+    attention_full  the same as attention with full attention (not measured).
     smoke      tiny model, 300 paragraphs, 10 steps: seconds; used by the tests.
 """
 
