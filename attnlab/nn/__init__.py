@@ -2,6 +2,7 @@
 
 from attnlab.nn.baselines import CNN, BiRNN, TokenMLP
 from attnlab.nn.layers import (
+    Chars,
     Encoder,
     MultiHeadAttention,
     SequenceClassifier,
@@ -9,12 +10,15 @@ from attnlab.nn.layers import (
     TokenEmbedding,
     TransformerBlock,
     dropout,
+    masked_max,
+    masked_mean,
     sequence_mask,
 )
 
 __all__ = [
     "CNN",
     "BiRNN",
+    "Chars",
     "Encoder",
     "MultiHeadAttention",
     "SequenceClassifier",
@@ -23,5 +27,7 @@ __all__ = [
     "TokenMLP",
     "TransformerBlock",
     "dropout",
+    "masked_max",
+    "masked_mean",
     "sequence_mask",
 ]

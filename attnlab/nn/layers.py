@@ -14,6 +14,7 @@ or F floats), C classes, L layers, N heads, K kv heads, H head dim.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import jax
@@ -27,6 +28,9 @@ from attnlab.heads import init_multi_head_params, multi_head_attention
 __all__ = [
     "dropout",
     "sequence_mask",
+    "masked_mean",
+    "masked_max",
+    "Chars",
     "TokenEmbedding",
     "MultiHeadAttention",
     "TransformerBlock",
@@ -57,6 +61,51 @@ def sequence_mask(lengths: jax.Array | None, T: int) -> jax.Array | None:
     return jnp.arange(T)[None, :] < jnp.asarray(lengths)[:, None]
 
 
+def masked_mean(x: jax.Array, valid: jax.Array, axis: int = -2) -> jax.Array:
+    """Mean of ``x`` over ``axis`` at the positions where ``valid`` is True; 0 where none is.
+
+    ``x`` ``[..., C, E]`` and ``valid`` bool ``[..., C]`` (axis=-2) -> ``[..., E]``.
+    """
+    w = jnp.expand_dims(valid, -1).astype(x.dtype)  # [..., C, 1]
+    return (x * w).sum(axis) / jnp.maximum(w.sum(axis), 1.0)
+
+
+def masked_max(x: jax.Array, valid: jax.Array, axis: int = -2) -> jax.Array:
+    """Max of ``x`` over ``axis`` at the positions where ``valid`` is True; 0 where none is."""
+    v = jnp.expand_dims(valid, -1)  # [..., C, 1]
+    m = jnp.where(v, x, jnp.finfo(x.dtype).min).max(axis)
+    return jnp.where(v.any(axis), m, jnp.zeros_like(m))
+
+
+@dataclasses.dataclass(frozen=True)
+class Chars:
+    """A character-level view of each token, for ``TokenEmbedding(chars=...)``.
+
+    The last C id channels of the inputs are character ids (0 = padding). Each character gets an
+    embedding of width D from one shared table; ``pool="mean"`` averages them over the token's
+    real characters; ``pool="cnn"`` applies a width-``kernel_size`` convolution (D -> D, GELU) along
+    the characters and takes the max over the real ones (a small char CNN, Ma & Hovy 2016,
+    arXiv 1603.01354). The result is added to the sum of the word-level embeddings.
+
+    Args:
+        vocab_size: size of the character table (ids 0 .. vocab_size - 1; 0 is padding).
+        pool: "mean" or "cnn".
+        kernel_size: the char CNN's width (pool="cnn" only).
+    """
+
+    vocab_size: int
+    pool: str = "cnn"
+    kernel_size: int = 3
+
+    def __post_init__(self):
+        if not isinstance(self.vocab_size, int) or self.vocab_size < 2:
+            raise ValueError(f"Chars: vocab_size must be an int >= 2, got {self.vocab_size!r}")
+        if self.pool not in ("mean", "cnn"):
+            raise ValueError(f"Chars: pool must be 'mean' or 'cnn', got {self.pool!r}")
+        if not isinstance(self.kernel_size, int) or self.kernel_size < 1:
+            raise ValueError(f"Chars: kernel_size must be an int >= 1, got {self.kernel_size!r}")
+
+
 class TokenEmbedding(nnx.Module):
     """Token inputs -> ``[B, T, D]``: sum of one embedding per int feature, or a linear projection.
 
@@ -65,6 +114,14 @@ class TokenEmbedding(nnx.Module):
         vocab_sizes: an int, or one int per feature channel (inputs int ``[B, T]`` or ``[B, T, F]``;
             e.g. word id, suffix id, word-shape id). Exactly one of vocab_sizes / input_dim.
         input_dim: F for float inputs ``[B, T, F]`` (input projection).
+        chars: optional ``Chars``: the inputs are int ``[B, T, F + C]``, the first F channels
+            embedded as above (F = len(vocab_sizes)) and the last C >= 1 character ids pooled
+            into one more D-vector per token (see ``Chars``). Needs vocab_sizes.
+
+    Example:
+        >>> emb = TokenEmbedding(8, vocab_sizes=(10, 3), chars=Chars(20, pool="mean"), rngs=nnx.Rngs(0))
+        >>> emb(jnp.array([[[4, 1, 7, 9, 0]]])).shape   # word 4, shape 1, chars 7 and 9 (0 = pad)
+        (1, 1, 8)
     """
 
     def __init__(
@@ -73,6 +130,7 @@ class TokenEmbedding(nnx.Module):
         *,
         vocab_sizes: int | Sequence[int] | None = None,
         input_dim: int | None = None,
+        chars: Chars | None = None,
         rngs: nnx.Rngs,
     ):
         if (vocab_sizes is None) == (input_dim is None):
@@ -80,7 +138,19 @@ class TokenEmbedding(nnx.Module):
                 "TokenEmbedding: pass exactly one of vocab_sizes (int ids) or input_dim "
                 f"(float features), got vocab_sizes={vocab_sizes!r}, input_dim={input_dim!r}"
             )
+        if chars is not None and (vocab_sizes is None or isinstance(vocab_sizes, int)):
+            raise ValueError(
+                "TokenEmbedding: chars needs vocab_sizes as a sequence (inputs [B, T, F + C]), "
+                f"got vocab_sizes={vocab_sizes!r}"
+            )
+        if chars is not None and not isinstance(chars, Chars):
+            raise ValueError(f"TokenEmbedding: chars must be None or an attnlab.nn.Chars, got {chars!r}")
         self.features = d_model
+        self.chars = chars
+        if chars is not None:
+            self.char_embed = nnx.Embed(chars.vocab_size, d_model, rngs=rngs)
+            if chars.pool == "cnn":
+                self.char_conv = nnx.Conv(d_model, d_model, chars.kernel_size, padding="SAME", rngs=rngs)
         if vocab_sizes is not None:
             sizes = (vocab_sizes,) if isinstance(vocab_sizes, int) else tuple(vocab_sizes)
             if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
@@ -99,12 +169,31 @@ class TokenEmbedding(nnx.Module):
         if not jnp.issubdtype(inputs.dtype, jnp.integer):
             raise ValueError(f"TokenEmbedding: inputs must be int ids, got dtype {inputs.dtype}")
         ids = inputs[..., None] if self.single else inputs  # [B, T] -> [B, T, 1]
-        if ids.shape[-1] != len(self.embeds):
+        F = len(self.embeds)
+        if self.chars is None and ids.shape[-1] != F:
             raise ValueError(
-                f"TokenEmbedding: inputs have {ids.shape[-1]} id channels, expected "
-                f"{len(self.embeds)} (shape {inputs.shape})"
+                f"TokenEmbedding: inputs have {ids.shape[-1]} id channels, expected {F} (shape {inputs.shape})"
             )
-        return sum(e(ids[..., i]) for i, e in enumerate(self.embeds))
+        if self.chars is not None and ids.shape[-1] <= F:
+            raise ValueError(
+                f"TokenEmbedding: with chars, inputs need {F} word channels + at least 1 character "
+                f"channel, got shape {inputs.shape}"
+            )
+        x = sum(e(ids[..., i]) for i, e in enumerate(self.embeds))
+        if self.chars is not None:
+            x = x + self.char_view(ids[..., F:])
+        return x
+
+    def char_view(self, char_ids: jax.Array) -> jax.Array:
+        """Character ids ``[..., C]`` (0 = padding) -> pooled ``[..., D]`` (zeros for no characters)."""
+        valid = char_ids > 0  # [..., C]
+        e = self.char_embed(char_ids)  # [..., C, D]
+        if self.chars.pool == "mean":
+            return masked_mean(e, valid)
+        lead = e.shape[:-2]
+        h = (e * valid[..., None]).reshape(-1, *e.shape[-2:])  # [..., C, D] -> [M, C, D], padding zeroed
+        h = jax.nn.gelu(self.char_conv(h)).reshape(*lead, *e.shape[-2:])  # [M, C, D] -> [..., C, D]
+        return masked_max(h, valid)
 
 
 class MultiHeadAttention(nnx.Module):
@@ -218,7 +307,7 @@ class Encoder(nnx.Module):
 
     Args:
         d_model: D.  num_layers: L.  num_heads: N.  mlp_dim: M (default 4 D).
-        vocab_sizes / input_dim: see ``TokenEmbedding``.
+        vocab_sizes / input_dim / chars: see ``TokenEmbedding``.
         posenc: one of ``positional.SCHEMES``: ``"none"`` | ``"sinusoidal"`` (Vaswani 2017, added to
             the embeddings) | ``"learned"`` (a ``[max_len, D]`` table, added) | ``"rope"`` (``positional.rope``
             on q and k in every layer) | ``"alibi"`` (``positional.alibi(N)`` as a callable bias on the
@@ -251,6 +340,7 @@ class Encoder(nnx.Module):
         mlp_dim: int | None = None,
         vocab_sizes: int | Sequence[int] | None = None,
         input_dim: int | None = None,
+        chars: Chars | None = None,
         posenc: str = "sinusoidal",
         max_len: int = 512,
         window: int | None = None,
@@ -267,7 +357,7 @@ class Encoder(nnx.Module):
         if window is not None and (not isinstance(window, int) or window < 0):
             raise ValueError(f"Encoder: window must be None or an int >= 0, got {window!r}")
         self.features = d_model
-        self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, rngs=rngs)
+        self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, chars=chars, rngs=rngs)
         self.posenc = posenc
         self.max_len = max_len
         if posenc == "learned":
