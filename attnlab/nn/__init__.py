@@ -1,6 +1,7 @@
 """Flax NNX modules: thin owners of parameters that call attnlab's pure functions."""
 
 from attnlab.nn.baselines import CNN, BiRNN, TokenMLP
+from attnlab.nn.graph import GIN, GraphEncoder, distance_bias, gin_layer
 from attnlab.nn.layers import (
     Encoder,
     MultiHeadAttention,
@@ -16,12 +17,16 @@ __all__ = [
     "CNN",
     "BiRNN",
     "Encoder",
+    "GIN",
+    "GraphEncoder",
     "MultiHeadAttention",
     "SequenceClassifier",
     "TokenClassifier",
     "TokenEmbedding",
     "TokenMLP",
     "TransformerBlock",
+    "distance_bias",
     "dropout",
+    "gin_layer",
     "sequence_mask",
 ]

@@ -197,10 +197,10 @@ class TransformerBlock(nnx.Module):
         self.mlp_out = nnx.Linear(mlp_dim, d_model, rngs=rngs)
         self.dropout_rate = dropout_rate
 
-    def __call__(self, x, *, mask=None, dropout_key=None, return_weights=False):
-        """``[B, T, D] -> [B, T, D]`` (, attention weights ``[B, N, T, S]``)."""
+    def __call__(self, x, *, mask=None, bias=None, dropout_key=None, return_weights=False):
+        """``[B, T, D] -> [B, T, D]`` (, attention weights ``[B, N, T, S]``); ``bias`` is added to the logits."""
         k1, k2, k3 = _split(dropout_key, 3)
-        a = self.attn(self.ln1(x), mask=mask, return_weights=return_weights)
+        a = self.attn(self.ln1(x), mask=mask, bias=bias, return_weights=return_weights)
         a, w = a if return_weights else (a, None)
         x = x + dropout(a, self.dropout_rate, k1)
         h = dropout(jax.nn.gelu(self.mlp_in(self.ln2(x))), self.dropout_rate, k2)
@@ -223,6 +223,9 @@ class Encoder(nnx.Module):
     Call: ``encoder(inputs, lengths=None, *, dropout_key=None, return_weights=False)`` with inputs
     ``[B, T]`` / ``[B, T, F]`` and lengths int ``[B]`` -> ``[B, T, D]`` (, list of L weights
     ``[B, N, T, T]``). Positions t >= lengths[b] are padding: no real token attends to them.
+    Optional ``mask=`` (an extra mask, e.g. ``masks.graph(adjacency)``, and-ed with the padding and
+    window masks) and ``bias=`` (added to the logits of every layer, e.g. a Graphormer distance bias
+    ``[B, N, T, T]``) let a caller restrict or bias attention per batch.
 
     Example:
         >>> enc = Encoder(vocab_sizes=100, d_model=16, num_layers=2, num_heads=4, rngs=nnx.Rngs(0))
@@ -285,7 +288,7 @@ class Encoder(nnx.Module):
             m = w if m is None else m & w
         return m
 
-    def __call__(self, inputs, lengths=None, *, dropout_key=None, return_weights=False):
+    def __call__(self, inputs, lengths=None, *, mask=None, bias=None, dropout_key=None, return_weights=False):
         T = inputs.shape[1]
         if self.posenc != "none" and inputs.shape[1] > self.max_len:
             raise ValueError(f"Encoder: inputs length {T} exceeds max_len={self.max_len}")
@@ -299,10 +302,11 @@ class Encoder(nnx.Module):
                 pass
         keys = _split(dropout_key, len(self.blocks) + 1)
         x = dropout(x, self.dropout_rate, keys[0])
-        mask = self.mask(lengths, T)
+        own = self.mask(lengths, T)
+        mask = own if mask is None else (mask if own is None else own & mask)
         weights = []
         for block, k in zip(self.blocks, keys[1:], strict=True):
-            x = block(x, mask=mask, dropout_key=k, return_weights=return_weights)
+            x = block(x, mask=mask, bias=bias, dropout_key=k, return_weights=return_weights)
             if return_weights:
                 x, w = x
                 weights.append(w)
@@ -317,8 +321,9 @@ class TokenClassifier(nnx.Module):
         self.backbone = backbone
         self.head = nnx.Linear(backbone.features, num_classes, rngs=rngs)
 
-    def __call__(self, inputs, lengths=None, *, dropout_key=None):
-        return self.head(self.backbone(inputs, lengths, dropout_key=dropout_key))
+    def __call__(self, inputs, lengths=None, *, dropout_key=None, **backbone_kwargs):
+        """``backbone_kwargs`` (e.g. ``adjacency=`` for a graph backbone) go to the backbone."""
+        return self.head(self.backbone(inputs, lengths, dropout_key=dropout_key, **backbone_kwargs))
 
 
 class SequenceClassifier(nnx.Module):
@@ -328,8 +333,9 @@ class SequenceClassifier(nnx.Module):
         self.backbone = backbone
         self.head = nnx.Linear(backbone.features, num_classes, rngs=rngs)
 
-    def __call__(self, inputs, lengths=None, *, dropout_key=None):
-        h = self.backbone(inputs, lengths, dropout_key=dropout_key)  # [B, T, D]
+    def __call__(self, inputs, lengths=None, *, dropout_key=None, **backbone_kwargs):
+        """``backbone_kwargs`` (e.g. ``adjacency=`` for a graph backbone) go to the backbone."""
+        h = self.backbone(inputs, lengths, dropout_key=dropout_key, **backbone_kwargs)  # [B, T, D]
         valid = sequence_mask(lengths, h.shape[1])
         if valid is None:
             pooled = h.mean(axis=1)
