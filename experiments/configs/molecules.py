@@ -2,7 +2,7 @@
 
 Commands:
 
-    make molecules     # = the two commands below
+    make molecules     # = the first command (the default variant ends with the karate demo)
     python -m experiments.molecules --config experiments/configs/molecules.py:default --out results/molecules
     python -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules
 
@@ -13,12 +13,15 @@ Variants:
              learned per-head bias by shortest-path distance (Graphormer), (d) ``gin``: a GIN
              message-passing baseline. Tasks: ``classification`` (3 classes, accuracy) and
              ``regression`` (logS, RMSE). d=64, 3 layers, 4 heads, batch 64, 500 AdamW steps
-             (31 epochs). Then the karate-club demo. Measured numbers: README, "Molecules as graphs".
-    karate   only the karate-club demo (graph attention, 2 labelled nodes; about a minute).
-    smoke    tiny models on 96 train / 48 test molecules, 20 steps, 1 seed; karate 20 steps.
+             (28 epochs). Then the karate-club demo. Measured (test, mean +- std over 3 seeds):
+             accuracy / RMSE full 77.0% / 0.907, graph 78.2% / 0.842, spatial 78.7% / 0.847,
+             gin 76.0% / 0.950 (README, "Molecules as graphs").
+    karate   only the karate-club demo (graph vs full attention, 2 labelled nodes, 5 seeds, 300 steps each;
+             5 min at load 18 on the 2-core CPU, well under that when idle).
+    smoke    tiny models on 96 train / 48 test molecules, 20 steps, 1 seed; karate (graph model) 20 steps.
              Seconds; used by the tests.
 
-Every field can be overridden, e.g. `--config.train.num_steps=600 --config.seeds=0,1`.
+Every field can be overridden, e.g. `--config.train.num_steps=600 --config.seeds="(0,1)"`.
 """
 
 import ml_collections
@@ -63,6 +66,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
             learning_rate=5e-3,
             dropout=0.1,
             seeds=(0, 1, 2, 3, 4),
+            models=("graph", "full"),  # graph-masked attention, and full attention as the control
         )
     )
     match variant:
@@ -76,7 +80,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
             c.data.update(max_train=96, max_test=48, buckets=(48,))
             c.model.update(d_model=16, num_layers=1, num_heads=2, mlp_dim=32)
             c.train.update(batch_size=32, num_steps=20, log_every=10, warmup_steps=2, learning_rate=1e-2)
-            c.karate.update(d_model=8, num_layers=2, num_steps=20, seeds=(0,))
+            c.karate.update(d_model=8, num_layers=2, num_steps=20, seeds=(0,), models=("graph",))
         case _:
             raise ValueError(f"unknown molecules variant {variant!r}: use one of ('default', 'karate', 'smoke')")
     return c
