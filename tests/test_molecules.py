@@ -234,6 +234,7 @@ def test_smoke_end_to_end(tmp_path):
     assert {(r["model"], r["task"]) for r in results} == {(m, t) for m in cfg.models for t in cfg.tasks}
     for r in results:
         assert 0.0 <= r.get("test_accuracy", 0.5) <= 1.0 and 0.0 < r.get("test_rmse", 1.0) < 10.0
+    cfg.karate.enabled = False
     again = molecules.run(cfg, tmp_path, verbose=False)  # resumes: nothing new to train
     assert len(again) == len(results)
     table = molecules.report(tmp_path)
