@@ -126,3 +126,20 @@ def test_t5_table_gets_gradients():
 def test_bad_rope_head_dim():
     with pytest.raises(ValueError, match="even head dim"):
         nn.Encoder(vocab_sizes=3, d_model=12, num_layers=1, num_heads=4, posenc="rope", rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("posenc", ["alibi", "t5"])
+def test_extra_bias_with_a_bias_posenc_is_refused(posenc):
+    enc = nn.Encoder(d_model=8, num_layers=1, num_heads=2, vocab_sizes=10, posenc=posenc, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="bias= cannot be combined with posenc"):
+        enc(jnp.zeros((1, 4), jnp.int32), bias=jnp.zeros((1, 2, 4, 4)))
+
+
+def test_extra_bias_adds_to_logits_with_an_additive_posenc():
+    enc = nn.Encoder(d_model=8, num_layers=1, num_heads=2, vocab_sizes=10, posenc="sinusoidal", rngs=nnx.Rngs(0))
+    x = jnp.array([[1, 2, 3, 4]])
+    # a -inf bias everywhere but the diagonal == a mask of the diagonal only
+    eye = jnp.eye(4, dtype=bool)
+    biased = enc(x, bias=jnp.where(eye, 0.0, -jnp.inf)[None, None])
+    masked = enc(x, mask=eye[None, None])
+    np.testing.assert_allclose(np.asarray(biased), np.asarray(masked), atol=1e-5)
