@@ -35,7 +35,7 @@ __all__ = [
     "SequenceClassifier",
 ]
 
-POSENCS = ("none", "sinusoidal", "learned")
+POSENCS = ("none", "sinusoidal", "learned", "sinusoidal_2d")
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -214,10 +214,15 @@ class Encoder(nnx.Module):
     Args:
         d_model: D.  num_layers: L.  num_heads: N.  mlp_dim: M (default 4 D).
         vocab_sizes / input_dim: see ``TokenEmbedding``.
-        posenc: ``"none"`` | ``"sinusoidal"`` (Vaswani 2017) | ``"learned"`` (a ``[max_len, D]`` table).
+        posenc: ``"none"`` | ``"sinusoidal"`` (Vaswani 2017) | ``"learned"`` (a ``[max_len, D]`` table)
+            | ``"sinusoidal_2d"`` (``positional.sinusoidal_2d`` over ``grid``; inputs are the grid's
+            cells row-major, T = height * width: image patches or pixels).
         max_len: longest sequence for the positional table.
         window: None for full attention, or w: each token sees the w tokens on each side
             (``masks.window(w, w)``), combined with the padding mask.
+        grid: ``(height, width)`` of the token grid, for ``posenc="sinusoidal_2d"``.
+        attn_mask: a static ``attnlab.masks`` object (e.g. ``masks.window_2d(width, r)``) combined
+            with the padding and window masks in every layer.
         dropout_rate, num_kv_heads, score, implementation: passed to each block.
 
     Call: ``encoder(inputs, lengths=None, *, dropout_key=None, return_weights=False)`` with inputs
@@ -246,12 +251,20 @@ class Encoder(nnx.Module):
         num_kv_heads: int | None = None,
         score: str = "dot",
         implementation: str | None = None,
+        grid: tuple[int, int] | None = None,
+        attn_mask: masks_lib.Mask | None = None,
         rngs: nnx.Rngs,
     ):
         if posenc not in POSENCS:
             raise ValueError(f"Encoder: posenc must be one of {POSENCS}, got {posenc!r}")
         if window is not None and (not isinstance(window, int) or window < 0):
             raise ValueError(f"Encoder: window must be None or an int >= 0, got {window!r}")
+        if (posenc == "sinusoidal_2d") != (grid is not None):
+            raise ValueError(f"Encoder: grid=(height, width) goes with posenc='sinusoidal_2d', got grid={grid!r}")
+        if attn_mask is not None and not isinstance(attn_mask, masks_lib.Mask):
+            raise ValueError(f"Encoder: attn_mask must be an attnlab.masks object, got {type(attn_mask).__name__}")
+        self.grid = None if grid is None else tuple(grid)
+        self.attn_mask = attn_mask
         self.features = d_model
         self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, rngs=rngs)
         self.posenc = posenc
@@ -283,11 +296,15 @@ class Encoder(nnx.Module):
         if self.window is not None:
             w = masks_lib.window(self.window, self.window)
             m = w if m is None else m & w
+        if self.attn_mask is not None:
+            m = self.attn_mask if m is None else m & self.attn_mask
         return m
 
     def __call__(self, inputs, lengths=None, *, dropout_key=None, return_weights=False):
         T = inputs.shape[1]
-        if self.posenc != "none" and inputs.shape[1] > self.max_len:
+        if self.grid is not None and T != self.grid[0] * self.grid[1]:
+            raise ValueError(f"Encoder: inputs length {T} != grid {self.grid[0]} x {self.grid[1]}")
+        if self.posenc in ("sinusoidal", "learned") and inputs.shape[1] > self.max_len:
             raise ValueError(f"Encoder: inputs length {T} exceeds max_len={self.max_len}")
         x = self.embed(inputs)  # [B, T, D]
         match self.posenc:
@@ -295,6 +312,8 @@ class Encoder(nnx.Module):
                 x = x + positional.sinusoidal(T, self.features)
             case "learned":
                 x = x + self.pos_table[...][:T]
+            case "sinusoidal_2d":
+                x = x + positional.sinusoidal_2d(*self.grid, self.features)
             case "none":
                 pass
         keys = _split(dropout_key, len(self.blocks) + 1)
