@@ -76,7 +76,7 @@ data-images:  ## Fashion-MNIST (Debian package dataset-fashion-mnist) under /usr
 
 data: data-images
 
-images: install data-images  ## ViT vs CNN vs training-set size, pixel-level local attention -> results/images/ (~1 h on a busy 2-core CPU)
+images: install data-images  ## ViT vs CNN vs training-set size, pixel-level local attention -> results/images/ (~1 h on the busy shared CPU)
 	$(PY) -m experiments.images --config experiments/configs/images.py:default --out results/images $(IMAGES_FLAGS)
 	$(PY) -m experiments.images --config experiments/configs/images.py:pixel --out results/images $(IMAGES_FLAGS)
 	$(PY) -m experiments.images --report results/images

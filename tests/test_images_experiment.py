@@ -19,7 +19,7 @@ def test_encoder_2d_positions_and_local_mask_match_hand_composition():
     enc = nn.Encoder(
         input_dim=4,
         d_model=8,
-        num_layers=2,
+        num_layers=1,
         num_heads=2,
         posenc="sinusoidal_2d",
         grid=(3, 4),
@@ -30,9 +30,9 @@ def test_encoder_2d_positions_and_local_mask_match_hand_composition():
     h = enc.embed(x) + positional.sinusoidal_2d(3, 4, 8)
     for blk in enc.blocks:
         h = blk(h, mask=masks.window_2d(4, 1))
-    np.testing.assert_allclose(enc(x), enc.ln_f(h), atol=1e-5)
-    # The mask really restricts attention: token 0 (corner) gives no weight outside its 2 x 2 block.
-    _, weights = enc(x, return_weights=True)
+    y, weights = enc(x, return_weights=True)
+    np.testing.assert_allclose(y, enc.ln_f(h), atol=1e-5)
+    # The mask really restricts attention: no weight outside each token's 3 x 3 neighbourhood.
     allowed = np.asarray(masks.window_2d(4, 1).dense(12, 12))
     assert np.all(np.asarray(weights[0])[:, :, ~allowed] == 0)
     with pytest.raises(ValueError, match="grid"):
@@ -75,6 +75,19 @@ def test_attention_distance_by_hand():
     assert ref["uniform_full"] == pytest.approx(images.token_distances((3, 3), 1).mean())
 
 
+def test_pixel_model_attention_stays_in_its_window():
+    m = images_config.get_config("pixel").models["pixel"]
+    m.update(d_model=8, num_layers=1, num_heads=2, mlp_dim=16, radius=1)
+    model = images.build_model(m, (4, 4), 10, seed=0)  # a 4 x 4 "image", 16 pixel tokens, 3 x 3 windows
+    tokens = np.random.default_rng(0).integers(0, 256, (8, 16, 1), dtype=np.uint8)
+    d = np.asarray(images.attention_distance(model, tokens, 0.5, 0.3, (4, 4), 1))
+    assert d.shape == (1, 2)
+    # Uniform attention over the 3 x 3 windows gives the reference; the learned weights are not uniform,
+    # but no weight can reach further than one diagonal step.
+    assert np.all(d > 0.5) and np.all(d <= np.sqrt(2) + 1e-6)
+    assert images.reference_distances((4, 4), 1)["uniform_3x3"] < np.sqrt(2)
+
+
 def test_batches_are_deterministic_and_cover_each_epoch():
     tokens = np.arange(10, dtype=np.uint8)[:, None, None] * np.ones((1, 2, 1), np.uint8)
     labels = np.arange(10, dtype=np.uint8)
@@ -103,7 +116,7 @@ def test_smoke_end_to_end(tmp_path):
     pytest.importorskip("sklearn")
     cfg = images_config.get_config("smoke")
     results = images.run(cfg, tmp_path, verbose=False)
-    assert len(results) == 3 * 2 * 2  # models x sizes x seeds
+    assert len(results) == 2 * 2 * 2  # models x sizes x seeds
     run_dir = tmp_path / "smoke" / "vit-n200-s1"
     for name in ("config.json", "metrics.jsonl", "result.json"):
         assert (run_dir / name).exists(), name
@@ -111,12 +124,9 @@ def test_smoke_end_to_end(tmp_path):
     assert steps == [4, 8, 12]
     for r in results:
         assert 0.0 <= r["test_accuracy"] <= 1.0 and r["test_examples"] == 450
-        if r["model"] in ("vit", "pixel"):
+        if r["model"] == "vit":
             d = np.asarray(r["attention_distance"])
-            assert d.shape == (1, 2) and np.all(d >= 0)
-    pixel = next(r for r in results if r["model"] == "pixel")
-    # 3 x 3 windows over single pixels: no weight is ever further than one diagonal step away.
-    assert np.all(np.asarray(pixel["attention_distance"]) <= np.sqrt(2) + 1e-6)
+            assert d.shape == (1, 2) and np.all(d > 0) and np.all(d <= images.token_distances((4, 4), 2).max())
     # A second run reads the finished runs back instead of training again.
     assert images.run(cfg, tmp_path, verbose=False) == results
     table = images.report(tmp_path)
