@@ -103,3 +103,25 @@ molecules: install  ## solubility: 4 models x 2 tasks x 3 seeds + karate demo ->
 
 karate: install  ## karate-club graph attention demo only (about a minute) -> results/molecules/karate.png
 	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules
+
+# --- images as sequences (issue 7, part 1): Fashion-MNIST from Debian, ViT / CNN / pixel-level attention ---
+FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+IMAGES_FLAGS ?=
+.PHONY: data-images images
+
+data-images:  ## Fashion-MNIST (Debian package dataset-fashion-mnist) under /usr/share/datasets; skipped when present
+	@if [ -e $(FASHION_MNIST) ] || [ -n "$$ATTNLAB_FASHION_MNIST" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get install -y dataset-fashion-mnist || { apt-get update && apt-get install -y dataset-fashion-mnist; }; \
+	else \
+	  echo "make data: Fashion-MNIST is not installed and this is not root: run"; \
+	  echo "  sudo apt-get install -y dataset-fashion-mnist"; \
+	  echo "(or set ATTNLAB_FASHION_MNIST to a folder with its IDX files); its tests are skipped until then"; \
+	fi
+
+data: data-images
+
+images: install data-images  ## ViT vs CNN vs training-set size, pixel-level local attention -> results/images/ (~1 h on the busy shared CPU)
+	$(PY) -m experiments.images --config experiments/configs/images.py:default --out results/images $(IMAGES_FLAGS)
+	$(PY) -m experiments.images --config experiments/configs/images.py:pixel --out results/images $(IMAGES_FLAGS)
+	$(PY) -m experiments.images --report results/images

@@ -74,6 +74,8 @@ __all__ = [
     "global_tokens",
     "random_blocks",
     "bigbird",
+    "Window2D",
+    "window_2d",
 ]
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -576,6 +578,48 @@ class RandomBlocks(Mask):
         return _from_flags(empty, full & ~empty)
 
 
+@dataclasses.dataclass(frozen=True)
+class Window2D(Mask):
+    """2-D local attention on a row-major grid of ``width`` columns (an image as a sequence).
+
+    Position t is the grid cell (t // width, t % width); query t attends to key s iff their rows
+    differ by at most ``row_radius`` and their columns by at most ``col_radius``: a
+    (2 row_radius + 1) x (2 col_radius + 1) neighbourhood, cut at the image border (a convolution's
+    window with attention weights instead of fixed ones).
+    """
+
+    width: int
+    row_radius: int
+    col_radius: int
+
+    def __call__(self, q_idx, k_idx):
+        w = self.width
+        dr = k_idx[None, :] // w - q_idx[:, None] // w
+        dc = k_idx[None, :] % w - q_idx[:, None] % w
+        return (jnp.abs(dr) <= self.row_radius) & (jnp.abs(dc) <= self.col_radius)
+
+    def _layout(self, T, S, bq, bk):
+        # |s - t| = |dr * width + dc| <= row_radius * width + min(col_radius, width - 1) is necessary,
+        # so blocks outside that 1-D band are EMPTY (exactly, O(blocks)); the band's blocks are
+        # evaluated exactly, O(T * band) (skipped, left PARTIAL, beyond the refinement budget).
+        reach = self.row_radius * self.width + min(self.col_radius, self.width - 1)
+        band = _interval_layout(T, S, bq, bk, lambda t: t - reach, lambda t: t + reach)
+        todo = band != EMPTY
+        if not todo.any() or _evaluation_cost(todo, bq, bk) > _REFINE_BUDGET:
+            return np.where(todo, PARTIAL, EMPTY).astype(np.int8)
+        layout = np.full(todo.shape, EMPTY, np.int8)
+        w = self.width
+        for i in np.nonzero(todo.any(1))[0]:  # numpy, one query-block row over its band of key blocks
+            cols = np.nonzero(todo[i])[0]
+            t = np.arange(i * bq, min((i + 1) * bq, T))[:, None]
+            k0, k1 = cols[0] * bk, min((cols[-1] + 1) * bk, S)
+            s = np.arange(k0, k1)[None, :]
+            row = (np.abs(s // w - t // w) <= self.row_radius) & (np.abs(s % w - t % w) <= self.col_radius)
+            for j in cols:
+                layout[i, j] = _classify(row[:, j * bk - k0 : min((j + 1) * bk, S) - k0])
+        return layout
+
+
 # ------------------------------------------------------------------------------------------
 # Combinations
 
@@ -648,6 +692,7 @@ for _cls, _data in (
     (GlobalTokens, []),
     (BlockBand, []),
     (RandomBlocks, []),
+    (Window2D, []),
     (And, ["a", "b"]),
     (Or, ["a", "b"]),
 ):
@@ -893,6 +938,28 @@ def bigbird(
     if num_random:
         parts = parts | random_blocks(seq_len, block_size, num_random, seed=seed)
     return parts
+
+
+def window_2d(width: int, row_radius: int, col_radius: int | None = None) -> Mask:
+    """2-D local attention for an image flattened row-major into a sequence (pixels or patches).
+
+    Query (r, c) sees the keys (r', c') with ``|r' - r| <= row_radius`` and ``|c' - c| <= col_radius``
+    (default ``col_radius = row_radius``), where position t is cell ``(t // width, t % width)``. On
+    28 x 28 pixels, ``window_2d(28, 3)`` is a 7 x 7 neighbourhood. The block layout is exact (up to a
+    size budget far beyond images): kernels skip the tiles outside the band
+    ``|s - t| <= row_radius * width + col_radius``.
+
+    Example:
+        >>> m = window_2d(3, 1)          # a 3 x 3 grid (tokens 0 1 2 / 3 4 5 / 6 7 8), 3 x 3 windows
+        >>> m.dense(9, 9)[0].astype(int).tolist()   # the corner sees its 2 x 2 block
+        [1, 1, 0, 1, 1, 0, 0, 0, 0]
+        >>> m.dense(9, 9)[5].astype(int).tolist()   # no wrap-around from the right edge to the next row
+        [0, 1, 1, 0, 1, 1, 0, 1, 1]
+    """
+    w = _check_int("width", width, minimum=1)
+    r = _check_int("row_radius", row_radius, minimum=0)
+    c = r if col_radius is None else _check_int("col_radius", col_radius, minimum=0)
+    return Window2D(w, r, c)
 
 
 def as_mask(mask, name: str = "mask") -> Mask | None:

@@ -56,6 +56,8 @@ class CNN(nnx.Module):
 
     Padded positions are zeroed before every convolution, so they act as the zero padding at a
     sequence's end and never change real positions. Receptive field: L (kernel_size - 1) + 1.
+    With ``grid=(height, width)`` the tokens are an image's cells row-major (T = height * width)
+    and the convolutions are 2-D, ``kernel_size x kernel_size`` (zero padding at the border).
     """
 
     def __init__(
@@ -68,12 +70,15 @@ class CNN(nnx.Module):
         input_dim: int | None = None,
         chars: Chars | None = None,
         dropout_rate: float = 0.0,
+        grid: tuple[int, int] | None = None,
         rngs: nnx.Rngs,
     ):
         self.features = d_model
+        self.grid = None if grid is None else tuple(grid)
+        kernel = kernel_size if grid is None else (kernel_size, kernel_size)
         self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, chars=chars, rngs=rngs)
         self.convs = nnx.List(
-            [nnx.Conv(d_model, d_model, kernel_size, padding="SAME", rngs=rngs) for _ in range(num_layers)]
+            [nnx.Conv(d_model, d_model, kernel, padding="SAME", rngs=rngs) for _ in range(num_layers)]
         )
         self.ln_f = nnx.LayerNorm(d_model, rngs=rngs)
         self.dropout_rate = dropout_rate
@@ -83,8 +88,14 @@ class CNN(nnx.Module):
         x = dropout(self.embed(inputs), self.dropout_rate, keys[0])  # [B, T, D]
         valid = sequence_mask(lengths, x.shape[1])
         keep = 1.0 if valid is None else valid[..., None].astype(x.dtype)  # [B, T, 1]
+        if self.grid is not None and x.shape[1] != self.grid[0] * self.grid[1]:
+            raise ValueError(f"CNN: inputs length {x.shape[1]} != grid {self.grid[0]} x {self.grid[1]}")
         for conv, k in zip(self.convs, keys[1:], strict=True):
-            x = x + dropout(jax.nn.gelu(conv(x * keep)), self.dropout_rate, k)
+            h = x * keep
+            if self.grid is not None:
+                h = h.reshape(h.shape[0], *self.grid, h.shape[-1])  # [B, T, D] -> [B, Hg, Wg, D]
+            h = conv(h).reshape(x.shape)  # back to [B, T, D]
+            x = x + dropout(jax.nn.gelu(h), self.dropout_rate, k)
         return self.ln_f(x)
 
 

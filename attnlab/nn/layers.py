@@ -39,7 +39,7 @@ __all__ = [
     "SequenceClassifier",
 ]
 
-POSENCS = tuple(positional.SCHEMES)  # none, sinusoidal, learned, rope, alibi, t5
+POSENCS = (*positional.SCHEMES, "sinusoidal_2d")  # none, sinusoidal, learned, rope, alibi, t5; 2-D grids
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -313,12 +313,17 @@ class Encoder(nnx.Module):
             on q and k in every layer) | ``"alibi"`` (``positional.alibi(N)`` as a callable bias on the
             logits of every layer) | ``"t5"`` (T5 bucketed relative bias, bidirectional, a learnable
             ``t5_table [num_buckets, N]`` shared by all layers as in T5, as a callable bias). Callable
-            biases are evaluated per tile by the blockwise kernel: no ``[T, S]`` array is built there.
+            biases are evaluated per tile by the blockwise kernel: no ``[T, S]`` array is built there;
+            or ``"sinusoidal_2d"`` (``positional.sinusoidal_2d`` over ``grid``, added; inputs are the
+            grid's cells row-major, T = height * width: image patches or pixels).
         max_len: longest sequence for the absolute schemes (sinusoidal, learned); the relative
             schemes (rope, alibi, t5) take any length.
         t5_buckets, t5_max_distance: the T5 bias's ``num_buckets`` and ``max_distance``.
         window: None for full attention, or w: each token sees the w tokens on each side
             (``masks.window(w, w)``), combined with the padding mask.
+        grid: ``(height, width)`` of the token grid, for ``posenc="sinusoidal_2d"``.
+        attn_mask: a static ``attnlab.masks`` object (e.g. ``masks.window_2d(width, r)``) combined
+            with the padding and window masks in every layer.
         dropout_rate, num_kv_heads, score, implementation: passed to each block.
 
     Call: ``encoder(inputs, lengths=None, *, dropout_key=None, return_weights=False)`` with inputs
@@ -353,12 +358,20 @@ class Encoder(nnx.Module):
         implementation: str | None = None,
         t5_buckets: int = 32,
         t5_max_distance: int = 128,
+        grid: tuple[int, int] | None = None,
+        attn_mask: masks_lib.Mask | None = None,
         rngs: nnx.Rngs,
     ):
         if posenc not in POSENCS:
             raise ValueError(f"Encoder: posenc must be one of {POSENCS}, got {posenc!r}")
         if window is not None and (not isinstance(window, int) or window < 0):
             raise ValueError(f"Encoder: window must be None or an int >= 0, got {window!r}")
+        if (posenc == "sinusoidal_2d") != (grid is not None):
+            raise ValueError(f"Encoder: grid=(height, width) goes with posenc='sinusoidal_2d', got grid={grid!r}")
+        if attn_mask is not None and not isinstance(attn_mask, masks_lib.Mask):
+            raise ValueError(f"Encoder: attn_mask must be an attnlab.masks object, got {type(attn_mask).__name__}")
+        self.grid = None if grid is None else tuple(grid)
+        self.attn_mask = attn_mask
         self.features = d_model
         self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, chars=chars, rngs=rngs)
         self.posenc = posenc
@@ -399,10 +412,14 @@ class Encoder(nnx.Module):
         if self.window is not None:
             w = masks_lib.window(self.window, self.window)
             m = w if m is None else m & w
+        if self.attn_mask is not None:
+            m = self.attn_mask if m is None else m & self.attn_mask
         return m
 
     def __call__(self, inputs, lengths=None, *, mask=None, bias=None, dropout_key=None, return_weights=False):
         T = inputs.shape[1]
+        if self.grid is not None and T != self.grid[0] * self.grid[1]:
+            raise ValueError(f"Encoder: inputs length {T} != grid {self.grid[0]} x {self.grid[1]}")
         if self.posenc in ("sinusoidal", "learned") and inputs.shape[1] > self.max_len:
             raise ValueError(f"Encoder: inputs length {T} exceeds max_len={self.max_len}")
         x = self.embed(inputs)  # [B, T, D]
@@ -423,6 +440,10 @@ class Encoder(nnx.Module):
                 bias = positional.alibi(self.num_heads)  # bias(q_idx, k_idx) -> [N, T', S']
             case "t5":
                 bias = positional.T5Bias(self.t5_table[...], bidirectional=True, max_distance=self.t5_max_distance)
+            case "sinusoidal_2d":
+                x = x + positional.sinusoidal_2d(*self.grid, self.features)
+            case "none":
+                pass
         keys = _split(dropout_key, len(self.blocks) + 1)
         x = dropout(x, self.dropout_rate, keys[0])
         own = self.mask(lengths, T)

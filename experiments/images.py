@@ -1,0 +1,489 @@
+"""Images as sequences of vectors: does self-attention need more data than a CNN?
+
+The course note: an image is a sequence of vectors (patches or pixels), and a CNN is a
+simplified self-attention with a fixed window; attention has to learn from data what the
+convolution has built in, so it should need more data. Here on Fashion-MNIST (``make data``
+installs the Debian package ``dataset-fashion-mnist``): a ViT over 4 x 4 patches and a CNN over
+the same patch grid, trained on 1K .. 60K images with several seeds; a pixel-level attention
+model with 2-D local attention; and how far each ViT head looks (mean attention distance in
+pixels, as in ViT's Figure 7, Dosovitskiy et al. 2020, arXiv 2010.11929).
+
+Commands:
+
+    make images                    # default + pixel variants, then the report (~25 min, 2-core CPU)
+    python -m experiments.images --config experiments/configs/images.py:default --out results/images
+    python -m experiments.images --config experiments/configs/images.py:pixel --out results/images
+    python -m experiments.images --report results/images   # figures + table from the JSON only
+
+Each run (model x size x seed) goes to ``<out>/<variant>/<model>-n<size>-s<seed>/``: ``config.json``,
+``metrics.jsonl`` (train loss and batch accuracy every ``log_every`` steps) and ``result.json``
+(test accuracy, train-subset accuracy, parameter count, training time, and for attention models
+the mean attention distance per layer and head, trained and at initialisation). A run whose
+``result.json`` exists is skipped, so rerunning resumes the sweep. ``<out>/<variant>/results.jsonl``
+collects the result lines.
+
+The report writes ``summary.md`` (accuracy mean +- std over seeds per model and size),
+``accuracy_vs_size.png`` (error bars: +- one standard deviation over seeds) and
+``attention_distance.png`` (per layer and head for the ViT trained on the most data and for the
+pixel model; the layer means against training-set size). Measured numbers: README, "Images as
+sequences".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import app, flags, logging
+from flax import nnx
+from ml_collections import config_flags
+
+from attnlab import masks, nn
+from attnlab import train as train_lib
+from attnlab.data import fashion_mnist
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    """Defines the command-line flags; only when run as a program, so experiments can be imported together."""
+    config_flags.DEFINE_config_file(
+        "config", "experiments/configs/images.py:default", "experiment config, file.py:variant"
+    )
+    flags.DEFINE_string("out", "results/images", "results folder; runs go to <out>/<variant>/<model>-n<size>-s<seed>/")
+    flags.DEFINE_string("report", None, "only draw figures + table from the results in this folder")
+
+
+# ------------------------------------------------------------------------------------------
+# Data
+
+
+def load_data(dataset: str, eval_count: int | None = None) -> dict:
+    """``{"train": (uint8 images [n, Hi, Wi], labels [n]), "test": (...)}``, the dataset's own split."""
+    match dataset:
+        case "fashion_mnist":
+            data = {"train": fashion_mnist.load("train"), "test": fashion_mnist.load("test", count=eval_count)}
+        case "digits":
+            data = fashion_mnist.load_digits()
+        case _:
+            raise ValueError(f"dataset must be 'fashion_mnist' or 'digits', got {dataset!r}")
+    x, y = data["train"]
+    # Normalisation constants of this training split (Fashion-MNIST: fashion_mnist.MEAN / STD).
+    data["mean"], data["std"] = float(x.mean() / 255), float(x.std() / 255)
+    return data
+
+
+def subset(num_train: int, size: int, seed: int) -> np.ndarray:
+    """Indices of the training subset of ``size`` examples for ``seed`` (all of them when size >= num_train)."""
+    if size >= num_train:
+        return np.arange(num_train)
+    return np.sort(np.random.default_rng([seed, size]).permutation(num_train)[:size])
+
+
+def make_batch_fn(tokens: np.ndarray, labels: np.ndarray, batch_size: int, seed: int, mean: float, std: float):
+    """``step -> {"x": float32 [B, T, F], "y": int32 [B]}``, deterministic in the step.
+
+    The examples are read as a stream of epochs, each a permutation drawn from ``(seed, epoch)``;
+    step s takes stream positions ``(s-1) B .. s B - 1`` (a batch may straddle two epochs), so
+    every batch has the same shape (one compile) whatever the subset size.
+    """
+    n = len(labels)
+    perms: dict[int, np.ndarray] = {}
+
+    def perm(epoch):
+        if epoch not in perms:
+            if len(perms) > 2:
+                perms.pop(min(perms))
+            perms[epoch] = np.random.default_rng([seed, epoch, 7]).permutation(n)
+        return perms[epoch]
+
+    def batch_fn(step):
+        pos = (step - 1) * batch_size + np.arange(batch_size)
+        idx = np.array([perm(e)[i] for e, i in zip(pos // n, pos % n, strict=True)])
+        return {
+            "x": fashion_mnist.normalize(tokens[idx], mean, std),
+            "y": labels[idx].astype(np.int32),
+        }
+
+    return batch_fn
+
+
+# ------------------------------------------------------------------------------------------
+# Models
+
+
+def build_model(m: ml_collections.ConfigDict, image_hw: tuple[int, int], num_classes: int, seed: int) -> nnx.Module:
+    """ViT (patches, full attention), CNN (the same patches, 2-D convolutions) or pixel-level local attention."""
+    grid = (image_hw[0] // m.patch, image_hw[1] // m.patch)
+    rngs = nnx.Rngs(seed)
+    common = dict(input_dim=m.patch * m.patch, d_model=m.d_model, num_layers=m.num_layers, dropout_rate=m.dropout)
+    match m.kind:
+        case "vit" | "pixel":
+            attn_mask = masks.window_2d(grid[1], m.radius) if m.kind == "pixel" else None
+            backbone = nn.Encoder(
+                num_heads=m.num_heads,
+                mlp_dim=m.mlp_dim,
+                posenc="sinusoidal_2d",
+                grid=grid,
+                attn_mask=attn_mask,
+                rngs=rngs,
+                **common,
+            )
+        case "cnn":
+            backbone = nn.CNN(kernel_size=m.kernel_size, grid=grid, rngs=rngs, **common)
+        case _:
+            raise ValueError(f"model kind must be vit, cnn or pixel, got {m.kind!r}")
+    return nn.SequenceClassifier(backbone, num_classes, rngs=rngs)
+
+
+def count_params(model: nnx.Module) -> int:
+    return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def loss_fn(model, batch, key):
+    """Cross-entropy and batch accuracy (module level: the compiled train step is reused across runs)."""
+    logits = model(batch["x"], dropout_key=key).astype(jnp.float32)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+    return loss, {"accuracy": (logits.argmax(-1) == batch["y"]).mean()}
+
+
+@functools.cache
+def make_tx(learning_rate: float, warmup_steps: int, num_steps: int, weight_decay: float):
+    """AdamW with warmup + cosine decay; cached, so equal settings give the same object (no recompile)."""
+    warmup = min(warmup_steps, num_steps // 2)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, num_steps, end_value=0.0)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay))
+
+
+@nnx.jit
+def _predict(model, x):
+    return model(x).argmax(-1)
+
+
+def accuracy(model, tokens, labels, batch_size, mean, std) -> float:
+    """Accuracy over all examples, in batches of one shape (the last batch padded with repeats)."""
+    correct = 0
+    for i in range(0, len(labels), batch_size):
+        idx = np.arange(i, i + batch_size) % len(labels)  # pad the last batch: one compiled shape
+        pred = np.asarray(_predict(model, jnp.asarray(fashion_mnist.normalize(tokens[idx], mean, std))))
+        real = min(batch_size, len(labels) - i)
+        correct += int((pred[:real] == labels[idx[:real]]).sum())
+    return correct / len(labels)
+
+
+# ------------------------------------------------------------------------------------------
+# Mean attention distance
+
+
+def token_distances(grid: tuple[int, int], patch: int) -> np.ndarray:
+    """``[T, T]`` Euclidean distance in pixels between the centres of tokens (patches) t and s."""
+    r, c = np.divmod(np.arange(grid[0] * grid[1]), grid[1])
+    return patch * np.hypot(r[:, None] - r[None, :], c[:, None] - c[None, :])
+
+
+def mean_distance(weights: np.ndarray, dist: np.ndarray) -> np.ndarray:
+    """Attention weights ``[B, N, T, S]`` -> ``[N]``: the mean over images and queries of ``sum_s w_ts d_ts``."""
+    return np.einsum("bnts,ts->n", np.asarray(weights, np.float64), dist) / (weights.shape[0] * weights.shape[2])
+
+
+@nnx.jit
+def _weights(model, x):
+    return model.backbone(x, return_weights=True)[1]  # L x [B, N, T, T]
+
+
+def attention_distance(model, tokens, mean, std, grid, patch, batch_size=8) -> list[list[float]]:
+    """Mean attention distance in pixels per layer and head ``[L][N]`` of an Encoder-backed classifier."""
+    dist = token_distances(grid, patch)
+    total = None
+    for i in range(0, len(tokens), batch_size):
+        x = jnp.asarray(fashion_mnist.normalize(tokens[i : i + batch_size], mean, std))
+        d = np.stack([mean_distance(np.asarray(w), dist) * len(x) for w in _weights(model, x)])  # [L, N]
+        total = d if total is None else total + d
+    return (total / len(tokens)).round(3).tolist()
+
+
+def reference_distances(grid, patch, kernel_size=3) -> dict:
+    """Mean distance of uniform attention over the whole image, and over a k x k window (a CNN's kernel)."""
+    dist = token_distances(grid, patch)
+    window = np.asarray(masks.window_2d(grid[1], kernel_size // 2).dense(len(dist), len(dist)), np.float64)
+    return {
+        "uniform_full": float(dist.mean()),
+        f"uniform_{kernel_size}x{kernel_size}": float(((window * dist).sum(1) / window.sum(1)).mean()),
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# Runs
+
+
+def run_one(cfg, name: str, size: int, num_steps: int, seed: int, data: dict, out: Path, *, verbose=True) -> dict:
+    """Trains model ``name`` on ``size`` training images with ``seed``; returns (and writes) its result."""
+    m = cfg.models[name]
+    workdir = out / cfg.variant / f"{name}-n{size}-s{seed}"
+    done = workdir / "result.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    workdir.mkdir(parents=True, exist_ok=True)
+    run_cfg = {"variant": cfg.variant, "model_name": name, "size": size, "seed": seed, "steps": num_steps}
+    (workdir / "config.json").write_text(json.dumps({**run_cfg, "config": cfg.to_dict()}, indent=2, default=str))
+    x_all, y_all = data["train"]
+    hw = x_all.shape[1:]
+    grid = (hw[0] // m.patch, hw[1] // m.patch)
+    idx = subset(len(y_all), size, seed)
+    tokens = fashion_mnist.patchify(x_all[idx], m.patch)  # uint8 [n, T, P*P]
+    labels = y_all[idx]
+    test_tokens = fashion_mnist.patchify(data["test"][0], m.patch)
+    mean, std = data["mean"], data["std"]
+    model = build_model(m, hw, 10, seed)
+    is_attention = m.kind in ("vit", "pixel")
+    dist_imgs = test_tokens[: cfg.distance_images]
+    dist_init = attention_distance(model, dist_imgs, mean, std, grid, m.patch) if is_attention else None
+    t = cfg.train
+    tx = make_tx(t.learning_rate, t.warmup_steps, num_steps, t.weight_decay)
+    if verbose:
+        logging.info(
+            "[%s] %s: %d train images, %d steps of %d (%.1f epochs), %d params",
+            cfg.variant,
+            workdir.name,
+            len(labels),
+            num_steps,
+            t.batch_size,
+            num_steps * t.batch_size / len(labels),
+            count_params(model),
+        )
+    t0 = time.perf_counter()
+    model, records = train_lib.train(
+        model,
+        tx,
+        loss_fn,
+        make_batch_fn(tokens, labels, t.batch_size, seed, mean, std),
+        num_steps=num_steps,
+        seed=seed,
+        workdir=None,  # a run is short: the sweep resumes run by run (result.json), not from checkpoints
+        log_every=t.log_every,
+        verbose=verbose,
+    )
+    (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    train_time = max((r["time_s"] for r in records if r["split"] == "train"), default=time.perf_counter() - t0)
+    t1 = time.perf_counter()
+    test_acc = accuracy(model, test_tokens, data["test"][1], cfg.eval_batch_size, mean, std)
+    n_tr = min(len(labels), 5000)
+    train_acc = accuracy(model, tokens[:n_tr], labels[:n_tr], cfg.eval_batch_size, mean, std)
+    eval_time = time.perf_counter() - t1
+    result = {
+        **run_cfg,
+        "dataset": cfg.dataset,
+        "model": m.kind,
+        "params": count_params(model),
+        "epochs": round(num_steps * t.batch_size / len(labels), 2),
+        "test_accuracy": test_acc,
+        "test_examples": len(data["test"][1]),
+        "train_accuracy": train_acc,
+        "final_loss": next(r["loss"] for r in reversed(records) if r["split"] == "train"),
+        "train_time_s": round(train_time, 1),
+        "eval_time_s": round(eval_time, 1),
+        "grid": list(grid),
+        "patch": m.patch,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+    }
+    if is_attention:
+        result["attention_distance"] = attention_distance(model, dist_imgs, mean, std, grid, m.patch)
+        result["attention_distance_init"] = dist_init
+        result["distance_images"] = len(dist_imgs)
+        result["reference_distance"] = reference_distances(grid, m.patch, 2 * m.radius + 1 if m.kind == "pixel" else 3)
+    done.write_text(json.dumps(result, indent=2))
+    with (out / cfg.variant / "results.jsonl").open("a") as f:
+        f.write(json.dumps(result) + "\n")
+    if verbose:
+        logging.info(
+            "[%s] %s: test accuracy %.4f (train %.4f) in %.0f s",
+            cfg.variant,
+            workdir.name,
+            test_acc,
+            train_acc,
+            train_time,
+        )
+    return result
+
+
+def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
+    """Every (size, model, seed) of the config; finished runs are read back, not redone."""
+    if len(cfg.train.steps) != len(cfg.sizes):
+        raise ValueError(f"train.steps {tuple(cfg.train.steps)} must give one step count per size {tuple(cfg.sizes)}")
+    data = load_data(cfg.dataset, cfg.eval_count)
+    results = []
+    for seed in cfg.seeds:  # seed outermost: an interrupted sweep still has whole curves
+        for size, steps in zip(cfg.sizes, cfg.train.steps, strict=True):
+            for name in cfg.models:  # sorted by name
+                results.append(run_one(cfg, name, size, steps, seed, data, Path(out), verbose=verbose))
+    return results
+
+
+# ------------------------------------------------------------------------------------------
+# Report: table and figures from the JSON files alone
+
+
+def _load_results(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*/*/result.json"))]
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """One row per (variant, model, size): mean and std of the test accuracy over seeds."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["variant"], r["model_name"], r["size"]), []).append(r)
+    rows = []
+    for (variant, name, size), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        acc = np.array([r["test_accuracy"] for r in rs])
+        rows.append(
+            {
+                "variant": variant,
+                "model": name,
+                "size": size,
+                "seeds": len(rs),
+                "mean": float(acc.mean()),
+                "std": float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
+                "train_accuracy": float(np.mean([r["train_accuracy"] for r in rs])),
+                "steps": rs[0]["steps"],
+                "epochs": rs[0]["epochs"],
+                "params": rs[0]["params"],
+                "train_time_s": float(np.mean([r["train_time_s"] for r in rs])),
+            }
+        )
+    return rows
+
+
+def report(folder: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    results = _load_results(folder)
+    if not results:
+        raise FileNotFoundError(f"no */*/result.json under {folder}: run the experiment first")
+    rows = summarize(results)
+    lines = [
+        "| variant | model | train images | seeds | test acc % (mean +- std) | train acc % | steps | epochs "
+        "| params | train time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['variant']} | {r['model']} | {r['size']:,} | {r['seeds']} | {100 * r['mean']:.2f} +- "
+            f"{100 * r['std']:.2f} | {100 * r['train_accuracy']:.1f} | {r['steps']} | {r['epochs']} | "
+            f"{r['params']:,} | {r['train_time_s']:.0f} |"
+        )
+    table = "\n".join(lines)
+    (folder / "summary.md").write_text(table + "\n")
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for (variant, name), style in _series(rows):
+        pts = [r for r in rows if r["variant"] == variant and r["model"] == name]
+        ax.errorbar(
+            [r["size"] for r in pts],
+            [100 * r["mean"] for r in pts],
+            yerr=[100 * r["std"] for r in pts],
+            capsize=3,
+            label=f"{name} ({pts[0]['params']:,} params)",
+            **style,
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("training images")
+    ax.set_ylabel("test accuracy (%)  (mean +- std over seeds)")
+    ax.set_title(f"{results[0]['dataset']}: attention vs CNN")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(folder / "accuracy_vs_size.png", dpi=120)
+    plt.close(fig)
+
+    attn = [r for r in results if r.get("attention_distance")]
+    if attn:
+        _distance_figure(plt, attn, folder / "attention_distance.png")
+    return table
+
+
+def _series(rows):
+    styles = {"vit": dict(marker="o", ls="-"), "cnn": dict(marker="s", ls="--"), "pixel": dict(marker="^", ls=":")}
+    seen = []
+    for r in rows:
+        key = (r["variant"], r["model"])
+        if key not in seen:
+            seen.append(key)
+    return [(k, styles.get(k[1], dict(marker="x", ls="-"))) for k in seen]
+
+
+def _distance_figure(plt, attn, path):
+    # Left: per layer and head, for the ViT on the most data (seed 0, or the first seed) and the pixel model.
+    panels = []
+    for kind in ("vit", "pixel"):
+        rs = [r for r in attn if r["model"] == kind]
+        if rs:
+            big = max(r["size"] for r in rs)
+            panels.append(min((r for r in rs if r["size"] == big), key=lambda r: r["seed"]))
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4.6 * (len(panels) + 1), 3.8))
+    for ax, r in zip(axes, panels, strict=False):
+        d, d0 = np.asarray(r["attention_distance"]), np.asarray(r["attention_distance_init"])
+        layers = np.arange(1, d.shape[0] + 1)
+        for h in range(d.shape[1]):
+            ax.scatter(layers + 0.06 * (h - d.shape[1] / 2), d[:, h], s=18, color=f"C{h}", label=f"head {h + 1}")
+        ax.plot(layers, d0.mean(1), "k+", ms=9, label="at initialisation (head mean)")
+        for j, (name, val) in enumerate(r["reference_distance"].items()):
+            ax.axhline(val, color="gray", ls=[":", "--"][j % 2], lw=1, label=f"{name.replace('_', ' ')}: {val:.1f} px")
+        ax.set_xticks(layers)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("mean attention distance (pixels)")
+        ax.set_title(f"{r['model_name']}, {r['size']:,} images, seed {r['seed']}", fontsize=9)
+        ax.legend(fontsize=6)
+    # Right: the ViT's per-layer mean (over heads and seeds) against training-set size.
+    ax = axes[-1]
+    vit = [r for r in attn if r["model"] == "vit"]
+    sizes = sorted({r["size"] for r in vit})
+    if vit:
+        num_layers = len(vit[0]["attention_distance"])
+        for layer in range(num_layers):
+            per = [[np.mean(r["attention_distance"][layer]) for r in vit if r["size"] == s] for s in sizes]
+            ax.errorbar(
+                sizes,
+                [np.mean(p) for p in per],
+                yerr=[np.std(p) for p in per],
+                marker="o",
+                capsize=3,
+                label=f"layer {layer + 1}",
+            )
+        ref = vit[0]["reference_distance"]
+        for j, (name, val) in enumerate(ref.items()):
+            ax.axhline(val, color="gray", ls=[":", "--"][j % 2], lw=1, label=name.replace("_", " "))
+        ax.set_xscale("log")
+    ax.set_xlabel("training images")
+    ax.set_ylabel("mean attention distance (pixels)")
+    ax.set_title("ViT: head-mean distance per layer vs data", fontsize=9)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.INFO)
+    if FLAGS.report:
+        print(report(Path(FLAGS.report)))
+        return
+    run(FLAGS.config, Path(FLAGS.out))
+    print(report(Path(FLAGS.out)))
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
