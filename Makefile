@@ -58,3 +58,9 @@ pos: install data  ## POS tagging on Brown: each model into results/pos/<variant
 
 clean:
 	rm -rf $(VENV) .pytest_cache results
+
+# --- long range (issue 9): ListOps, LRA Table-2 efficiency, attention vs RNN -----------------
+.PHONY: listops
+LISTOPS_FLAGS ?=
+listops: install  ## ListOps (full/local/BigBird/linear/Performer/GRU), efficiency table, recall -> results/long_range/
+	$(PY) -m experiments.long_range --config experiments/configs/long_range.py:default --out results/long_range $(LISTOPS_FLAGS)
