@@ -11,7 +11,7 @@ Commands:
 Variants:
     default  ListOps ``:cpu`` (20K train, lengths 32-128), d=64, 2 layers, 4 heads, batch 32, the same
              300 AdamW steps for every model (half an epoch: the shared CPU allows no more in ~20 min);
-             efficiency table at N = 512 .. 4K (batch 2); recall task at distances 16 .. 512.
+             efficiency table at N = 512 .. 4K (batch 2); recall task at distances 16 .. 256.
     smoke    tiny everything (used by tests/test_long_range.py).
     lra      LRA's ListOps setting (Tay et al. 2020, appendix: 96K/2K/2K, max length 2000, 4 layers,
              d=512, 8 heads, MLP 1024, batch 32, 5K steps); only the ListOps part.
@@ -72,7 +72,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
     c.recall = ml_collections.ConfigDict(
         dict(
             models="full,gru",
-            distances=(16, 64, 256, 512),
+            distances=(16, 64, 128, 256),
             num_keys=8,
             num_distractors=16,
             d_model=32,
@@ -88,12 +88,13 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
         case "default":
             pass
         case "smoke":  # one model per code path, so the tests stay within seconds of compile time
-            c.models = "bigbird,performer"
+            c.models = "performer"
             c.model.update(d_model=16, num_layers=1, num_heads=2, mlp_dim=32, local_chunk=8, bigbird_block=8)
             c.model.num_features = 16
             c.listops.update(data="smoke", max_len=32, batch_size=8, num_steps=6, log_every=2, eval_every=3)
             c.listops.warmup_steps = 2
-            c.efficiency.update(models="local,gru", seq_lens=(64,), batch_size=1, repeats=1, local_chunk=32)
+            c.efficiency.update(models="bigbird,gru", seq_lens=(64,), batch_size=1, repeats=1, bigbird_block=16)
+            c.efficiency.bigbird_random = 1
             c.recall.update(models="full,gru", distances=(6,), d_model=16, batch_size=8, num_steps=4, num_eval=16)
         case "lra":
             c.parts = "listops"
