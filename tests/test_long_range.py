@@ -41,7 +41,7 @@ def test_smoke_end_to_end(tmp_path):
     assert {(r["model"], r["seq_len"], r["status"]) for r in eff} == {("bigbird", 64, "ok"), ("gru", 64, "ok")}
     assert all(r["peak_bytes"] > 0 and r["steps_per_s"] > 0 and r["finite"] for r in eff)
     rec = [json.loads(line) for line in (tmp_path / "recall.jsonl").read_text().splitlines()]
-    assert {(r["model"], r["distance"]) for r in rec} == {("full", 6), ("gru", 6)}
+    assert [(r["model"], r["distance"]) for r in rec] == [("full", 6)]
     for name in ("summary.md", "listops_accuracy.png", "efficiency.png", "time_vs_n.png", "recall.png"):
         assert (tmp_path / name).exists(), name
     assert "| Performer |" in text and "| BigBird |" in text and "| GRU |" in text

@@ -95,7 +95,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
             c.listops.warmup_steps = 2
             c.efficiency.update(models="bigbird,gru", seq_lens=(64,), batch_size=1, repeats=1, bigbird_block=16)
             c.efficiency.bigbird_random = 1
-            c.recall.update(models="full,gru", distances=(6,), d_model=16, batch_size=8, num_steps=4, num_eval=16)
+            c.recall.update(models="full", distances=(6,), d_model=16, batch_size=8, num_steps=4, num_eval=16)
         case "lra":
             c.parts = "listops"
             c.model.update(d_model=512, num_layers=4, num_heads=8, mlp_dim=1024, dropout=0.1)
