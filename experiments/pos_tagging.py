@@ -1,5 +1,9 @@
 """Part-of-speech tagging on the Brown corpus: self-attention against no-context and local baselines.
 
+The same entry point tags Chinese (People's Daily 1998, ``data.corpus="pku"``): see
+``experiments/configs/pos_zh.py`` and ``make pos-zh``; those runs also report the note's word
+意思 and sentence 意思 一下 ， 小 意思 (``focus_word``, ``example`` in the config).
+
 The course note's first example: a word's part of speech depends on its context ("that" is a
 determiner in "that dog" and a conjunction in "said that he"); self-attention lets every word look
 at the whole sentence. Here on a real corpus (Brown, 1.16M tokens, via ``make data``).
@@ -43,7 +47,7 @@ from ml_collections import config_flags
 
 from attnlab import nn
 from attnlab import train as train_lib
-from attnlab.data import brown
+from attnlab.data import brown, pku
 
 FLAGS = flags.FLAGS
 
@@ -65,11 +69,22 @@ AMBIGUOUS_EXAMPLES = ("that", "like", "back", "can", "before", "down", "as")
 
 
 def load_data(cfg: ml_collections.ConfigDict) -> dict:
-    """Encoded splits, vocabulary, tag map and the word-type sets used by the metrics."""
-    sentences = brown.load_sentences(max_files=cfg.data.max_files)
-    parts = brown.split(sentences)
-    vocab = brown.Vocab.build(parts["train"], min_count=cfg.data.min_count)
-    tagmap = brown.TagMap.build(cfg.data.tagset, parts["train"])
+    """Encoded splits, vocabulary, tag map and the word-type sets used by the metrics.
+
+    ``cfg.data.corpus`` picks the corpus: "brown" (default; ``attnlab.data.brown``) or "pku"
+    (People's Daily 1998, Chinese; ``attnlab.data.pku``, see ``experiments/configs/pos_zh.py``).
+    """
+    match cfg.data.get("corpus", "brown"):
+        case "brown":
+            parts = brown.split(brown.load_sentences(max_files=cfg.data.max_files))
+            vocab = brown.Vocab.build(parts["train"], min_count=cfg.data.min_count)
+            tagmap = brown.TagMap.build(cfg.data.tagset, parts["train"])
+        case "pku":
+            parts = pku.load_sentences(max_paragraphs=cfg.data.max_paragraphs, max_len=cfg.data.max_len)
+            vocab = pku.Vocab.build(parts["train"], min_count=cfg.data.min_count, num_chars=cfg.data.num_chars)
+            tagmap = pku.TagMap.build(cfg.data.tagset, parts["train"])
+        case other:
+            raise ValueError(f"data.corpus must be 'brown' or 'pku', got {other!r}")
     seen = {}
     for sent in parts["train"]:
         for w, t in sent:
@@ -103,10 +118,15 @@ def make_batch_fn(examples, batch_size, seed, buckets=brown.BUCKETS):
 # Models
 
 
-def build_model(cfg: ml_collections.ConfigDict, vocab_sizes, num_tags: int) -> nnx.Module:
+def build_model(cfg: ml_collections.ConfigDict, vocab_sizes, num_tags: int, *, num_char_ids=None) -> nnx.Module:
+    """The tagger of ``cfg.model``; ``cfg.model.chars`` ("mean" | "cnn", default none) adds a char view."""
     m = cfg.model
     rngs = nnx.Rngs(cfg.seed)
     common = dict(vocab_sizes=vocab_sizes, d_model=m.d_model, dropout_rate=m.dropout, rngs=rngs)
+    if m.get("chars"):
+        if num_char_ids is None:
+            raise ValueError(f"model.chars={m.chars!r} needs a corpus with character ids (data.corpus='pku')")
+        common["chars"] = nn.Chars(num_char_ids, pool=m.chars, kernel_size=m.get("char_kernel", 3))
     match m.kind:
         case "attention":
             backbone = nn.Encoder(
@@ -147,9 +167,9 @@ def predict(model, examples, batch_size=256, buckets=brown.BUCKETS) -> list[np.n
     return out
 
 
-def evaluate(model, examples, raw, data) -> dict:
+def evaluate(model, examples, raw, data, *, preds=None) -> dict:
     """Token accuracy, and accuracy on ambiguous-word tokens and on OOV tokens."""
-    preds = predict(model, examples, buckets=data["buckets"])
+    preds = predict(model, examples, buckets=data["buckets"]) if preds is None else preds
     correct, amb, oov = [], [], []
     for (_, gold), pred, sent in zip(examples, preds, raw, strict=True):
         ok = pred == gold
@@ -165,6 +185,45 @@ def evaluate(model, examples, raw, data) -> dict:
         "tokens": int(cat(correct).size),
         "ambiguous_tokens": int(cat(amb).size),
         "oov_tokens": int(cat(oov).size),
+    }
+
+
+def focus_occurrences(examples, raw, preds, tags, word: str, split: str) -> list[dict]:
+    """Every token that is ``word`` or contains it: the sentence, the gold and the predicted tag."""
+    out = []
+    for (_, gold), pred, sent in zip(examples, preds, raw, strict=True):
+        for t, (w, _) in enumerate(sent):
+            if word in w:
+                out.append(
+                    {
+                        "split": split,
+                        "word": w,
+                        "exact": w == word,
+                        "gold": tags[gold[t]],
+                        "pred": tags[pred[t]],
+                        "context": " ".join(x for x, _ in sent[max(0, t - 4) : t + 5]),
+                    }
+                )
+    return out
+
+
+@nnx.jit
+def _attention_weights(model, inputs, lengths):  # one compile instead of op-by-op dispatch
+    return model.backbone(inputs, lengths, return_weights=True)
+
+
+def tag_example(model, data, words: list[str]) -> tuple[list[str], dict | None]:
+    """Predicted tags for one segmented sentence, and (attention models) its head-averaged attention."""
+    x = data["vocab"].ids(words)
+    pred = predict(model, [(x, np.zeros(len(words), np.int32))], buckets=data["buckets"])[0]
+    tags = [data["tagmap"].tags[i] for i in pred]
+    if not isinstance(model.backbone, nn.Encoder):
+        return tags, None
+    _, weights = _attention_weights(model, jnp.asarray(x)[None], jnp.array([len(words)]))
+    return tags, {
+        "words": words,
+        "pred": tags,
+        "weights": [np.asarray(w[0].mean(0)).round(4).tolist() for w in weights],
     }
 
 
@@ -202,7 +261,9 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
     t_data = time.perf_counter()
     data = load_data(cfg)
     t_data = time.perf_counter() - t_data
-    model = build_model(cfg, data["vocab"].sizes, len(data["tagmap"].tags))
+    model = build_model(
+        cfg, data["vocab"].sizes, len(data["tagmap"].tags), num_char_ids=getattr(data["vocab"], "num_char_ids", None)
+    )
     num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
     batch_fn, steps_per_epoch = make_batch_fn(data["train"], cfg.train.batch_size, cfg.seed, data["buckets"])
     t = cfg.train
@@ -241,8 +302,30 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
     )
     wall = time.perf_counter() - t0
     train_time = max((r["time_s"] for r in records if r["split"] == "train"), default=wall)
-    test = evaluate(model, data["test"], data["raw"]["test"], data)
+    test_preds = predict(model, data["test"], buckets=data["buckets"])
+    test = evaluate(model, data["test"], data["raw"]["test"], data, preds=test_preds)
     dev = [r for r in records if r["split"] == "dev"]
+    extra = {}
+    if cfg.get("focus_word"):  # every occurrence of one word (and of words containing it) in dev + test
+        dev_preds = predict(model, data["dev"], buckets=data["buckets"])
+        tags = data["tagmap"].tags
+        occ = focus_occurrences(data["dev"], data["raw"]["dev"], dev_preds, tags, cfg.focus_word, "dev")
+        occ += focus_occurrences(data["test"], data["raw"]["test"], test_preds, tags, cfg.focus_word, "test")
+        exact = [o for o in occ if o["exact"]]
+        extra["focus_word"] = cfg.focus_word
+        extra["focus_tokens"] = len(exact)
+        extra["focus_correct"] = sum(o["gold"] == o["pred"] for o in exact)
+        extra["focus_substring_tokens"] = len(occ)
+        extra["focus_substring_correct"] = sum(o["gold"] == o["pred"] for o in occ)
+        extra["focus_occurrences"] = occ
+    example_map = None
+    if cfg.get("example"):
+        words = cfg.example.split()
+        pred, example_map = tag_example(model, data, words)
+        gold = cfg.get("example_gold", "").split() or None
+        extra["example"] = {"words": words, "pred": pred, "gold": gold}
+        if verbose:
+            print(f"[{cfg.variant}] {' '.join(f'{w}/{t}' for w, t in zip(words, pred, strict=True))}", file=sys.stderr)
     result = {
         "variant": cfg.variant,
         "model": cfg.model.kind,
@@ -258,11 +341,12 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
         **{f"test_{k}": v for k, v in test.items()},
         "jax": jax.__version__,
         "backend": jax.default_backend(),
+        **extra,
     }
-    (workdir / "result.json").write_text(json.dumps(result, indent=2))
-    amap = attention_map(model, data)
+    (workdir / "result.json").write_text(json.dumps(result, indent=2, ensure_ascii=False))
+    amap = example_map if cfg.get("example") else attention_map(model, data)
     if amap is not None:
-        (workdir / "attention_map.json").write_text(json.dumps(amap))
+        (workdir / "attention_map.json").write_text(json.dumps(amap, ensure_ascii=False))
     if verbose:
         print(
             f"[{cfg.variant}] test accuracy {test['accuracy']:.4f}  ambiguous "
@@ -296,6 +380,24 @@ def report(folder: Path) -> str:
             f"{100 * r['test_ambiguous_accuracy']:.2f} | {100 * r['test_oov_accuracy']:.2f} | "
             f"{r['train_time_s']:.0f} | {r['steps']} | {r['params']:,} |"
         )
+    if any("focus_word" in r for r in results):  # Chinese runs: the note's word and sentence
+        word = next(r["focus_word"] for r in results if "focus_word" in r)
+        lines[0] += f" {word} in dev+test | words containing {word} | example sentence (predicted tags) |"
+        lines[1] += "---|---|---|"
+        for i, r in enumerate(results, start=2):
+            if "focus_word" in r:
+                ex = r["example"]
+                lines[i] += (
+                    f" {r['focus_correct']}/{r['focus_tokens']} | "
+                    f"{r['focus_substring_correct']}/{r['focus_substring_tokens']} | "
+                    f"{' '.join(f'{w}/{t}' for w, t in zip(ex['words'], ex['pred'], strict=True))} |"
+                )
+            else:
+                lines[i] += " | | |"
+        golds = {" ".join(r["example"]["gold"]) for r in results if r.get("example", {}).get("gold")}
+        if golds:
+            lines.append("")
+            lines.append(f"Example gold (the note's reading, PKU tags): {golds.pop()}")
     table = "\n".join(lines)
     (folder / "summary.md").write_text(table + "\n")
 
@@ -307,7 +409,8 @@ def report(folder: Path) -> str:
     ax.set_xticks(x, [r["variant"] for r in results], rotation=20)
     ax.set_ylim(60, 100)
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("Brown POS tagging, universal tags")
+    pku_run = any(r["tagset"] == "pku" for r in results)
+    ax.set_title("People's Daily POS tagging, 44 PKU tags" if pku_run else "Brown POS tagging, universal tags")
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(folder / "accuracy.png", dpi=120)
@@ -346,19 +449,42 @@ def report(folder: Path) -> str:
         amap_path = maps[0]  # the full-attention model's when there is one
         amap = json.loads(amap_path.read_text())
         layers = amap["weights"]
+        _use_cjk_font(plt, amap["words"])
         fig, axes = plt.subplots(1, len(layers), figsize=(4.2 * len(layers), 4.4))
         axes = np.atleast_1d(axes)
         labels = [f"{w} ({p})" for w, p in zip(amap["words"], amap["pred"], strict=True)]
         for li, (ax, w) in enumerate(zip(axes, layers, strict=True)):
             ax.imshow(np.asarray(w), cmap="viridis")
-            ax.set_xticks(range(len(labels)), amap["words"], rotation=90, fontsize=7)
+            rotation = 90 if all(w.isascii() for w in amap["words"]) else 0  # short Chinese words: upright
+            ax.set_xticks(range(len(labels)), amap["words"], rotation=rotation, fontsize=7)
             ax.set_yticks(range(len(labels)), labels if li == 0 else amap["words"], fontsize=7)
             ax.set_title(f"layer {li + 1} (mean over heads)")
-        fig.suptitle(f"attention for a sentence with ambiguous '{amap['word']}'; rows: query (predicted tag)")
+        what = f"a sentence with ambiguous '{amap['word']}'" if "word" in amap else "the example sentence"
+        fig.suptitle(f"model '{amap_path.parent.name}': attention for {what}; rows: query (predicted tag)")
         fig.tight_layout()
         fig.savefig(folder / "attention_map.png", dpi=120)
         plt.close(fig)
     return table
+
+
+def _use_cjk_font(plt, words):
+    """Prefer an installed CJK font (make zh-font) when the labels are not ASCII, so Chinese shows."""
+    if all(w.isascii() for w in words):
+        return
+    from matplotlib import font_manager
+
+    known = ("WenQuanYi Micro Hei", "Noto Sans CJK SC", "Noto Sans SC", "SimHei")
+    names = {f.name for f in font_manager.fontManager.ttflist}
+    if not names & set(known):  # installed after matplotlib built its font cache
+        for path in font_manager.findSystemFonts():
+            if any(k in path.lower() for k in ("wqy", "cjk", "simhei")):
+                font_manager.fontManager.addfont(path)
+        names = {f.name for f in font_manager.fontManager.ttflist}
+    cjk = [n for n in known if n in names]
+    if cjk:
+        plt.rcParams["font.sans-serif"] = cjk + list(plt.rcParams["font.sans-serif"])
+    else:
+        logging.warning("no CJK font found (run `make zh-font`): Chinese labels will show as boxes")
 
 
 def main(argv):

@@ -31,6 +31,16 @@ peer ``jax.nn`` (``jax.nn.dot_product_attention`` called directly with its own m
 other combinations are left out of the sweep.
 Masks: ``full``, ``causal``, ``window:L:R``, ``graph:DENSITY`` (random graph, fixed seed,
 self-loops), ``padding:FRACTION`` (the last FRACTION of every sequence is padding).
+
+Several devices: ``--mesh=sp=8`` (ring attention over the sequence), ``--mesh=heads=4`` (head
+parallelism) or ``--mesh=heads=4,sp=2`` (both) runs every cell through ``attnlab.parallel.attention``
+with q/k/v sharded over that mesh; with an ``sp`` axis only ``blockwise`` cells run (the ring uses
+its block step), and the peer ``jax.nn`` and head counts the ``heads`` axis does not divide are
+left out. Memory is then per device. On CPU force the
+devices before JAX starts:
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.sweep \
+        --config experiments/configs/sweep.py:smoke --implementations=blockwise --mesh=sp=8 --out results/sweep-sp8
 """
 
 from __future__ import annotations
@@ -51,7 +61,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 import attnlab
-from attnlab import masks
+from attnlab import masks, parallel
 from experiments.plot import load_results, make_plots
 
 _CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sweep.py")
@@ -73,6 +83,7 @@ def define_flags():
     flags.DEFINE_string("out", "results/sweep", "Results folder (results.jsonl, config.json, plots).")
     flags.DEFINE_bool("force", False, "Redo cells already in results.jsonl.")
     flags.DEFINE_bool("plot", True, "Draw the plots and summary.md at the end.")
+    flags.DEFINE_string("mesh", None, "Device mesh, e.g. sp=8, heads=4 or heads=4,sp=2; overrides the config.")
 
 
 PEERS = ("jax.nn",)
@@ -91,6 +102,7 @@ class Cell:
     batch: int
     mode: str
     dtype: str
+    mesh: str = ""  # "" = one device; else an attnlab.parallel.make_mesh spec ("sp=8", "heads=4,sp=2")
 
     def key(self) -> tuple:
         return dataclasses.astuple(self)
@@ -106,13 +118,19 @@ def expand(config) -> list[Cell]:
             raise ValueError(f"implementations: unknown {impl!r}, expected one of {attnlab.IMPLEMENTATIONS + PEERS}")
     for spec in config.masks:
         parse_mask(spec, 8, 1)  # validates the spec
+    mesh = config.get("mesh", "") or ""
+    axes = parallel.parse_mesh(mesh) if mesh else {}
+    if set(axes) - {"sp", "heads"}:
+        raise ValueError(f"mesh: axes must be named 'sp' (sequence) and/or 'heads', got {mesh!r}")
     prod = itertools.product(
         config.modes, config.dtypes, config.masks, config.num_heads, config.implementations, config.seq_lens
     )
     return [
-        Cell(impl, m, int(n), int(h), int(config.head_dim), int(config.batch), mode, dt)
+        Cell(impl, m, int(n), int(h), int(config.head_dim), int(config.batch), mode, dt, mesh)
         for mode, dt, m, h, impl, n in prod
         if impl != "sparse" or m.startswith("graph:")  # the edge-list kernel only takes graphs
+        if not mesh
+        or (impl not in PEERS and ("sp" not in axes or impl == "blockwise") and h % axes.get("heads", 1) == 0)
     ]
 
 
@@ -186,6 +204,16 @@ def build(cell: Cell, seed: int = 0):
         def attend(q, k, v, m):
             del m  # jax.nn takes the mask as its own flags
             return jax.nn.dot_product_attention(q, k, v, **jnn_kwargs)
+    elif cell.mesh:
+        mesh = parallel.make_mesh(cell.mesh)
+        axes = {
+            "seq_axis": "sp" if "sp" in mesh.shape else None,
+            "head_axis": "heads" if "heads" in mesh.shape else None,
+        }
+        q, k, v = (parallel.shard(x, mesh, **axes) for x in (q, k, v))
+
+        def attend(q, k, v, m):
+            return parallel.attention(q, k, v, mesh=mesh, mask=m, implementation=cell.implementation, **axes)
     else:
 
         def attend(q, k, v, m):
@@ -288,7 +316,7 @@ def write_results(path: str, records: list[dict]) -> None:
 
 
 def record_key(r: dict) -> tuple:
-    return tuple(r[f.name] for f in dataclasses.fields(Cell))
+    return tuple(r.get(f.name, f.default) for f in dataclasses.fields(Cell))
 
 
 def run_sweep(config, out: str, *, force: bool = False, plot: bool = True) -> list[dict]:
@@ -296,7 +324,7 @@ def run_sweep(config, out: str, *, force: bool = False, plot: bool = True) -> li
     os.makedirs(out, exist_ok=True)
     cells = expand(config)
     path = os.path.join(out, "results.jsonl")
-    fields = [f.name for f in dataclasses.fields(Cell)]
+    fields = [f.name for f in dataclasses.fields(Cell) if f.default is dataclasses.MISSING]
     previous = load_results(path)
     by_key = {record_key(r): r for r in previous if all(name in r for name in fields)}
     if len(by_key) < len(previous):
@@ -379,7 +407,7 @@ def config_from_flags():
     for name in ("implementations", "masks", "modes", "dtypes"):
         if FLAGS[name].value is not None:
             c[name] = list(FLAGS[name].value)
-    for name in ("head_dim", "batch", "repeats"):
+    for name in ("head_dim", "batch", "repeats", "mesh"):
         if FLAGS[name].value is not None:
             c[name] = FLAGS[name].value
     return c

@@ -123,7 +123,7 @@ def test_encoder_dropout_is_a_function_of_the_key():
 
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="posenc"):
-        nn.Encoder(vocab_sizes=3, d_model=8, num_layers=1, num_heads=2, posenc="rope", rngs=nnx.Rngs(0))
+        nn.Encoder(vocab_sizes=3, d_model=8, num_layers=1, num_heads=2, posenc="xpos", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="exactly one"):
         nn.TokenEmbedding(8, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="cell"):

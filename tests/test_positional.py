@@ -161,3 +161,34 @@ def test_schemes_name_them_all():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_blockwise_with_alibi_and_t5_equals_reference_with_dense_bias():
+    # the kernel evaluates attnlab.positional's callables per tile; the reference gets [N, T, S] arrays.
+    # ALiBi and T5 together in one program (one compile): bias = alibi + t5.
+    from attnlab import kernels
+
+    T, S = 20, 27
+    q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, seed=3)
+    mask = masks.causal(offset=S - T)
+    alibi = positional.alibi(4)
+    table = positional.init_t5_bias(jax.random.key(4), 4, num_buckets=8, max_distance=16, stddev=1.0).table
+
+    def loss(q, k, v, table, fast):
+        t5 = positional.T5Bias(table, max_distance=16)
+        if fast:
+            both = lambda qi, ki: alibi(qi, ki) + t5(qi, ki)  # noqa: E731
+            out = kernels.blockwise_attention(q, k, v, mask=mask, bias=both, block_sizes=kernels.BlockSizes(8, 8))
+        else:
+            out = attnlab.attention_reference(q, k, v, mask=mask, bias=alibi.dense(T, S) + t5.dense(T, S))
+        return jnp.sum(out * jnp.cos(out)), out
+
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True), static_argnums=4)
+    (grads, out), (grads_r, out_r) = g(q, k, v, table, True), g(q, k, v, table, False)
+    np.testing.assert_allclose(out, out_r, atol=2e-5, rtol=2e-5)
+    dense = np.asarray(alibi.dense(T, S)) + np.asarray(positional.T5Bias(table, max_distance=16).dense(T, S))
+    expected, _ = np_attention(q, k, v, mask=np.asarray(mask.dense(T, S)), bias=dense)
+    np.testing.assert_allclose(out, expected, atol=2e-5)
+    for a, b in zip(grads, grads_r, strict=True):  # dq, dk, dv and d table
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+    assert float(jnp.abs(grads[3]).sum()) > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -169,3 +170,18 @@ def test_experiments_import_together():
 
     for name in ("experiments.sweep", "experiments.plot", "experiments.pos_tagging", "benchmarks.bench_attention"):
         importlib.import_module(name)
+
+
+def test_mesh_flag_selects_cells_and_runs_on_a_mesh():
+    # With a sequence axis only blockwise cells run (the ring uses its block step); peers never.
+    cells = sweep.expand(tiny_config(implementations=["reference", "blockwise", "jax.nn"], mesh="heads=1,sp=1"))
+    assert {c.implementation for c in cells} == {"blockwise"} and all(c.mesh == "heads=1,sp=1" for c in cells)
+    cells = sweep.expand(tiny_config(implementations=["reference", "jax.nn"], mesh="heads=1"))
+    assert {c.implementation for c in cells} == {"reference"}
+    with pytest.raises(ValueError, match="mesh"):
+        sweep.expand(tiny_config(mesh="data=2"))
+    # One cell on a 1-device mesh (same code as 8 devices), against attention_reference.
+    cell = sweep.Cell("blockwise", "window:2:1", 24, 2, 8, 1, "fwd", "float32", "heads=1,sp=1")
+    fn, (q, k, v, m), _ = sweep.build(cell)
+    out = jax.jit(fn)(q, k, v, m)
+    np.testing.assert_allclose(out, attnlab.attention_reference(q, k, v, mask=m), atol=2e-5, rtol=2e-5)

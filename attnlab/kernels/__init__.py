@@ -4,6 +4,8 @@
   O(T + S) memory forward and backward (``attention(..., implementation="blockwise")``).
 * ``sparse``: attention along a graph's edge list with a segment softmax, O(E)
   (``attention(..., mask=masks.graph_edges(...), implementation="sparse")``).
+* ``ring``: ring attention across devices (the blockwise block step over key/value shards that
+  travel with ``lax.ppermute``); called through ``attnlab.parallel.attention(..., seq_axis=...)``.
 """
 
 from attnlab.kernels.blockwise import BlockSizes, block_schedule, blockwise_attention, default_block_sizes

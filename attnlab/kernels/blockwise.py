@@ -216,11 +216,38 @@ def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn):
 
     Returns out [nq, B, K, G, bq, Hv] (compute dtype) and lse [nq, B, K, G, bq] (fp32).
     """
+    return finalize(
+        *forward_carry(q, k, v, mask, consts, index, kind, init_carry(q, v.shape[-1]), st=st, bias_fn=bias_fn)
+    )
+
+
+def init_carry(q, Hv):
+    """Empty online-softmax state for tiled queries q [nq, B, K, G, bq, H]: (m, l, acc), fp32."""
     nq, B, K, G, bq, _ = q.shape
-    Hv = v.shape[-1]
+    m0 = jnp.full((nq, B, K, G, bq), _NEG, jnp.float32)
+    l0 = jnp.zeros((nq, B, K, G, bq), jnp.float32)
+    return m0, l0, jnp.zeros((nq, B, K, G, bq, Hv), jnp.float32)
+
+
+def finalize(m, l, acc):
+    """Online-softmax state -> (out = acc / l, lse = m + log l); rows with nothing allowed -> 0, 0."""
+    nonempty = l > 0
+    out = acc / jnp.where(nonempty, l, 1.0)[..., None]
+    lse = jnp.where(nonempty, m + jnp.log(jnp.where(nonempty, l, 1.0)), 0.0)
+    return out, lse
+
+
+def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: _Static, bias_fn):
+    """The block step: folds the key blocks of the schedule into the running (m, l, acc).
+
+    ``carry`` is ``(m [nq, B, K, G, bq], l [same], acc [nq, B, K, G, bq, Hv])`` (fp32) from
+    ``init_carry`` or a previous call, so a caller can stream key/value blocks that arrive one
+    after another (ring attention) and ``finalize`` once at the end. ``mask(q_idx, k_idx)`` sees
+    local block positions; a caller with sharded sequences passes a mask that adds its offsets.
+    """
 
     def one_query_block(args):
-        qi, i, idx_i, kind_i = args
+        qi, i, idx_i, kind_i, m0, l0, acc0 = args
 
         def step(carry, jk):
             j, kd = jk
@@ -251,25 +278,22 @@ def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn):
                 return branches[st.kinds_used[0]](carry), None
             return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], carry), None
 
-        m0 = jnp.full((B, K, G, bq), _NEG, jnp.float32)
-        l0 = jnp.zeros((B, K, G, bq), jnp.float32)
-        acc0 = jnp.zeros((B, K, G, bq, Hv), jnp.float32)
-        (m, l, acc), _ = jax.lax.scan(step, (m0, l0, acc0), (idx_i, kind_i))
-        nonempty = l > 0
-        out = acc / jnp.where(nonempty, l, 1.0)[..., None]
-        lse = jnp.where(nonempty, m + jnp.log(jnp.where(nonempty, l, 1.0)), 0.0)
-        return out, lse
+        return jax.lax.scan(step, (m0, l0, acc0), (idx_i, kind_i))[0]
 
-    iq = jnp.arange(nq, dtype=jnp.int32)
-    return jax.lax.map(one_query_block, (q, iq, index, kind))
+    iq = jnp.arange(q.shape[0], dtype=jnp.int32)
+    return jax.lax.map(one_query_block, (q, iq, index, kind, *carry))
 
 
 # ------------------------------------------------------------------------------------------
 # Backward: recompute each tile's probabilities from the stored log-sum-exp
 
 
-def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static, bias_fn):
-    """FlashAttention-2-style backward: scan over query blocks; dk, dv are carried full-size."""
+def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static, bias_fn, dk0=None, dv0=None):
+    """FlashAttention-2-style backward: scan over query blocks; dk, dv are carried full-size.
+
+    ``dk0``/``dv0`` (fp32, k's/v's tile shapes) are added to: a caller streaming key/value shards
+    (ring attention) passes its travelling accumulators instead of adding a fresh copy.
+    """
     nq, B, K, G, bq, H = q.shape
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [nq, B, K, G, bq]
 
@@ -324,8 +348,8 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
         (dq_i, dk, dv, dconsts), _ = jax.lax.scan(step, (dq0, dk, dv, dconsts), (idx_i, kind_i))
         return (dk, dv, dconsts), dq_i
 
-    dk0 = jnp.zeros(k.shape, jnp.float32)
-    dv0 = jnp.zeros(v.shape, jnp.float32)
+    dk0 = jnp.zeros(k.shape, jnp.float32) if dk0 is None else dk0
+    dv0 = jnp.zeros(v.shape, jnp.float32) if dv0 is None else dv0
     dc0 = tuple(jnp.zeros(c.shape, jnp.float32) for c in consts)
     iq = jnp.arange(nq, dtype=jnp.int32)
     (dk, dv, dconsts), dq = jax.lax.scan(one_query_block, (dk0, dv0, dc0), (q, dout, lse, delta, iq, index, kind))

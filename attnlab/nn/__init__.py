@@ -1,7 +1,9 @@
 """Flax NNX modules: thin owners of parameters that call attnlab's pure functions."""
 
 from attnlab.nn.baselines import CNN, BiRNN, TokenMLP
+from attnlab.nn.graph import GIN, GraphEncoder, distance_bias, gin_layer
 from attnlab.nn.layers import (
+    Chars,
     Encoder,
     MultiHeadAttention,
     SequenceClassifier,
@@ -9,19 +11,28 @@ from attnlab.nn.layers import (
     TokenEmbedding,
     TransformerBlock,
     dropout,
+    masked_max,
+    masked_mean,
     sequence_mask,
 )
 
 __all__ = [
     "CNN",
     "BiRNN",
+    "Chars",
     "Encoder",
+    "GIN",
+    "GraphEncoder",
     "MultiHeadAttention",
     "SequenceClassifier",
     "TokenClassifier",
     "TokenEmbedding",
     "TokenMLP",
     "TransformerBlock",
+    "distance_bias",
     "dropout",
+    "masked_max",
+    "masked_mean",
+    "gin_layer",
     "sequence_mask",
 ]

@@ -3,7 +3,8 @@
 The course note compares self-attention with these: an MLP sees one token (no context); a CNN sees
 a fixed window ("a CNN is a simplified self-attention"); an RNN sees the whole sequence but
 through a sequential memory. All take ``(inputs, lengths=None, *, dropout_key=None)`` and return
-``[B, T, F]`` with ``.features == F``; padded positions never change the real ones.
+``[B, T, F]`` with ``.features == F``; padded positions never change the real ones. ``vocab_sizes``,
+``input_dim`` and ``chars`` go to ``attnlab.nn.TokenEmbedding``.
 
 Legend: B batch, T length, D width, F output features.
 """
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnlab.nn.layers import TokenEmbedding, _split, dropout, sequence_mask
+from attnlab.nn.layers import Chars, TokenEmbedding, _split, dropout, sequence_mask
 
 __all__ = ["TokenMLP", "CNN", "BiRNN"]
 
@@ -31,11 +32,12 @@ class TokenMLP(nnx.Module):
         num_layers: int = 2,
         vocab_sizes: int | Sequence[int] | None = None,
         input_dim: int | None = None,
+        chars: Chars | None = None,
         dropout_rate: float = 0.0,
         rngs: nnx.Rngs,
     ):
         self.features = d_model
-        self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, rngs=rngs)
+        self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, chars=chars, rngs=rngs)
         self.layers = nnx.List([nnx.Linear(d_model, d_model, rngs=rngs) for _ in range(num_layers)])
         self.ln_f = nnx.LayerNorm(d_model, rngs=rngs)
         self.dropout_rate = dropout_rate
@@ -64,11 +66,12 @@ class CNN(nnx.Module):
         kernel_size: int = 5,
         vocab_sizes: int | Sequence[int] | None = None,
         input_dim: int | None = None,
+        chars: Chars | None = None,
         dropout_rate: float = 0.0,
         rngs: nnx.Rngs,
     ):
         self.features = d_model
-        self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, rngs=rngs)
+        self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, chars=chars, rngs=rngs)
         self.convs = nnx.List(
             [nnx.Conv(d_model, d_model, kernel_size, padding="SAME", rngs=rngs) for _ in range(num_layers)]
         )
@@ -101,6 +104,7 @@ class BiRNN(nnx.Module):
         cell: str = "lstm",
         vocab_sizes: int | Sequence[int] | None = None,
         input_dim: int | None = None,
+        chars: Chars | None = None,
         dropout_rate: float = 0.0,
         rngs: nnx.Rngs,
     ):
@@ -108,7 +112,7 @@ class BiRNN(nnx.Module):
             raise ValueError(f"BiRNN: cell must be 'gru' or 'lstm', got {cell!r}")
         hidden = hidden or d_model
         self.features = 2 * hidden
-        self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, rngs=rngs)
+        self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, chars=chars, rngs=rngs)
         make = nnx.GRUCell if cell == "gru" else nnx.OptimizedLSTMCell
         layers = []
         for i in range(num_layers):

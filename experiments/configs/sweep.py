@@ -34,6 +34,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
     c.repeats = 3
     c.cell_timeout_s = 60.0
     c.seed = 0
+    c.mesh = ""  # one device; "sp=8", "heads=4,sp=2": attnlab.parallel over that mesh (--mesh)
     if variant == "default":
         pass
     elif variant == "smoke":
