@@ -125,3 +125,9 @@ images: install data-images  ## ViT vs CNN vs training-set size, pixel-level loc
 	$(PY) -m experiments.images --config experiments/configs/images.py:default --out results/images $(IMAGES_FLAGS)
 	$(PY) -m experiments.images --config experiments/configs/images.py:pixel --out results/images $(IMAGES_FLAGS)
 	$(PY) -m experiments.images --report results/images
+
+# --- long range (issue 9): ListOps, LRA Table-2 efficiency, attention vs RNN -----------------
+.PHONY: listops
+LISTOPS_FLAGS ?=
+listops: install  ## ListOps (full/local/BigBird/linear/Performer/GRU), efficiency table, recall -> results/long_range/
+	$(PY) -m experiments.long_range --config experiments/configs/long_range.py:default --out results/long_range $(LISTOPS_FLAGS)

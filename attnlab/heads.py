@@ -158,6 +158,7 @@ def multi_head_attention(
     scale=None,
     implementation=None,
     return_weights=False,
+    attention_fn=None,
     rotary=None,
 ):
     """Multi-head self-attention (``x_kv=None``) or cross-attention on a params pytree.
@@ -169,6 +170,9 @@ def multi_head_attention(
         mask, bias, scale, implementation: as ``attnlab.attention``.
         score: ``"dot"``, ``"additive"`` (uses ``params["w_score"]``) or a callable.
         return_weights: also return the attention weights ``[..., N, T, S]`` (fp32).
+        attention_fn: optional ``(q, k, v) -> [..., T, N, Hv]`` used instead of ``attnlab.attention``
+            (e.g. ``functools.partial(attnlab.efficient.linear_attention, kv_lengths=lengths)``);
+            then mask, bias and return_weights must be left unset (the function owns its masking).
         rotary: None, or a function ``[..., T, N, H] -> [..., T, N, H]`` applied to the projected
             queries and keys before the scores, e.g. ``attnlab.positional.rope`` (RoPE).
 
@@ -201,9 +205,17 @@ def multi_head_attention(
                 "create params with init_multi_head_params(..., score='additive')"
             )
         score = functools.partial(scores_lib.additive, w=params["w_score"])
-    o = attention(
-        q, k, v, mask=mask, bias=bias, score=score, scale=scale, implementation=implementation
-    )  # [..., T, N, Hv]
+    if attention_fn is not None:
+        if mask is not None or bias is not None or return_weights:
+            raise ValueError(
+                "multi_head_attention: with attention_fn, mask, bias and return_weights must be unset "
+                "(pass masking to the attention function itself)"
+            )
+        o = attention_fn(q, k, v)  # [..., T, N, Hv]
+    else:
+        o = attention(
+            q, k, v, mask=mask, bias=bias, score=score, scale=scale, implementation=implementation
+        )  # [..., T, N, Hv]
     wo = params["wo"]
     n, hv, d = wo.shape
     y = merge_heads(o) @ wo.reshape(n * hv, d)  # [..., T, N*Hv] @ [N*Hv, D] -> [..., T, D]

@@ -126,13 +126,13 @@ def build_model(m: ml_collections.ConfigDict, image_hw: tuple[int, int], num_cla
     common = dict(input_dim=m.patch * m.patch, d_model=m.d_model, num_layers=m.num_layers, dropout_rate=m.dropout)
     match m.kind:
         case "vit" | "pixel":
-            attn_mask = masks.window_2d(grid[1], m.radius) if m.kind == "pixel" else None
+            attention_mask = masks.window_2d(grid[1], m.radius) if m.kind == "pixel" else None
             backbone = nn.Encoder(
                 num_heads=m.num_heads,
                 mlp_dim=m.mlp_dim,
                 posenc="sinusoidal_2d",
                 grid=grid,
-                attn_mask=attn_mask,
+                attention_mask=attention_mask,
                 rngs=rngs,
                 **common,
             )

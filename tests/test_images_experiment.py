@@ -23,7 +23,7 @@ def test_encoder_2d_positions_and_local_mask_match_hand_composition():
         num_heads=2,
         posenc="sinusoidal_2d",
         grid=(3, 4),
-        attn_mask=masks.window_2d(4, 1),
+        attention_mask=masks.window_2d(4, 1),
         rngs=nnx.Rngs(0),
     )
     x = jax.random.normal(jax.random.key(1), (2, 12, 4))
@@ -39,8 +39,10 @@ def test_encoder_2d_positions_and_local_mask_match_hand_composition():
         enc(jnp.ones((1, 10, 4)))
     with pytest.raises(ValueError, match="grid"):
         nn.Encoder(input_dim=4, d_model=8, num_layers=1, num_heads=2, posenc="sinusoidal_2d", rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match="attn_mask"):
-        nn.Encoder(input_dim=4, d_model=8, num_layers=1, num_heads=2, attn_mask=np.eye(3, dtype=bool), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="attention_mask"):
+        nn.Encoder(
+            input_dim=4, d_model=8, num_layers=1, num_heads=2, attention_mask=np.eye(3, dtype=bool), rngs=nnx.Rngs(0)
+        )
 
 
 def test_cnn_on_a_grid_is_a_2d_convolution():

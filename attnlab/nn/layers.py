@@ -15,14 +15,15 @@ or F floats), C classes, L layers, N heads, K kv heads, H head dim.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attnlab import efficient, positional
 from attnlab import masks as masks_lib
-from attnlab import positional
 from attnlab.heads import init_multi_head_params, multi_head_attention
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 POSENCS = (*positional.SCHEMES, "sinusoidal_2d")  # none, sinusoidal, learned, rope, alibi, t5; 2-D grids
+ATTENTION_KINDS = ("softmax", "linear", "performer")  # softmax: attnlab.attention; others: attnlab.efficient
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -205,6 +207,10 @@ class MultiHeadAttention(nnx.Module):
         d_model, num_heads, num_kv_heads, head_dim, kv_dim, use_bias, score: as
             ``attnlab.heads.init_multi_head_params`` (score ``"dot"`` or ``"additive"``).
         implementation: passed to ``attnlab.attention`` (None, "reference", "xla").
+        kind: ``"softmax"`` (``attnlab.attention``, any mask), ``"linear"`` (elu+1 linear attention)
+            or ``"performer"`` (FAVOR+ with ``num_features`` random features, drawn once at init
+            from ``rngs`` and kept fixed: a non-trainable ``projection`` variable ``[M, H]``). The
+            O(N) kinds take padding as ``kv_lengths`` instead of a mask (see ``attnlab.efficient``).
 
     Example:
         >>> mha = MultiHeadAttention(16, 4, num_kv_heads=2, rngs=nnx.Rngs(0))
@@ -223,8 +229,14 @@ class MultiHeadAttention(nnx.Module):
         use_bias: bool = True,
         score: str = "dot",
         implementation: str | None = None,
+        kind: str = "softmax",
+        num_features: int = 256,
         rngs: nnx.Rngs,
     ):
+        if kind not in ATTENTION_KINDS:
+            raise ValueError(f"MultiHeadAttention: kind must be one of {ATTENTION_KINDS}, got {kind!r}")
+        if kind != "softmax" and score != "dot":
+            raise ValueError(f"MultiHeadAttention: kind={kind!r} needs score='dot', got {score!r}")
         params = init_multi_head_params(
             rngs.params(),
             d_model,
@@ -240,17 +252,33 @@ class MultiHeadAttention(nnx.Module):
             setattr(self, name, nnx.Param(params[name]))
         self.score = score
         self.implementation = implementation
+        self.kind = kind
+        if kind == "performer":
+            h = params["wq"].shape[-1]
+            self.projection = nnx.Variable(efficient.performer_projection(rngs.params(), num_features, h))
 
     def params(self) -> dict[str, jax.Array]:
         """The params pytree for ``attnlab.heads.multi_head_attention``."""
         return {name: getattr(self, name)[...] for name in self.names}
 
-    def __call__(self, x_q, x_kv=None, *, mask=None, bias=None, return_weights=False, rotary=None):
+    def __call__(self, x_q, x_kv=None, *, mask=None, bias=None, return_weights=False, rotary=None, kv_lengths=None):
         """``[..., T, D]`` (and ``[..., S, Dkv]``) -> ``[..., T, D]`` (, weights ``[..., N, T, S]``).
 
         ``bias`` (an array or a callable ``bias(q_idx, k_idx)`` such as ``positional.alibi(N)``) and
         ``rotary`` (e.g. ``positional.rope``, applied to q and k) are as in ``multi_head_attention``.
+        ``kv_lengths`` (int ``[...]``) is the padding of the O(N) kinds; softmax takes a mask instead.
         """
+        match self.kind:
+            case "softmax":
+                if kv_lengths is not None:
+                    raise ValueError("MultiHeadAttention: kind='softmax' takes padding as a mask, not kv_lengths")
+                fn = None
+            case "linear":
+                fn = functools.partial(efficient.linear_attention, kv_lengths=kv_lengths)
+            case "performer":
+                fn = functools.partial(
+                    efficient.performer_attention, projection=self.projection[...], kv_lengths=kv_lengths
+                )
         return multi_head_attention(
             self.params(),
             x_q,
@@ -260,6 +288,7 @@ class MultiHeadAttention(nnx.Module):
             score=self.score,
             implementation=self.implementation,
             return_weights=return_weights,
+            attention_fn=fn,
             rotary=rotary,
         )
 
@@ -280,21 +309,34 @@ class TransformerBlock(nnx.Module):
         num_kv_heads: int | None = None,
         score: str = "dot",
         implementation: str | None = None,
+        attention: str = "softmax",
+        num_features: int = 256,
         rngs: nnx.Rngs,
     ):
         self.ln1 = nnx.LayerNorm(d_model, rngs=rngs)
         self.attn = MultiHeadAttention(
-            d_model, num_heads, num_kv_heads=num_kv_heads, score=score, implementation=implementation, rngs=rngs
+            d_model,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            score=score,
+            implementation=implementation,
+            kind=attention,
+            num_features=num_features,
+            rngs=rngs,
         )
         self.ln2 = nnx.LayerNorm(d_model, rngs=rngs)
         self.mlp_in = nnx.Linear(d_model, mlp_dim, rngs=rngs)
         self.mlp_out = nnx.Linear(mlp_dim, d_model, rngs=rngs)
         self.dropout_rate = dropout_rate
 
-    def __call__(self, x, *, mask=None, bias=None, dropout_key=None, return_weights=False, rotary=None):
+    def __call__(
+        self, x, *, mask=None, bias=None, dropout_key=None, return_weights=False, rotary=None, kv_lengths=None
+    ):
         """``[B, T, D] -> [B, T, D]`` (, attention weights ``[B, N, T, S]``); bias, rotary: see MultiHeadAttention."""
         k1, k2, k3 = _split(dropout_key, 3)
-        a = self.attn(self.ln1(x), mask=mask, return_weights=return_weights, bias=bias, rotary=rotary)
+        a = self.attn(
+            self.ln1(x), mask=mask, return_weights=return_weights, bias=bias, rotary=rotary, kv_lengths=kv_lengths
+        )
         a, w = a if return_weights else (a, None)
         x = x + dropout(a, self.dropout_rate, k1)
         h = dropout(jax.nn.gelu(self.mlp_in(self.ln2(x))), self.dropout_rate, k2)
@@ -321,9 +363,14 @@ class Encoder(nnx.Module):
         t5_buckets, t5_max_distance: the T5 bias's ``num_buckets`` and ``max_distance``.
         window: None for full attention, or w: each token sees the w tokens on each side
             (``masks.window(w, w)``), combined with the padding mask.
+        attention: ``"softmax"`` (default), or an O(N) kind ``"linear"`` / ``"performer"``
+            (``MultiHeadAttention``'s ``kind``; padding goes in as ``kv_lengths``).
+        attention_mask: a structural mask ANDed with padding (and window) for softmax attention,
+            e.g. ``masks.chunks(c)`` (LRA's local attention), ``masks.bigbird(max_len, ...)`` or
+            ``masks.window_2d(width, r)`` (2-D local attention on a grid);
+            it is static module structure, so it holds no arrays (not padding or a dense mask).
+        num_features: Performer's M.
         grid: ``(height, width)`` of the token grid, for ``posenc="sinusoidal_2d"``.
-        attn_mask: a static ``attnlab.masks`` object (e.g. ``masks.window_2d(width, r)``) combined
-            with the padding and window masks in every layer.
         dropout_rate, num_kv_heads, score, implementation: passed to each block.
 
     Call: ``encoder(inputs, lengths=None, *, dropout_key=None, return_weights=False)`` with inputs
@@ -356,10 +403,12 @@ class Encoder(nnx.Module):
         num_kv_heads: int | None = None,
         score: str = "dot",
         implementation: str | None = None,
+        attention: str = "softmax",
+        attention_mask: masks_lib.Mask | None = None,
+        num_features: int = 256,
         t5_buckets: int = 32,
         t5_max_distance: int = 128,
         grid: tuple[int, int] | None = None,
-        attn_mask: masks_lib.Mask | None = None,
         rngs: nnx.Rngs,
     ):
         if posenc not in POSENCS:
@@ -368,10 +417,15 @@ class Encoder(nnx.Module):
             raise ValueError(f"Encoder: window must be None or an int >= 0, got {window!r}")
         if (posenc == "sinusoidal_2d") != (grid is not None):
             raise ValueError(f"Encoder: grid=(height, width) goes with posenc='sinusoidal_2d', got grid={grid!r}")
-        if attn_mask is not None and not isinstance(attn_mask, masks_lib.Mask):
-            raise ValueError(f"Encoder: attn_mask must be an attnlab.masks object, got {type(attn_mask).__name__}")
         self.grid = None if grid is None else tuple(grid)
-        self.attn_mask = attn_mask
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"Encoder: attention must be one of {ATTENTION_KINDS}, got {attention!r}")
+        if attention != "softmax" and (window is not None or attention_mask is not None):
+            raise ValueError(f"Encoder: attention={attention!r} takes no window or attention_mask (softmax only)")
+        if attention_mask is not None and not isinstance(attention_mask, masks_lib.Mask):
+            raise ValueError(
+                f"Encoder: attention_mask must be an attnlab.masks Mask, got {type(attention_mask).__name__}"
+            )
         self.features = d_model
         self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, chars=chars, rngs=rngs)
         self.posenc = posenc
@@ -397,6 +451,8 @@ class Encoder(nnx.Module):
                     num_kv_heads=num_kv_heads,
                     score=score,
                     implementation=implementation,
+                    attention=attention,
+                    num_features=num_features,
                     rngs=rngs,
                 )
                 for _ in range(num_layers)
@@ -405,15 +461,18 @@ class Encoder(nnx.Module):
         self.ln_f = nnx.LayerNorm(d_model, rngs=rngs)
         self.window = window
         self.dropout_rate = dropout_rate
+        self.attention = attention
+        self.attention_mask = attention_mask
 
     def mask(self, lengths, T):
-        """The attention mask for a batch: padding(lengths) & window(w, w) (None when neither)."""
+        """The attention mask for a batch: padding(lengths) & window(w, w) & attention_mask (None when none)."""
         m = None if lengths is None else masks_lib.padding(lengths, lengths)
-        if self.window is not None:
-            w = masks_lib.window(self.window, self.window)
-            m = w if m is None else m & w
-        if self.attn_mask is not None:
-            m = self.attn_mask if m is None else m & self.attn_mask
+        for extra in (
+            None if self.window is None else masks_lib.window(self.window, self.window),
+            self.attention_mask,
+        ):
+            if extra is not None:
+                m = extra if m is None else m & extra
         return m
 
     def __call__(self, inputs, lengths=None, *, mask=None, bias=None, dropout_key=None, return_weights=False):
@@ -446,11 +505,21 @@ class Encoder(nnx.Module):
                 pass
         keys = _split(dropout_key, len(self.blocks) + 1)
         x = dropout(x, self.dropout_rate, keys[0])
-        own = self.mask(lengths, T)
+        softmax = self.attention == "softmax"
+        own = self.mask(lengths, T) if softmax else None
         mask = own if mask is None else (mask if own is None else own & mask)
+        kv_lengths = None if softmax else lengths
         weights = []
         for block, k in zip(self.blocks, keys[1:], strict=True):
-            x = block(x, mask=mask, dropout_key=k, return_weights=return_weights, bias=bias, rotary=rotary)
+            x = block(
+                x,
+                mask=mask,
+                dropout_key=k,
+                return_weights=return_weights,
+                bias=bias,
+                rotary=rotary,
+                kv_lengths=kv_lengths,
+            )
             if return_weights:
                 x, w = x
                 weights.append(w)

@@ -24,7 +24,7 @@ Variants:
              200 steps of batch 32; evaluated on the first 2,000 test images.
     smoke    scikit-learn's 8 x 8 digits, ViT and CNN (2 x 2 patches, 16 tokens), sizes 200 / 1,347,
              2 seeds, 12 steps: seconds of compute (mostly compiling); used by the tests. (The pixel
-             model is the same Encoder with ``attn_mask``; the tests check it and the mask apart.)
+             model is the same Encoder with ``attention_mask``; the tests check it and the mask apart.)
 
 Measured (shared 2-core CPU, load average ~20): README "Images as sequences"; the table is
 ``results/images/summary.md``.

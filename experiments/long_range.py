@@ -1,0 +1,603 @@
+"""Cutting attention's cost: efficient attention on ListOps, an LRA Table-2 efficiency table, attention vs RNN.
+
+Three parts (``--config.parts``), each resumable (records already in its JSONL are skipped):
+
+1. **ListOps** (Long Range Arena's hierarchical task, ``attnlab.data.listops``): full attention,
+   local attention (``masks.chunks``), BigBird (``masks.bigbird``), linear attention (elu+1),
+   Performer (FAVOR+) and a bidirectional GRU, all with the same encoder width, steps, batch and
+   optimizer; test accuracy -> ``listops.jsonl`` (training curves in ``listops/<model>/metrics.jsonl``).
+2. **Efficiency** in the shape of LRA's Table 2: training steps/s and peak memory of one training
+   step (forward, backward, AdamW update) at N = 256 .. 4K for each model, plus ``full_dense``
+   (full attention through XLA's dense kernel, i.e. the [N, N] matrix LRA's vanilla Transformer
+   builds; ``full`` uses attnlab's blockwise kernel, O(N) memory). One warm-up step, then the median
+   of ``repeats`` timed steps. Memory is XLA's buffer assignment of the compiled step
+   (``compiled.memory_analysis()``: temp + arguments + outputs - aliased), not a measured RSS
+   -> ``efficiency.jsonl``. The same data gives figure (1): wall time per training step vs N for
+   attention (parallel over positions) and the GRU (``lax.scan``, sequential).
+3. **Recall** at a distance (figure 2): a key token at position 0, distractors, and a query token at
+   position d; the model reads its output at the query and must name the key (chance 1/num_keys).
+   One model per (kind, distance), trained with the same steps -> ``recall.jsonl``.
+
+Commands:
+
+    make listops     # = python -m experiments.long_range --config experiments/configs/long_range.py:default \
+                     #       --out results/long_range   (~10 min CPU time; 15-20 min on a quiet 2-core CPU)
+    python -m experiments.long_range --report results/long_range   # tables + figures from the JSONL only
+
+The report writes ``summary.md`` (three tables), ``listops_accuracy.png``, ``efficiency.png``
+(steps/s and memory vs N), ``time_vs_n.png`` (attention vs GRU per training step) and ``recall.png``.
+
+Expected (measured on the shared 2-core CPU under load 15-20; README "Cutting attention's cost" has
+the tables). ListOps ``:cpu`` (lengths 32-128, not LRA's 500-2000; 300 steps = half an epoch):
+full 24.4%, local 25.7%, BigBird 27.2%, linear 13.3%, Performer 16.2%, GRU 21.0% test accuracy
+(majority class 12.6%; LRA's vanilla Transformer gets 36.37% on LRA's ListOps after 5K steps of a
+d=512 model). Recall: full attention 100% at every distance 16..256, the GRU 24.6% at 16 and
+chance (~14%) from 64 on, at this budget of 250 steps. Efficiency: see ``summary.md``; the
+blockwise full attention and the sparse masks keep memory linear in N while ``full_dense`` grows
+as N^2, linear and Performer are O(N) in time, and the GRU's time per step grows linearly in N.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import app, flags, logging
+from flax import nnx
+from ml_collections import config_flags
+
+from attnlab import masks, nn
+from attnlab import train as train_lib
+from attnlab.data import listops
+
+FLAGS = flags.FLAGS
+
+LRA_TRANSFORMER_LISTOPS = 36.37  # Tay et al. 2020, Table 1: vanilla Transformer test accuracy on ListOps (%)
+LABELS = {
+    "full": "full attention",
+    "full_dense": "full (dense XLA)",
+    "local": "local (chunks)",
+    "bigbird": "BigBird",
+    "linear": "linear (elu+1)",
+    "performer": "Performer",
+    "gru": "GRU",
+}
+
+
+def define_flags():
+    """Defines the command-line flags; only when run as a program, so experiments can be imported together."""
+    config_flags.DEFINE_config_file(
+        "config", "experiments/configs/long_range.py:default", "experiment config, file.py:variant"
+    )
+    flags.DEFINE_string("out", "results/long_range", "results folder")
+    flags.DEFINE_string("report", None, "only draw figures + tables from the results in this folder")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _names(spec) -> list[str]:
+    return [s for s in (spec.split(",") if isinstance(spec, str) else spec) if s]
+
+
+# ------------------------------------------------------------------------------------------
+# Models
+
+
+def build_backbone(
+    kind: str,
+    m: ml_collections.ConfigDict,
+    *,
+    vocab_size: int,
+    max_len: int,
+    local_chunk: int,
+    bigbird_block: int,
+    bigbird_random: int,
+    seed: int,
+):
+    """The encoder (or GRU) for one model kind; every kind has the same width and depth."""
+    rngs = nnx.Rngs(seed)
+    if kind == "gru":
+        return nn.BiRNN(
+            cell="gru", d_model=m.d_model, hidden=m.d_model // 2, num_layers=m.num_layers, vocab_sizes=vocab_size,
+            dropout_rate=m.dropout, rngs=rngs,
+        )  # fmt: skip
+    options = dict(attention="softmax", attention_mask=None, implementation=None)
+    match kind:
+        case "full":
+            pass
+        case "full_dense":
+            options["implementation"] = "xla"
+        case "local":
+            options["attention_mask"] = masks.chunks(local_chunk)
+        case "bigbird":
+            options["attention_mask"] = masks.bigbird(
+                max_len, block_size=bigbird_block, window_blocks=3, num_global=2, num_random=bigbird_random, seed=seed
+            )
+        case "linear" | "performer":
+            options["attention"] = kind
+        case _:
+            raise ValueError(f"model kind must be one of {sorted(LABELS)}, got {kind!r}")
+    return nn.Encoder(
+        vocab_sizes=vocab_size,
+        d_model=m.d_model,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        mlp_dim=m.mlp_dim,
+        posenc="sinusoidal",
+        max_len=max_len,
+        dropout_rate=m.dropout,
+        num_features=m.num_features,
+        rngs=rngs,
+        **options,
+    )
+
+
+class LastToken(nnx.Module):
+    """Classifies a sequence from the backbone's output at its last position: ``[B, T] -> [B, C]``."""
+
+    def __init__(self, backbone: nnx.Module, num_classes: int, *, rngs: nnx.Rngs):
+        self.backbone = backbone
+        self.head = nnx.Linear(backbone.features, num_classes, rngs=rngs)
+
+    def __call__(self, inputs, lengths=None, *, dropout_key=None):
+        h = self.backbone(inputs, lengths, dropout_key=dropout_key)  # [B, T, F]
+        return self.head(h[:, -1])
+
+
+def _num_params(model) -> int:
+    return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def _classification_loss(m, batch, key):
+    logits = m(batch["inputs"], batch.get("lengths"), dropout_key=key).astype(jnp.float32)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+    return loss, {"accuracy": (logits.argmax(-1) == batch["labels"]).mean()}
+
+
+@nnx.jit
+def _predict(model, inputs, lengths):
+    return model(inputs, lengths).argmax(-1)
+
+
+def _accuracy(model, ids, lengths, labels, batch_size=250) -> float:
+    correct = 0
+    for i in range(0, len(ids), batch_size):
+        sl = slice(i, i + batch_size)
+        lens = None if lengths is None else jnp.asarray(lengths[sl])
+        correct += int((np.asarray(_predict(model, jnp.asarray(ids[sl]), lens)) == labels[sl]).sum())
+    return correct / len(ids)
+
+
+def _read(path: Path) -> list[dict]:
+    return train_lib.read_jsonl(path)
+
+
+def _append(path: Path, record: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+# ------------------------------------------------------------------------------------------
+# Part 1: ListOps
+
+
+def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
+    lc, m = cfg.listops, cfg.model
+    path = out / "listops.jsonl"
+    done = {r["model"] for r in _read(path)}
+    todo = [k for k in _names(cfg.models) if k not in done]
+    if not todo:
+        return _read(path)
+    t0 = time.perf_counter()
+    splits = listops.make_splits(lc.data, seed=cfg.seed)
+    data = {name: listops.encode(ex, lc.max_len) for name, ex in splits.items()}
+    lengths = np.array([len(t) for t, _ in splits["train"]])
+    _log(
+        f"[listops:{lc.data}] {len(splits['train'])} train examples, lengths {lengths.min()}-{lengths.max()} "
+        f"(mean {lengths.mean():.0f}), generated in {time.perf_counter() - t0:.1f} s"
+    )
+    ids, lens, labels = data["train"]
+    n = len(ids)
+
+    def batch_fn(step):  # a fixed permutation per epoch, from the seed: deterministic in the step
+        epoch, i = divmod((step - 1) * lc.batch_size, n)
+        idx = np.random.default_rng([cfg.seed, epoch]).permutation(n)[i : i + lc.batch_size]
+        return {"inputs": ids[idx], "lengths": lens[idx], "labels": labels[idx]}
+
+    dev = tuple(x[: lc.max_eval] for x in data["dev"])
+    for kind in todo:
+        backbone = build_backbone(
+            kind, m, vocab_size=len(listops.VOCAB), max_len=lc.max_len, local_chunk=m.local_chunk,
+            bigbird_block=m.bigbird_block, bigbird_random=m.bigbird_random, seed=cfg.seed,
+        )  # fmt: skip
+        model = nn.SequenceClassifier(backbone, 10, rngs=nnx.Rngs(cfg.seed + 1))
+        schedule = optax.warmup_cosine_decay_schedule(
+            0.0, lc.learning_rate, lc.warmup_steps, lc.num_steps, end_value=0.05 * lc.learning_rate
+        )
+        tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=lc.weight_decay))
+        if verbose:
+            _log(f"[listops] {kind}: {_num_params(model):,} params, {lc.num_steps} steps of batch {lc.batch_size}")
+        model, records = train_lib.train(
+            model,
+            tx,
+            _classification_loss,
+            batch_fn,
+            num_steps=lc.num_steps,
+            seed=cfg.seed,
+            workdir=out / "listops" / kind,
+            eval_fn=lambda mod: {"accuracy": _accuracy(mod, *dev)},
+            eval_every=lc.eval_every,
+            log_every=lc.log_every,
+            verbose=verbose,
+        )
+        train_time = max(r["time_s"] for r in records if r["split"] == "train")
+        test_acc = _accuracy(model, *data["test"])
+        dev_acc = [r for r in records if r["split"] == "dev"][-1]["accuracy"]
+        record = {
+            "model": kind,
+            "data": lc.data,
+            "test_accuracy": test_acc,
+            "dev_accuracy": dev_acc,
+            "steps": lc.num_steps,
+            "batch_size": lc.batch_size,
+            "max_len": lc.max_len,
+            "train_time_s": round(train_time, 1),
+            "params": _num_params(model),
+            "majority_class": float(np.bincount(data["test"][2], minlength=10).max() / len(data["test"][2])),
+            "backend": jax.default_backend(),
+        }
+        _append(path, record)
+        if verbose:
+            _log(f"[listops] {kind}: test accuracy {100 * test_acc:.2f}% ({train_time:.0f} s training)")
+    return _read(path)
+
+
+# ------------------------------------------------------------------------------------------
+# Part 2: efficiency (LRA Table 2)
+
+
+def measure_step(model, batch, *, repeats: int, max_step_s: float | None = None) -> dict:
+    """Compile one training step (loss, grads, AdamW update), then time it: compile s, step s, memory."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = optax.adamw(1e-4)
+    opt_state = tx.init(params)
+
+    def step(params, opt_state, batch):
+        def loss(p):
+            return _classification_loss(nnx.merge(graphdef, p, rest), batch, None)[0]
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    t0 = time.perf_counter()
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, batch).compile()
+    compile_s = time.perf_counter() - t0
+    ma = compiled.memory_analysis()
+    peak = ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
+    times = []
+    for i in range(1 + repeats):  # the first call is a warm-up
+        t0 = time.perf_counter()
+        params, opt_state, value = compiled(params, opt_state, batch)
+        jax.block_until_ready(value)
+        if i:
+            times.append(time.perf_counter() - t0)
+        elif max_step_s is not None and time.perf_counter() - t0 > max_step_s:
+            times.append(time.perf_counter() - t0)  # too slow to repeat: keep the warm-up time
+            break
+    step_s = float(np.median(times))
+    return {
+        "step_s": step_s,
+        "steps_per_s": 1.0 / step_s,
+        "compile_s": compile_s,
+        "timed_steps": len(times),
+        "peak_bytes": int(peak),
+        "temp_bytes": int(ma.temp_size_in_bytes),
+        "memory_source": "xla_memory_analysis",
+        "finite": bool(np.isfinite(float(value))),
+    }
+
+
+def run_efficiency(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
+    e, m = cfg.efficiency, cfg.model
+    path = out / "efficiency.jsonl"
+    done = {(r["model"], r["seq_len"]) for r in _read(path)}
+    rng = np.random.default_rng(cfg.seed)
+    for kind in _names(e.models):
+        too_slow = False
+        for n in e.seq_lens:
+            if (kind, n) in done:
+                continue
+            if too_slow:
+                _append(path, {"model": kind, "seq_len": n, "status": "skipped"})
+                continue
+            backbone = build_backbone(
+                kind, m, vocab_size=len(listops.VOCAB), max_len=n, local_chunk=e.local_chunk,
+                bigbird_block=e.bigbird_block, bigbird_random=e.bigbird_random, seed=cfg.seed,
+            )  # fmt: skip
+            model = nn.SequenceClassifier(backbone, 10, rngs=nnx.Rngs(cfg.seed + 1))
+            batch = {
+                "inputs": jnp.asarray(rng.integers(1, len(listops.VOCAB), (e.batch_size, n)), jnp.int32),
+                "lengths": jnp.full((e.batch_size,), n, jnp.int32),
+                "labels": jnp.asarray(rng.integers(0, 10, (e.batch_size,)), jnp.int32),
+            }
+            try:
+                res = measure_step(model, batch, repeats=e.repeats, max_step_s=e.max_step_s)
+                status = "ok"
+            except Exception as err:  # noqa: BLE001 - a failed cell is recorded, the table goes on
+                res, status = {"error": f"{type(err).__name__}: {str(err)[:300]}"}, "error"
+            record = {"model": kind, "seq_len": n, "batch_size": e.batch_size, "status": status, **res}
+            record |= {"params": _num_params(model), "backend": jax.default_backend(), "jax": jax.__version__}
+            _append(path, record)
+            if verbose and status == "ok":
+                _log(
+                    f"[efficiency] {kind:>10} N={n:5d}: {res['step_s'] * 1e3:8.1f} ms/step "
+                    f"({res['steps_per_s']:.2f} steps/s), {res['peak_bytes'] / 2**20:7.1f} MiB, "
+                    f"compile {res['compile_s']:.1f} s"
+                )
+            elif verbose:
+                _log(f"[efficiency] {kind} N={n}: {record.get('error')}")
+            too_slow = status != "ok" or res["step_s"] > e.max_step_s
+    return _read(path)
+
+
+# ------------------------------------------------------------------------------------------
+# Part 3: recall at a distance
+
+
+def recall_data(rng: np.random.Generator, n: int, distance: int, num_keys: int, num_distractors: int):
+    """``n`` sequences of length distance + 1: key at 0, distractors, query token at ``distance``.
+
+    Vocabulary: 0 pad (unused), 1 query, 2 .. 1 + num_keys keys, then the distractors.
+    Returns int32 ids ``[n, distance + 1]`` and labels ``[n]`` (the key's index).
+    """
+    if distance < 1:
+        raise ValueError(f"recall_data: distance must be >= 1, got {distance}")
+    labels = rng.integers(0, num_keys, n)
+    ids = 2 + num_keys + rng.integers(0, num_distractors, (n, distance + 1))
+    ids[:, 0] = 2 + labels
+    ids[:, -1] = 1
+    return ids.astype(np.int32), labels.astype(np.int32)
+
+
+def run_recall(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
+    r = cfg.recall
+    path = out / "recall.jsonl"
+    done = {(x["model"], x["distance"]) for x in _read(path)}
+    vocab = 2 + r.num_keys + r.num_distractors
+    mcfg = ml_collections.ConfigDict(
+        dict(d_model=r.d_model, num_layers=r.num_layers, num_heads=r.num_heads, mlp_dim=2 * r.d_model, dropout=0.0)
+    )
+    mcfg.num_features = cfg.model.num_features
+    for kind in _names(r.models):
+        for d in r.distances:
+            if (kind, d) in done:
+                continue
+            backbone = build_backbone(
+                kind, mcfg, vocab_size=vocab, max_len=d + 1, local_chunk=d + 1, bigbird_block=8,
+                bigbird_random=1, seed=cfg.seed,
+            )  # fmt: skip
+            model = LastToken(backbone, r.num_keys, rngs=nnx.Rngs(cfg.seed + 1))
+
+            def batch_fn(step, d=d):
+                ids, labels = recall_data(
+                    np.random.default_rng([cfg.seed, d, step]), r.batch_size, d, r.num_keys, r.num_distractors
+                )
+                return {"inputs": ids, "labels": labels}
+
+            tx = optax.adam(r.learning_rate)
+            t0 = time.perf_counter()
+            model, records = train_lib.train(
+                model, tx, _classification_loss, batch_fn, num_steps=r.num_steps, seed=cfg.seed,
+                log_every=max(1, r.num_steps // 10), verbose=verbose,
+            )  # fmt: skip
+            train_s = time.perf_counter() - t0
+            ids, labels = recall_data(
+                np.random.default_rng([cfg.seed, d, 10**9]), r.num_eval, d, r.num_keys, r.num_distractors
+            )
+            acc = _accuracy(model, ids, None, labels)
+            record = {
+                "model": kind,
+                "distance": d,
+                "accuracy": acc,
+                "chance": 1.0 / r.num_keys,
+                "steps": r.num_steps,
+                "final_train_loss": records[-1]["loss"],
+                "train_time_s": round(train_s, 1),
+                "params": _num_params(model),
+            }
+            _append(path, record)
+            if verbose:
+                _log(f"[recall] {kind} distance {d}: accuracy {100 * acc:.1f}% ({train_s:.0f} s)")
+    return _read(path)
+
+
+# ------------------------------------------------------------------------------------------
+# Report: tables and figures from the JSONL alone
+
+
+def _fmt_n(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
+    parts = []
+    acc = _read(folder / "listops.jsonl")
+    if acc:
+        lines = [
+            f"ListOps (`{acc[0]['data']}` variant, max length {acc[0]['max_len']}); LRA's vanilla Transformer on "
+            f"LRA's ListOps: {LRA_TRANSFORMER_LISTOPS}%; majority class of this test split: "
+            f"{100 * acc[0]['majority_class']:.1f}%",
+            "",
+            "| model | test acc % | dev acc % | steps | train time (s) | params |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in acc:
+            lines.append(
+                f"| {LABELS.get(r['model'], r['model'])} | {100 * r['test_accuracy']:.2f} | "
+                f"{100 * r['dev_accuracy']:.2f} | {r['steps']} | {r['train_time_s']:.0f} | {r['params']:,} |"
+            )
+        parts.append("\n".join(lines))
+    eff = [r for r in _read(folder / "efficiency.jsonl") if r.get("status") == "ok"]
+    if eff:
+        by = {(r["model"], r["seq_len"]): r for r in eff}
+        models = list(dict.fromkeys(r["model"] for r in eff))
+        lens = [n for n in table_lens if any(k[1] == n for k in by)] or sorted({k[1] for k in by})
+        head = " | ".join([f"steps/s {_fmt_n(n)}" for n in lens] + [f"MiB {_fmt_n(n)}" for n in lens])
+        lines = [
+            f"Training step (fwd + bwd + AdamW), batch {eff[0]['batch_size']}: steps/s (speed-up vs full "
+            f"attention) and peak memory (MiB, XLA memory analysis of the compiled step)",
+            "",
+            f"| model | {head} |",
+            "|---|" + "---|" * (2 * len(lens)),
+        ]
+        for mname in models:
+            speed, mem = [], []
+            for n in lens:
+                r, f = by.get((mname, n)), by.get(("full", n))
+                if r is None:
+                    speed.append("-")
+                    mem.append("-")
+                    continue
+                rel = f" ({r['steps_per_s'] / f['steps_per_s']:.1f}x)" if f and mname != "full" else ""
+                speed.append(f"{r['steps_per_s']:.2f}{rel}")
+                mem.append(f"{r['peak_bytes'] / 2**20:.1f}")
+            lines.append(f"| {LABELS.get(mname, mname)} | " + " | ".join(speed + mem) + " |")
+        parts.append("\n".join(lines))
+    rec = _read(folder / "recall.jsonl")
+    if rec:
+        dists = sorted({r["distance"] for r in rec})
+        by = {(r["model"], r["distance"]): r for r in rec}
+        lines = [
+            f"Recall at a distance (key at 0, query at d; chance {100 * rec[0]['chance']:.1f}%, "
+            f"{rec[0]['steps']} steps each); test accuracy %",
+            "",
+            "| model | " + " | ".join(f"d={d}" for d in dists) + " |",
+            "|---|" + "---|" * len(dists),
+        ]
+        for mname in dict.fromkeys(r["model"] for r in rec):
+            cells = [f"{100 * by[(mname, d)]['accuracy']:.1f}" if (mname, d) in by else "-" for d in dists]
+            lines.append(f"| {LABELS.get(mname, mname)} | " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
+    if not parts:
+        raise FileNotFoundError(f"no listops/efficiency/recall JSONL under {folder}: run the experiment first")
+    return "\n\n".join(parts)
+
+
+def report(folder: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    text = tables(folder)
+    (folder / "summary.md").write_text(text + "\n")
+
+    acc = _read(folder / "listops.jsonl")
+    if acc:
+        fig, ax = plt.subplots(figsize=(6, 3.4))
+        x = np.arange(len(acc))
+        ax.bar(x, [100 * r["test_accuracy"] for r in acc], color="tab:blue")
+        ax.axhline(LRA_TRANSFORMER_LISTOPS, color="k", ls="--", lw=1, label="LRA Transformer (LRA ListOps)")
+        ax.axhline(100 * acc[0]["majority_class"], color="gray", ls=":", lw=1, label="majority class")
+        ax.set_xticks(x, [LABELS.get(r["model"], r["model"]) for r in acc], rotation=20)
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(f"ListOps `{acc[0]['data']}` (length <= {acc[0]['max_len']}), {acc[0]['steps']} steps")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(folder / "listops_accuracy.png", dpi=120)
+        plt.close(fig)
+
+    eff = [r for r in _read(folder / "efficiency.jsonl") if r.get("status") == "ok"]
+    if eff:
+        models = list(dict.fromkeys(r["model"] for r in eff))
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for mname in models:
+            pts = sorted((r["seq_len"], r) for r in eff if r["model"] == mname)
+            ns = [n for n, _ in pts]
+            axes[0].plot(ns, [r["steps_per_s"] for _, r in pts], "o-", label=LABELS.get(mname, mname))
+            axes[1].plot(ns, [r["peak_bytes"] / 2**20 for _, r in pts], "o-", label=LABELS.get(mname, mname))
+        for ax, label in zip(axes, ("training steps / s", "peak memory (MiB, XLA analysis)"), strict=True):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length N")
+            ax.set_ylabel(label)
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"LRA Table-2 style, batch {eff[0]['batch_size']}, {jax.default_backend()}")
+        fig.tight_layout()
+        fig.savefig(folder / "efficiency.png", dpi=120)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for mname in [k for k in ("full", "full_dense", "linear", "gru") if k in models]:
+            pts = sorted((r["seq_len"], r) for r in eff if r["model"] == mname)
+            ax.plot([n for n, _ in pts], [1e3 * r["step_s"] for _, r in pts], "o-", label=LABELS.get(mname, mname))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("wall time per training step (ms)")
+        ax.set_title("attention (parallel) vs GRU (lax.scan), this CPU")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(folder / "time_vs_n.png", dpi=120)
+        plt.close(fig)
+
+    rec = _read(folder / "recall.jsonl")
+    if rec:
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for mname in dict.fromkeys(r["model"] for r in rec):
+            pts = sorted((r["distance"], r) for r in rec if r["model"] == mname)
+            ax.plot([d for d, _ in pts], [100 * r["accuracy"] for _, r in pts], "o-", label=LABELS.get(mname, mname))
+        ax.axhline(100 * rec[0]["chance"], color="gray", ls=":", lw=1, label="chance")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 105)
+        ax.set_xlabel("distance between key and query (tokens)")
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(f"recall at a distance, {rec[0]['steps']} steps per model")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(folder / "recall.png", dpi=120)
+        plt.close(fig)
+    return text
+
+
+def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> str:
+    """Runs the parts of ``cfg.parts`` into ``out`` and returns the report's tables."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"config_{cfg.variant}.json").write_text(cfg.to_json_best_effort(indent=2))
+    parts = _names(cfg.parts)
+    unknown = set(parts) - {"listops", "efficiency", "recall"}
+    if unknown:
+        raise ValueError(f"parts must be listops, efficiency and/or recall, got {sorted(unknown)}")
+    t0 = time.perf_counter()
+    for name, fn in (("listops", run_listops), ("efficiency", run_efficiency), ("recall", run_recall)):
+        if name in parts:
+            fn(cfg, out, verbose=verbose)
+            if verbose:
+                _log(f"[{name}] done, {time.perf_counter() - t0:.0f} s so far")
+    return report(out)
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+    if FLAGS.report:
+        print(report(Path(FLAGS.report)))
+        return
+    print(run(FLAGS.config, Path(FLAGS.out)))
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
