@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-__all__ = ["train", "make_step", "masked_cross_entropy", "read_jsonl"]
+__all__ = ["train", "make_step", "masked_cross_entropy", "read_jsonl", "num_params"]
 
 LossFn = Callable[[nnx.Module, Any, jax.Array], tuple[jax.Array, dict]]
 
@@ -63,6 +63,11 @@ def make_step(graphdef, params_def, rest, tx: optax.GradientTransformation, loss
     resumed run in the same process does not compile again.
     """
     return functools.partial(_step, graphdef, params_def, tx, loss_fn, rest)
+
+
+def num_params(model: nnx.Module) -> int:
+    """The number of scalars in the model's ``nnx.Param`` leaves (what is trained)."""
+    return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def read_jsonl(path) -> list[dict]:

@@ -143,10 +143,6 @@ def build_model(m: ml_collections.ConfigDict, image_hw: tuple[int, int], num_cla
     return nn.SequenceClassifier(backbone, num_classes, rngs=rngs)
 
 
-def count_params(model: nnx.Module) -> int:
-    return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-
-
 def loss_fn(model, batch, key):
     """Cross-entropy and batch accuracy (module level: the compiled train step is reused across runs)."""
     logits = model(batch["x"], dropout_key=key).astype(jnp.float32)
@@ -256,7 +252,7 @@ def run_one(cfg, name: str, size: int, num_steps: int, seed: int, data: dict, ou
             num_steps,
             t.batch_size,
             num_steps * t.batch_size / len(labels),
-            count_params(model),
+            train_lib.num_params(model),
         )
     t0 = time.perf_counter()
     model, records = train_lib.train(
@@ -281,7 +277,7 @@ def run_one(cfg, name: str, size: int, num_steps: int, seed: int, data: dict, ou
         **run_cfg,
         "dataset": cfg.dataset,
         "model": m.kind,
-        "params": count_params(model),
+        "params": train_lib.num_params(model),
         "epochs": round(num_steps * t.batch_size / len(labels), 2),
         "test_accuracy": test_acc,
         "test_examples": len(data["test"][1]),

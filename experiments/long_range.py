@@ -153,10 +153,6 @@ class LastToken(nnx.Module):
         return self.head(h[:, -1])
 
 
-def _num_params(model) -> int:
-    return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-
-
 def _classification_loss(m, batch, key):
     logits = m(batch["inputs"], batch.get("lengths"), dropout_key=key).astype(jnp.float32)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
@@ -225,7 +221,8 @@ def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = Tr
         )
         tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=lc.weight_decay))
         if verbose:
-            _log(f"[listops] {kind}: {_num_params(model):,} params, {lc.num_steps} steps of batch {lc.batch_size}")
+            n = train_lib.num_params(model)
+            _log(f"[listops] {kind}: {n:,} params, {lc.num_steps} steps of batch {lc.batch_size}")
         model, records = train_lib.train(
             model,
             tx,
@@ -251,7 +248,7 @@ def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = Tr
             "batch_size": lc.batch_size,
             "max_len": lc.max_len,
             "train_time_s": round(train_time, 1),
-            "params": _num_params(model),
+            "params": train_lib.num_params(model),
             "majority_class": float(np.bincount(data["test"][2], minlength=10).max() / len(data["test"][2])),
             "backend": jax.default_backend(),
         }
@@ -336,7 +333,7 @@ def run_efficiency(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool =
             except Exception as err:  # noqa: BLE001 - a failed cell is recorded, the table goes on
                 res, status = {"error": f"{type(err).__name__}: {str(err)[:300]}"}, "error"
             record = {"model": kind, "seq_len": n, "batch_size": e.batch_size, "status": status, **res}
-            record |= {"params": _num_params(model), "backend": jax.default_backend(), "jax": jax.__version__}
+            record |= {"params": train_lib.num_params(model), "backend": jax.default_backend(), "jax": jax.__version__}
             _append(path, record)
             if verbose and status == "ok":
                 _log(
@@ -413,7 +410,7 @@ def run_recall(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = Tru
                 "steps": r.num_steps,
                 "final_train_loss": records[-1]["loss"],
                 "train_time_s": round(train_s, 1),
-                "params": _num_params(model),
+                "params": train_lib.num_params(model),
             }
             _append(path, record)
             if verbose:

@@ -265,7 +265,7 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> l
         loss_fn, num_outputs = LOSSES[task]
         backbone, rngs = build_model(name, cfg.model, seed, vocab_sizes=mol_data.FEATURE_SIZES)
         model = nn.SequenceClassifier(backbone, num_outputs, rngs=rngs)
-        num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+        num_params = train_lib.num_params(model)
         batch_fn, steps_per_epoch = make_batch_fn(train_graphs, cfg.train.batch_size, seed, buckets, sol_mean, sol_std)
         if verbose:
             print(f"[{i + 1}/{len(todo)}] {name} {task} seed {seed}: {num_params:,} params", file=sys.stderr)

@@ -264,7 +264,7 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
     model = build_model(
         cfg, data["vocab"].sizes, len(data["tagmap"].tags), num_char_ids=getattr(data["vocab"], "num_char_ids", None)
     )
-    num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    num_params = train_lib.num_params(model)
     batch_fn, steps_per_epoch = make_batch_fn(data["train"], cfg.train.batch_size, cfg.seed, data["buckets"])
     t = cfg.train
     schedule = optax.warmup_cosine_decay_schedule(

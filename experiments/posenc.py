@@ -177,7 +177,7 @@ def run_one(cfg: ml_collections.ConfigDict, scheme: str, seed: int, out: Path, *
     """Train one (scheme, seed) and evaluate it; returns the result record."""
     workdir = out / "runs" / scheme / f"seed{seed}"
     model = build_model(cfg, scheme, seed)
-    num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    num_params = train_lib.num_params(model)
     t = cfg.train
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, t.learning_rate, t.warmup_steps, t.num_steps, end_value=0.05 * t.learning_rate

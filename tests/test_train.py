@@ -91,3 +91,14 @@ def test_every_baseline_trains_under_jit():
         model = nn.TokenClassifier(backbone, 3, rngs=nnx.Rngs(1))
         _, log = train.train(model, optax.adam(1e-2), loss_fn, batch_fn, num_steps=2, verbose=False)
         assert np.isfinite([r["loss"] for r in log]).all()
+
+
+def test_num_params_counts_param_leaves_by_hand():
+    # Linear 3 -> 4 with bias: 3*4 + 4; LayerNorm(4): scale 4 + bias 4; a BatchStat is not a Param
+    class M(nnx.Module):
+        def __init__(self):
+            self.lin = nnx.Linear(3, 4, rngs=nnx.Rngs(0))
+            self.ln = nnx.LayerNorm(4, rngs=nnx.Rngs(0))
+            self.stat = nnx.BatchStat(jnp.zeros(7))
+
+    assert train.num_params(M()) == 3 * 4 + 4 + 4 + 4

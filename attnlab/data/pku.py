@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab.data import brown
+
 __all__ = [
     "PACKAGE",
     "SENTENCE_END",
@@ -223,11 +225,11 @@ class Vocab:
 
 
 @dataclasses.dataclass
-class TagMap:
-    """The PKU tags seen in train, sorted; a tag not seen in train gets id 0 (counted wrong)."""
+class TagMap(brown.TagMap):
+    """The PKU tags seen in train, sorted; a tag not seen in train gets id 0 (counted wrong).
 
-    kind: str
-    tags: tuple[str, ...]
+    Brown's ``TagMap`` with the raw tags kept as they are (``ids`` is inherited).
+    """
 
     @classmethod
     def build(cls, kind: str, sentences: Iterable = ()) -> TagMap:
@@ -237,7 +239,3 @@ class TagMap:
 
     def map(self, raw_tag: str) -> str:
         return raw_tag
-
-    def ids(self, raw_tags: Sequence[str]) -> np.ndarray:
-        index = {t: i for i, t in enumerate(self.tags)}
-        return np.array([index.get(t, 0) for t in raw_tags], np.int32)
