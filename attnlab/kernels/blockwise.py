@@ -16,8 +16,11 @@ Shape legend (as ``jax.nn.dot_product_attention``):
     nq, nk  number of query / key blocks     bq, bk  block sizes
     J    the longest list of non-empty key blocks of any query block
 
-Inside, everything is heads-first: ``[B, T, N, H]`` is transposed once to
-``[nq, B, K, G, bq, H]`` and back once at the end.
+Inside, everything is heads-first and three-dimensional: ``[B, T, N, H]`` is transposed once
+to ``[nq, B*K, G*bq, H]`` (the G query heads that share a key head are stacked as extra rows of
+one tile, so each tile product is one plain batched matmul over B*K) and back once at the end.
+Keys and values become ``[nk, B*K, bk, H]``. (A five-dimensional ``[B, K, G, bq, bk]`` tile costs
+XLA:CPU a relayout copy of every logit tile; the flat tile ran full attention 10-25% faster.)
 """
 
 from __future__ import annotations
@@ -168,18 +171,26 @@ class _Static:
     compute_dtype: str
     backward: str
 
+    @property
+    def lead_size(self) -> int:
+        return math.prod(self.lead)
+
 
 def _to_tile(x: jax.Array, st: _Static) -> jax.Array:
-    """[..., N|1, bq|1, bk|1] (broadcastable to [*lead, N, bq, bk]) -> [B|1, K|1, G|1, bq|1, bk|1]."""
-    nl = len(st.lead)
+    """[..., N|1, bq|1, bk|1] (broadcastable to [*lead, N, bq, bk]) -> [B*K|1, G*bq, bk|1].
+
+    The result broadcasts against a logit tile ``[B*K, G*bq, bk]`` (rows ordered (g, q))."""
+    nl, G = len(st.lead), st.N // st.K
     x = x.reshape((1,) * (nl + 3 - x.ndim) + tuple(x.shape))
     if any(d != 1 for d in x.shape[:nl]):
         x = jnp.broadcast_to(x, st.lead + x.shape[nl:]).reshape((-1,) + x.shape[nl:])
     else:
         x = x.reshape((1,) + x.shape[nl:])
-    if x.shape[1] == 1:  # heads broadcast: [B|1, 1, bq, bk] -> [B|1, 1, 1, bq, bk]
-        return x[:, :, None]
-    return x.reshape(x.shape[0], st.K, st.N // st.K, *x.shape[2:])  # [.., N, ..] -> [.., K, G, ..]
+    b_, n_, _, k_ = x.shape  # [B|1, N|1, bq|1, bk|1]
+    x = x.reshape(b_, 1, 1, x.shape[2], k_) if n_ == 1 else x.reshape(b_, st.K, G, x.shape[2], k_)
+    if b_ == 1 and n_ == 1:
+        return jnp.broadcast_to(x, (1, 1, G, st.bq, k_)).reshape(1, G * st.bq, k_)
+    return jnp.broadcast_to(x, (st.lead_size, st.K, G, st.bq, k_)).reshape(st.lead_size * st.K, G * st.bq, k_)
 
 
 def _positions(i, j, st: _Static):
@@ -189,7 +200,7 @@ def _positions(i, j, st: _Static):
 
 
 def _allowed(mask, i, j, st: _Static):
-    """bool [B|1, K|1, G|1, bq, bk]: the mask on tile (i, j), False on padded key positions."""
+    """bool [B*K|1, G*bq, bk]: the mask on tile (i, j), False on padded key positions."""
     q_pos, k_pos = _positions(i, j, st)
     q_c = jnp.minimum(q_pos, st.T - 1)  # padded query rows are discarded; keep indices in range
     k_c = jnp.minimum(k_pos, st.S - 1)
@@ -200,8 +211,8 @@ def _allowed(mask, i, j, st: _Static):
 
 
 def _logits(qi, kj, bias_fn, consts, i, j, st: _Static):
-    """fp32 [B, K, G, bq, bk]: (pre-scaled q) . k + bias(q_pos, k_pos)."""
-    s = jnp.einsum("bkgqh,bksh->bkgqs", qi, kj, preferred_element_type=jnp.float32)
+    """fp32 [B*K, G*bq, bk]: (pre-scaled q) . k + bias(q_pos, k_pos)."""
+    s = jnp.einsum("nqh,nsh->nqs", qi, kj, preferred_element_type=jnp.float32)
     if st.has_bias:
         q_pos, k_pos = _positions(i, j, st)
         b = bias_fn(jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1), *consts)
@@ -214,9 +225,9 @@ def _logits(qi, kj, bias_fn, consts, i, j, st: _Static):
 
 
 def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn):
-    """q [nq, B, K, G, bq, H] (pre-scaled), k [nk, B, K, bk, H], v [nk, B, K, bk, Hv].
+    """q [nq, B*K, G*bq, H] (pre-scaled), k [nk, B*K, bk, H], v [nk, B*K, bk, Hv].
 
-    Returns out [nq, B, K, G, bq, Hv] (compute dtype) and lse [nq, B, K, G, bq] (fp32).
+    Returns out [nq, B*K, G*bq, Hv] (compute dtype) and lse [nq, B*K, G*bq] (fp32).
     """
     return finalize(
         *forward_carry(q, k, v, mask, consts, index, kind, init_carry(q, v.shape[-1]), st=st, bias_fn=bias_fn)
@@ -224,11 +235,9 @@ def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn):
 
 
 def init_carry(q, Hv):
-    """Empty online-softmax state for tiled queries q [nq, B, K, G, bq, H]: (m, l, acc), fp32."""
-    nq, B, K, G, bq, _ = q.shape
-    m0 = jnp.full((nq, B, K, G, bq), _NEG, jnp.float32)
-    l0 = jnp.zeros((nq, B, K, G, bq), jnp.float32)
-    return m0, l0, jnp.zeros((nq, B, K, G, bq, Hv), jnp.float32)
+    """Empty online-softmax state for tiled queries q [nq, B*K, G*bq, H]: (m, l, acc), fp32."""
+    shape = q.shape[:-1]
+    return jnp.full(shape, _NEG, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros((*shape, Hv), jnp.float32)
 
 
 def finalize(m, l, acc):
@@ -242,7 +251,7 @@ def finalize(m, l, acc):
 def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: _Static, bias_fn):
     """The block step: folds the key blocks of the schedule into the running (m, l, acc).
 
-    ``carry`` is ``(m [nq, B, K, G, bq], l [same], acc [nq, B, K, G, bq, Hv])`` (fp32) from
+    ``carry`` is ``(m [nq, B*K, G*bq], l [same], acc [nq, B*K, G*bq, Hv])`` (fp32) from
     ``init_carry`` or a previous call, so a caller can stream key/value blocks that arrive one
     after another (ring attention) and ``finalize`` once at the end. ``mask(q_idx, k_idx)`` sees
     local block positions; a caller with sharded sequences passes a mask that adds its offsets.
@@ -268,7 +277,7 @@ def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: _Static, bia
                     p = jnp.where(ok, p, 0.0)
                 alpha = jnp.exp(m - m_new)
                 l = l * alpha + p.sum(-1)
-                pv = jnp.einsum("bkgqs,bksh->bkgqh", p.astype(v.dtype), v[j], preferred_element_type=jnp.float32)
+                pv = jnp.einsum("nqs,nsh->nqh", p.astype(v.dtype), v[j], preferred_element_type=jnp.float32)
                 return m_new, l, acc * alpha[..., None] + pv
 
             branches = {
@@ -296,8 +305,8 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
     ``dk0``/``dv0`` (fp32, k's/v's tile shapes) are added to: a caller streaming key/value shards
     (ring attention) passes its travelling accumulators instead of adding a fresh copy.
     """
-    nq, B, K, G, bq, H = q.shape
-    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [nq, B, K, G, bq]
+    nq, BK, R, H = q.shape
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [nq, B*K, G*bq]
 
     def one_query_block(carry, args):
         dk, dv, dconsts = carry
@@ -315,13 +324,11 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
                 p = jnp.exp(s - lse_i[..., None])
                 if partial:
                     p = jnp.where(ok, p, 0.0)
-                dv_j = jnp.einsum("bkgqs,bkgqh->bksh", p.astype(doi.dtype), doi, preferred_element_type=jnp.float32)
-                dp = jnp.einsum("bkgqh,bksh->bkgqs", doi, v[j], preferred_element_type=jnp.float32)
-                ds = p * (dp - delta_i[..., None])  # d(logit) [B, K, G, bq, bk]
-                dq_i = dq_i + jnp.einsum(
-                    "bkgqs,bksh->bkgqh", ds.astype(k.dtype), k[j], preferred_element_type=jnp.float32
-                )
-                dk_j = jnp.einsum("bkgqs,bkgqh->bksh", ds.astype(qi.dtype), qi, preferred_element_type=jnp.float32)
+                dv_j = jnp.einsum("nqs,nqh->nsh", p.astype(doi.dtype), doi, preferred_element_type=jnp.float32)
+                dp = jnp.einsum("nqh,nsh->nqs", doi, v[j], preferred_element_type=jnp.float32)
+                ds = p * (dp - delta_i[..., None])  # d(logit) [B*K, G*bq, bk]
+                dq_i = dq_i + jnp.einsum("nqs,nsh->nqh", ds.astype(k.dtype), k[j], preferred_element_type=jnp.float32)
+                dk_j = jnp.einsum("nqs,nqh->nsh", ds.astype(qi.dtype), qi, preferred_element_type=jnp.float32)
                 dk = dk.at[j].add(dk_j)
                 dv = dv.at[j].add(dv_j)
                 if st.has_bias and consts:
@@ -346,7 +353,7 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
                 return branches[st.kinds_used[0]](c), None
             return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], c), None
 
-        dq0 = jnp.zeros((B, K, G, bq, H), jnp.float32)
+        dq0 = jnp.zeros((BK, R, H), jnp.float32)
         (dq_i, dk, dv, dconsts), _ = jax.lax.scan(step, (dq0, dk, dv, dconsts), (idx_i, kind_i))
         return (dk, dv, dconsts), dq_i
 
@@ -369,14 +376,14 @@ def _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, *, st: _Sta
     transposes of [bq, bk] tiles and no dynamic updates of full-size buffers.
     """
     index, kind, index_t, kind_t = sched
-    nq, B, K, G, bq, H = q.shape
+    nq = q.shape[0]
     nk = k.shape[0]
-    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [nq, B, K, G, bq]
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [nq, B*K, G*bq]
 
-    def tile_bias_t(i, j, *cs):  # [B|1, K|1, bk|1, G|1, bq|1]
+    def tile_bias_t(i, j, *cs):  # [B*K|1, bk|1, G*bq]
         q_pos, k_pos = _positions(i, j, st)
         b = bias_fn(jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1), *cs)
-        return jnp.moveaxis(_to_tile(b.astype(jnp.float32), st), -1, 2)
+        return jnp.swapaxes(_to_tile(b.astype(jnp.float32), st), -1, -2)
 
     def switch(kinds_used, kd, visit, c):
         branches = {
@@ -396,24 +403,20 @@ def _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, *, st: _Sta
 
             def visit(c, partial, ok=None):
                 if partial and ok is None:
-                    ok = jnp.moveaxis(_allowed(mask, i, j, st), -1, 2)  # [B|1, K|1, bk, G|1, bq]
+                    ok = jnp.swapaxes(_allowed(mask, i, j, st), -1, -2)  # [B*K|1, bk, G*bq]
                     return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, c)
                 dk_j, dv_j, dconsts = c
                 qi, doi = q[i], dout[i]
-                s_t = jnp.einsum("bksh,bkgqh->bksgq", kj, qi, preferred_element_type=jnp.float32)
+                s_t = jnp.einsum("nsh,nqh->nsq", kj, qi, preferred_element_type=jnp.float32)
                 if st.has_bias:
                     s_t = s_t + tile_bias_t(i, j, *consts)
-                p_t = jnp.exp(s_t - lse[i][:, :, None])
+                p_t = jnp.exp(s_t - lse[i][:, None, :])
                 if partial:
                     p_t = jnp.where(ok, p_t, 0.0)
-                dv_j = dv_j + jnp.einsum(
-                    "bksgq,bkgqh->bksh", p_t.astype(doi.dtype), doi, preferred_element_type=jnp.float32
-                )
-                dp_t = jnp.einsum("bksh,bkgqh->bksgq", vj, doi, preferred_element_type=jnp.float32)
-                ds_t = p_t * (dp_t - delta[i][:, :, None])
-                dk_j = dk_j + jnp.einsum(
-                    "bksgq,bkgqh->bksh", ds_t.astype(qi.dtype), qi, preferred_element_type=jnp.float32
-                )
+                dv_j = dv_j + jnp.einsum("nsq,nqh->nsh", p_t.astype(doi.dtype), doi, preferred_element_type=jnp.float32)
+                dp_t = jnp.einsum("nsh,nqh->nsq", vj, doi, preferred_element_type=jnp.float32)
+                ds_t = p_t * (dp_t - delta[i][:, None, :])
+                dk_j = dk_j + jnp.einsum("nsq,nqh->nsh", ds_t.astype(qi.dtype), qi, preferred_element_type=jnp.float32)
                 if st.has_bias and consts:
                     b, vjp = jax.vjp(functools.partial(tile_bias_t, i, j), *consts)
                     axes = tuple(a for a in range(ds_t.ndim) if b.shape[a] == 1 and ds_t.shape[a] != 1)
@@ -448,11 +451,9 @@ def _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, *, st: _Sta
                 p = jnp.exp(s - lse_i[..., None])
                 if partial:
                     p = jnp.where(ok, p, 0.0)
-                dp = jnp.einsum("bkgqh,bksh->bkgqs", doi, v[j], preferred_element_type=jnp.float32)
+                dp = jnp.einsum("nqh,nsh->nqs", doi, v[j], preferred_element_type=jnp.float32)
                 ds = p * (dp - delta_i[..., None])
-                return dq_i + jnp.einsum(
-                    "bkgqs,bksh->bkgqh", ds.astype(k.dtype), k[j], preferred_element_type=jnp.float32
-                )
+                return dq_i + jnp.einsum("nqs,nsh->nqh", ds.astype(k.dtype), k[j], preferred_element_type=jnp.float32)
 
             return switch(st.kinds_used, kd, visit, dq_i), None
 
@@ -591,21 +592,38 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
 @functools.partial(jax.jit, static_argnums=(6, 7))
 def _blockwise(q, k, v, m, consts, sched, st: _Static, bias_fn):
     """Layout in, layout out: [..., T, N, H] -> heads-first tiles -> kernel -> [..., T, N, Hv]."""
-    lead, T, S, N, K, bq, bk = st.lead, st.T, st.S, st.N, st.K, st.bq, st.bk
-    B, H, Hv, G = math.prod(lead), q.shape[-1], v.shape[-1], N // K
-    nq, nk = -(-T // bq), -(-S // bk)
-    dtype, compute, scale = q.dtype, jnp.dtype(st.compute_dtype), st.scale
-    Tp, Sp = nq * bq, nk * bk
-    # q: [..., T, N, H] -> [B, Tp, K, G, H] -> [B, nq, bq, K, G, H] -> [nq, B, K, G, bq, H]
-    qs = (q.astype(jnp.float32) * scale).astype(compute).reshape(B, T, K, G, H)
-    qs = jnp.pad(qs, ((0, 0), (0, Tp - T), (0, 0), (0, 0), (0, 0)))
-    qs = qs.reshape(B, nq, bq, K, G, H).transpose(1, 0, 3, 4, 2, 5)
+    lead, T, N, Hv = st.lead, st.T, st.N, v.shape[-1]
+    B = st.lead_size
+    qs = tile_q(q.reshape(B, T, N, -1), st)
+    ks, vs = tile_kv(k.reshape(B, st.S, st.K, -1), st), tile_kv(v.reshape(B, st.S, st.K, Hv), st)
+    out = _flash(qs, ks, vs, m, consts, sched, st, bias_fn)
+    return untile(out, st, T).reshape(*lead, T, N, Hv).astype(q.dtype)
 
-    def kv_tiles(x):  # [..., S, K, D] -> [B, Sp, K, D] -> [B, nk, bk, K, D] -> [nk, B, K, bk, D]
-        x = jnp.pad(x.astype(compute).reshape(B, S, K, -1), ((0, 0), (0, Sp - S), (0, 0), (0, 0)))
-        return x.reshape(B, nk, bk, K, -1).transpose(1, 0, 3, 2, 4)
 
-    out = _flash(qs, kv_tiles(k), kv_tiles(v), m, consts, sched, st, bias_fn)
-    # [nq, B, K, G, bq, Hv] -> [B, nq, bq, K, G, Hv] -> [..., T, N, Hv]
-    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, Tp, N, Hv)[:, :T]
-    return out.reshape(*lead, T, N, Hv).astype(dtype)
+def tile_q(q, st: _Static):
+    """[B, T, N, H] -> pre-scaled query tiles [nq, B*K, G*bq, H] (compute dtype, T padded to nq*bq)."""
+    B, T, N, H = q.shape
+    K, G, bq = st.K, N // st.K, st.bq
+    nq = -(-T // bq)
+    qs = (q.astype(jnp.float32) * st.scale).astype(st.compute_dtype).reshape(B, T, K, G, H)
+    qs = jnp.pad(qs, ((0, 0), (0, nq * bq - T), (0, 0), (0, 0), (0, 0)))
+    # [B, nq, bq, K, G, H] -> [nq, B, K, G, bq, H] -> [nq, B*K, G*bq, H]
+    return qs.reshape(B, nq, bq, K, G, H).transpose(1, 0, 3, 4, 2, 5).reshape(nq, B * K, G * bq, H)
+
+
+def tile_kv(x, st: _Static):
+    """[B, S, K, D] -> key/value tiles [nk, B*K, bk, D] (compute dtype, S padded to nk*bk)."""
+    B, S, K, D = x.shape
+    bk = st.bk
+    nk = -(-S // bk)
+    x = jnp.pad(x.astype(st.compute_dtype), ((0, 0), (0, nk * bk - S), (0, 0), (0, 0)))
+    return x.reshape(B, nk, bk, K, D).transpose(1, 0, 3, 2, 4).reshape(nk, B * K, bk, D)
+
+
+def untile(out, st: _Static, T: int):
+    """Output tiles [nq, B*K, G*bq, Hv] -> [B, T, N, Hv]."""
+    nq, BK, _, Hv = out.shape
+    K, G, bq = st.K, st.N // st.K, st.bq
+    B = BK // K
+    out = out.reshape(nq, B, K, G, bq, Hv).transpose(1, 0, 4, 2, 3, 5)  # [B, nq, bq, K, G, Hv]
+    return out.reshape(B, nq * bq, st.N, Hv)[:, :T]

@@ -248,24 +248,8 @@ def ring_attention_shard(q, k, v, mask, rs: RingStatic):
         ``[B, Tl, N, Hv]`` in q's dtype.
     """
     st = rs.st_full
-    B, N, K, H, Hv = q.shape[0], st.N, st.K, q.shape[-1], v.shape[-1]
-    G, bq, bk, Tl, Sl = N // K, st.bq, st.bk, rs.Tl, rs.Sl
-    nq, nk = -(-Tl // bq), -(-Sl // bk)
-    Tp, Sp = nq * bq, nk * bk
-    compute = jnp.dtype(st.compute_dtype)
-    # [B, Tl, N, H] -> [B, Tp, K, G, H] -> [B, nq, bq, K, G, H] -> [nq, B, K, G, bq, H]
-    qs = (q.astype(jnp.float32) * st.scale).astype(compute).reshape(B, Tl, K, G, H)
-    qs = jnp.pad(qs, ((0, 0), (0, Tp - Tl), (0, 0), (0, 0), (0, 0)))
-    qs = qs.reshape(B, nq, bq, K, G, H).transpose(1, 0, 3, 4, 2, 5)
-
-    def kv_tiles(x):  # [B, Sl, K, D] -> [B, Sp, K, D] -> [B, nk, bk, K, D] -> [nk, B, K, bk, D]
-        x = jnp.pad(x.astype(compute), ((0, 0), (0, Sp - Sl), (0, 0), (0, 0)))
-        return x.reshape(B, nk, bk, K, -1).transpose(1, 0, 3, 2, 4)
-
-    out = _ring(qs, kv_tiles(k), kv_tiles(v), mask, rs)
-    # [nq, B, K, G, bq, Hv] -> [B, nq, bq, K, G, Hv] -> [B, Tl, N, Hv]
-    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(B, Tp, N, Hv)[:, :Tl]
-    return out.astype(q.dtype)
+    out = _ring(bw.tile_q(q, st), bw.tile_kv(k, st), bw.tile_kv(v, st), mask, rs)
+    return bw.untile(out, st, rs.Tl).astype(q.dtype)
 
 
 def default_scale(H: int, scale) -> float:
