@@ -4,7 +4,8 @@ Peers (optional ``bench`` extra): torch 2.13 CPU ``scaled_dot_product_attention`
 ``flex_attention`` with a block mask, ``jax.nn.dot_product_attention`` (XLA), and PyTorch
 Geometric's ``TransformerConv`` for graphs. Missing peers are skipped, not faked.
 
-Each suite times every implementation once per round, rounds alternate (so machine load hits all
+Each suite times every implementation once per round (after one untimed call, so the previous
+implementation's spinning thread pool is idle), rounds alternate (so machine load hits all
 alike), and the best of ``--repeats`` rounds is reported after a warm-up call (whose extra time
 is reported as compile time). GFLOP/s counts useful work only: 4·N·H per allowed (query, key)
 pair forward, 3.5x that for forward+backward (the backward does 5 matmuls to the forward's 2).
@@ -75,7 +76,13 @@ def _torch():
 
 
 def _time_side_by_side(fns: dict, repeats: int) -> dict:
-    """{name: fn()} -> {name: (best_ms, first_call_ms)}; fns must block until done."""
+    """{name: fn()} -> {name: (best_ms, first_call_ms)}; fns must block until done.
+
+    Each round runs every implementation twice in a row and times the second call. Both torch's
+    OpenMP pool and XLA:CPU's Eigen pool spin-wait for a while after their work, so the first call
+    after the other framework finds its cores still busy (measured at N = 1K: +25% for attnlab
+    after torch, +20% for torch after jax.nn); the untimed call absorbs that. Best of ``repeats``.
+    """
     first = {}
     for name, fn in fns.items():
         t0 = time.perf_counter()
@@ -84,6 +91,7 @@ def _time_side_by_side(fns: dict, repeats: int) -> dict:
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            fn()  # untimed: lets the previous implementation's threads go idle
             t0 = time.perf_counter()
             fn()
             times[name].append((time.perf_counter() - t0) * 1e3)

@@ -68,14 +68,16 @@ class BlockSizes:
             raise ValueError(f"backward must be 'two_pass' or 'fused', got {self.backward!r}")
 
 
-# Per-backend defaults (dense, sparse). CPU: 1024 x 128 tiles; re-measured on an idle 2-core machine
-# against torch SDPA in one process (2026-11-30), they ran full attention at 0.80-0.83x torch forward
-# (256 x 256: 0.45-0.46x) and 0.64-0.67x forward+backward (256 x 256: 0.46-0.48x) at N = 1K-4K: tall
-# query tiles give XLA:CPU matmuls large enough to split over both cores. 64 x 64 is the best of
-# {32, ..., 256}^2 for a ±128 window at N = 4K (little work wasted on the band's edges). GPU/TPU: 128-wide tiles, the
-# usual flash choice (untested here: no accelerator was available).
+# Per-backend defaults (dense, sparse). CPU dense: 512 x 256, chosen on the 2-core development
+# machine (2026-11-30) among {256, 512, 1024, 2048} x {128, 256, 512} against torch SDPA in one
+# process: tiles must be tall enough that XLA:CPU splits each tile matmul over both cores (256 x 256
+# and 512 x 128 tiles run on one: 0.5x) and small enough to stay in cache (1024 x 512 and larger fall
+# back). 512 x 256 and 1024 x 256 were within noise forward; 512 x 256 was 5-10% faster
+# forward+backward and under load. CPU sparse: 64 x 64 is the best of {32, ..., 256}^2 for a ±128
+# window at N = 4K (little work wasted on the band's edges). GPU/TPU: 128-wide tiles, the usual
+# flash choice (untested here: no accelerator was available).
 _DEFAULTS = {
-    "cpu": (BlockSizes(1024, 128), BlockSizes(64, 64)),
+    "cpu": (BlockSizes(512, 256), BlockSizes(64, 64)),
     "gpu": (BlockSizes(128, 128), BlockSizes(128, 128)),
     "tpu": (BlockSizes(512, 512), BlockSizes(128, 128)),
 }
