@@ -10,7 +10,7 @@ alike), and the best of ``--repeats`` rounds is reported after a warm-up call (w
 is reported as compile time). GFLOP/s counts useful work only: 4·N·H per allowed (query, key)
 pair forward, 3.5x that for forward+backward (the backward does 5 matmuls to the forward's 2).
 
-Command (what ``make bench`` runs; about 10 minutes on 2 cores):
+Command (what ``make bench`` runs; about 15 minutes on 2 cores):
 
     python -m benchmarks.bench_attention --out results/bench
 
@@ -40,8 +40,8 @@ import attnlab
 from attnlab import masks
 
 _SUITES = flags.DEFINE_list("suites", ["full", "full_bwd", "window", "graph", "memory"], "Suites to run.")
-_FULL = flags.DEFINE_list("full_lengths", ["1024", "2048", "4096"], "N for full attention forward.")
-_BWD = flags.DEFINE_list("bwd_lengths", ["1024", "2048"], "N for full attention forward+backward.")
+_FULL = flags.DEFINE_list("full_lengths", ["1024", "2048", "4096", "8192"], "N for full attention forward.")
+_BWD = flags.DEFINE_list("bwd_lengths", ["1024", "2048", "4096", "8192"], "N for full attention forward+backward.")
 _WIN = flags.DEFINE_list("window_lengths", ["1024", "4096", "16384", "65536"], "N for window attention.")
 _WIN_FLEX = flags.DEFINE_list(
     "window_flex_lengths",
