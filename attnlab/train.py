@@ -65,6 +65,18 @@ def make_step(graphdef, params_def, rest, tx: optax.GradientTransformation, loss
     return functools.partial(_step, graphdef, params_def, tx, loss_fn, rest)
 
 
+def adamw_cosine(
+    learning_rate: float, warmup_steps: int, num_steps: int, weight_decay: float, *, end_fraction: float = 0.05
+) -> optax.GradientTransformation:
+    """The experiments' optimizer: global-norm clipping at 1, then AdamW on a linear warmup from 0
+    to ``learning_rate`` over ``warmup_steps`` and a cosine decay to ``end_fraction * learning_rate``
+    at ``num_steps``."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, learning_rate, warmup_steps, num_steps, end_value=end_fraction * learning_rate
+    )
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay))
+
+
 def num_params(model: nnx.Module) -> int:
     """The number of scalars in the model's ``nnx.Param`` leaves (what is trained)."""
     return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))

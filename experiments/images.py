@@ -154,8 +154,7 @@ def loss_fn(model, batch, key):
 def make_tx(learning_rate: float, warmup_steps: int, num_steps: int, weight_decay: float):
     """AdamW with warmup + cosine decay; cached, so equal settings give the same object (no recompile)."""
     warmup = min(warmup_steps, num_steps // 2)
-    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, num_steps, end_value=0.0)
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay))
+    return train_lib.adamw_cosine(learning_rate, warmup, num_steps, weight_decay, end_fraction=0.0)
 
 
 @nnx.jit

@@ -216,10 +216,7 @@ def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = Tr
             bigbird_block=m.bigbird_block, bigbird_random=m.bigbird_random, seed=cfg.seed,
         )  # fmt: skip
         model = nn.SequenceClassifier(backbone, 10, rngs=nnx.Rngs(cfg.seed + 1))
-        schedule = optax.warmup_cosine_decay_schedule(
-            0.0, lc.learning_rate, lc.warmup_steps, lc.num_steps, end_value=0.05 * lc.learning_rate
-        )
-        tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=lc.weight_decay))
+        tx = train_lib.adamw_cosine(lc.learning_rate, lc.warmup_steps, lc.num_steps, lc.weight_decay)
         if verbose:
             n = train_lib.num_params(model)
             _log(f"[listops] {kind}: {n:,} params, {lc.num_steps} steps of batch {lc.batch_size}")

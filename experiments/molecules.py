@@ -187,10 +187,7 @@ def predict(model, graphs, buckets) -> np.ndarray:
 
 
 def make_optimizer(t: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, t.learning_rate, t.warmup_steps, t.num_steps, end_value=0.05 * t.learning_rate
-    )
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=t.weight_decay))
+    return train_lib.adamw_cosine(t.learning_rate, t.warmup_steps, t.num_steps, t.weight_decay)
 
 
 def attention_example(test_graphs) -> int:

@@ -40,7 +40,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
@@ -267,10 +266,7 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
     num_params = train_lib.num_params(model)
     batch_fn, steps_per_epoch = make_batch_fn(data["train"], cfg.train.batch_size, cfg.seed, data["buckets"])
     t = cfg.train
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, t.learning_rate, t.warmup_steps, t.num_steps, end_value=0.05 * t.learning_rate
-    )
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=t.weight_decay))
+    tx = train_lib.adamw_cosine(t.learning_rate, t.warmup_steps, t.num_steps, t.weight_decay)
 
     def loss_fn(m, batch, key):
         logits = m(batch["inputs"], batch["lengths"], dropout_key=key)

@@ -102,3 +102,32 @@ def test_num_params_counts_param_leaves_by_hand():
             self.stat = nnx.BatchStat(jnp.zeros(7))
 
     assert train.num_params(M()) == 3 * 4 + 4 + 4 + 4
+
+
+def test_adamw_cosine_schedule_by_hand():
+    # Adam on a constant gradient steps by exactly the learning rate, so the updates trace the schedule.
+    lr, warmup, steps = 0.1, 4, 12
+    tx = train.adamw_cosine(lr, warmup, steps, weight_decay=0.0, end_fraction=0.25)
+    p = jnp.zeros(3)
+    state = tx.init(p)
+    got = []
+    for _ in range(steps + 1):
+        upd, state = tx.update(jnp.full(3, 0.5), state, p)  # global norm 0.87 < 1: not clipped
+        got.append(-float(upd[0]))
+    want = [lr * k / warmup for k in range(warmup)]
+    want += [
+        0.25 * lr + 0.75 * lr * 0.5 * (1 + np.cos(np.pi * (k - warmup) / (steps - warmup)))
+        for k in range(warmup, steps + 1)
+    ]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+    # gradients are clipped to global norm 1 before AdamW: a huge first gradient then a small one
+    # give the updates of plain AdamW fed the gradients rescaled by hand (numpy)
+    gs = [np.array([3e6, -4e6, 0.0]), np.array([0.3, 0.1, -0.2])]
+    clipped = [g / max(1.0, np.linalg.norm(g)) for g in gs]
+    plain = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, 0.25 * lr), weight_decay=0.0)
+    s1, s2 = tx.init(p), plain.init(p)
+    for g, c in zip(gs, clipped, strict=True):
+        u1, s1 = tx.update(jnp.asarray(g, jnp.float32), s1, p)
+        u2, s2 = plain.update(jnp.asarray(c, jnp.float32), s2, p)
+    np.testing.assert_allclose(u1, u2, rtol=1e-5, atol=1e-8)
+    assert float(jnp.abs(u1).max()) > 0

@@ -379,7 +379,7 @@ def _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, *, st: _Sta
     """Backward in two passes with no full-size carry and every matmul in canonical form.
 
     Pass 1 (lax.map over key blocks j, scan over the query blocks that see j) works on the
-    transposed tile ``sT = k_j q_i^T`` [B, K, bk, G, bq] and accumulates dk_j, dv_j locally.
+    transposed tile ``sT = k_j q_i^T`` [B*K, bk, G*bq] and accumulates dk_j, dv_j locally.
     Pass 2 (lax.map over query blocks i, scan over their key blocks) accumulates dq_i. The
     logits are recomputed in both (7 matmuls per tile instead of 5), in exchange for no
     transposes of [bq, bk] tiles and no dynamic updates of full-size buffers.
