@@ -37,7 +37,7 @@ import numpy as np
 from absl import app, flags
 
 import attnlab
-from attnlab import masks
+from attnlab import masks, parallel
 
 _SUITES = flags.DEFINE_list("suites", ["full", "full_bwd", "window", "graph", "memory"], "Suites to run.")
 _FULL = flags.DEFINE_list("full_lengths", ["1024", "2048", "4096", "8192"], "N for full attention forward.")
@@ -62,6 +62,13 @@ _HEAD_DIM = flags.DEFINE_integer("head_dim", 64, "H head dim.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed rounds (best is reported).")
 _PEERS = flags.DEFINE_list("peers", ["torch", "jax_nn", "pyg"], "Peers to include if installed.")
 _OUT = flags.DEFINE_string("out", "results/bench", "Output folder for bench.json.")
+_DEVICES = flags.DEFINE_integer(
+    "host_devices",
+    -1,
+    "CPU only: also time attnlab with the heads split over this many host devices (one per core, "
+    "attnlab.parallel head parallelism), beside the one-device kernel. -1: the largest divisor of "
+    "--heads not above the core count; 0 or 1: off.",
+)
 
 
 def _torch():
@@ -129,6 +136,31 @@ def _to_torch(torch, xs, grad=False):
     return [torch.tensor(np.asarray(x)).transpose(1, 2).contiguous().requires_grad_(grad) for x in xs]
 
 
+def host_devices(requested: int, cpus: int, heads: int) -> int:
+    """How many CPU host devices the heads are split over (1 = none): see ``--host_devices``."""
+    if requested < 0:
+        return max(d for d in range(1, max(1, min(cpus, heads)) + 1) if heads % d == 0)
+    if requested > 1 and heads % requested:
+        raise app.UsageError(f"--host_devices={requested} must divide --heads={heads}")
+    return max(requested, 1)
+
+
+def _sharded():
+    """(name, mesh) of the head-parallel attnlab row, or None (one device, or not on CPU)."""
+    d = len(jax.devices())
+    if d < 2 or jax.default_backend() != "cpu":
+        return None
+    return f"attnlab.blockwise/{d}dev", parallel.make_mesh(f"heads={d}")
+
+
+def _ours(sh) -> list[str]:
+    return ["attnlab.blockwise"] + ([sh[0]] if sh else [])
+
+
+def _heads_split(mesh, xs):
+    return [parallel.shard(x, mesh, head_axis="heads") for x in xs]
+
+
 # ------------------------------------------------------------------------------------------
 
 
@@ -136,9 +168,17 @@ def suite_full(torch):
     recs = []
     ours = jax.jit(functools.partial(attnlab.attention, implementation="blockwise"))
     jnn = jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="xla"))
+    sh = _sharded()
+    if sh:
+        ours_sh = jax.jit(
+            functools.partial(parallel.attention, mesh=sh[1], head_axis="heads", implementation="blockwise")
+        )
     for n in map(int, _FULL.value):
         q, k, v = _qkv(n)
         fns = {"attnlab.blockwise": lambda q=q, k=k, v=v: ours(q, k, v).block_until_ready()}
+        if sh:
+            qkv = _heads_split(sh[1], (q, k, v))
+            fns[sh[0]] = lambda qkv=qkv: ours_sh(*qkv).block_until_ready()
         if "jax_nn" in _PEERS.value:
             fns["jax.nn"] = lambda q=q, k=k, v=v: jnn(q, k, v).block_until_ready()
         if torch is not None:
@@ -150,7 +190,7 @@ def suite_full(torch):
             n,
             _time_side_by_side(fns, _REPEATS.value),
             flops,
-            {"attnlab.blockwise": ["torch.sdpa", "jax.nn"]},
+            {name: ["torch.sdpa", "jax.nn"] for name in _ours(sh)},
         )
     return recs
 
@@ -158,18 +198,24 @@ def suite_full(torch):
 def suite_full_bwd(torch):
     recs = []
 
-    def fwd_bwd(impl):
+    def fwd_bwd(impl, attention=attnlab.attention, **kw):
         def f(q, k, v, ct):
-            out, vjp = jax.vjp(functools.partial(attnlab.attention, implementation=impl), q, k, v)
+            out, vjp = jax.vjp(functools.partial(attention, implementation=impl, **kw), q, k, v)
             return vjp(ct)
 
         return jax.jit(f)
 
     ours, xla = fwd_bwd("blockwise"), fwd_bwd("xla")
+    sh = _sharded()
+    if sh:
+        ours_sh = fwd_bwd("blockwise", parallel.attention, mesh=sh[1], head_axis="heads")
     for n in map(int, _BWD.value):
         q, k, v = _qkv(n)
         ct = _qkv(n, seed=1)[0]
         fns = {"attnlab.blockwise": lambda q=q, k=k, v=v, ct=ct: jax.block_until_ready(ours(q, k, v, ct))}
+        if sh:
+            args = _heads_split(sh[1], (q, k, v, ct))
+            fns[sh[0]] = lambda args=args: jax.block_until_ready(ours_sh(*args))
         if "jax_nn" in _PEERS.value:
             fns["jax.nn"] = lambda q=q, k=k, v=v, ct=ct: jax.block_until_ready(xla(q, k, v, ct))
         if torch is not None:
@@ -187,7 +233,7 @@ def suite_full_bwd(torch):
             n,
             _time_side_by_side(fns, _REPEATS.value),
             flops,
-            {"attnlab.blockwise": ["torch.sdpa", "jax.nn"]},
+            {name: ["torch.sdpa", "jax.nn"] for name in _ours(sh)},
         )
     return recs
 
@@ -198,6 +244,11 @@ def suite_window(torch):
     mask = masks.window(w, w)
     ours = jax.jit(functools.partial(attnlab.attention, mask=mask, implementation="blockwise"))
     jnn = jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="xla", local_window_size=(w, w)))
+    sh = _sharded()
+    if sh:
+        ours_sh = jax.jit(
+            functools.partial(parallel.attention, mesh=sh[1], head_axis="heads", mask=mask, implementation="blockwise")
+        )
     flex = None
     if torch is not None:
         try:
@@ -209,6 +260,9 @@ def suite_window(torch):
     for n in map(int, _WIN.value):
         q, k, v = _qkv(n)
         fns = {"attnlab.blockwise": lambda q=q, k=k, v=v: ours(q, k, v).block_until_ready()}
+        if sh:
+            qkv = _heads_split(sh[1], (q, k, v))
+            fns[sh[0]] = lambda qkv=qkv: ours_sh(*qkv).block_until_ready()
         if "jax_nn" in _PEERS.value and str(n) in _WIN_JNN.value:
             fns["jax.nn"] = lambda q=q, k=k, v=v: jnn(q, k, v).block_until_ready()
         if flex is not None and str(n) in _WIN_FLEX.value:
@@ -222,7 +276,8 @@ def suite_window(torch):
         pairs = int(np.asarray(mask.dense(n, n)).sum()) if n <= 16384 else (2 * w + 1) * n - w * (w + 1)
         flops = 4 * pairs * _HEADS.value * _HEAD_DIM.value
         timed = _time_side_by_side(fns, _REPEATS.value if n <= 16384 else max(2, _REPEATS.value // 2))
-        recs += _records(f"window ±{w} fwd", n, timed, flops, {"attnlab.blockwise": ["torch.flex", "jax.nn"]})
+        peers = {name: ["torch.flex", "jax.nn"] for name in _ours(sh)}
+        recs += _records(f"window ±{w} fwd", n, timed, flops, peers)
         recs[-len(timed) :] = [dict(r, us_per_token=round(r["ms"] * 1e3 / n, 3)) for r in recs[-len(timed) :]]
     return recs
 
@@ -351,6 +406,9 @@ def _print_table(recs):
 
 def main(argv):
     del argv
+    d = host_devices(_DEVICES.value, os.cpu_count() or 1, _HEADS.value)
+    if d > 1:  # before the first computation; affects only the CPU client
+        jax.config.update("jax_num_cpu_devices", d)
     torch = _torch()
     if torch is not None:
         torch.set_num_threads(os.cpu_count() or 1)
@@ -366,6 +424,7 @@ def main(argv):
         cpus=os.cpu_count(),
         machine=platform.machine(),
         backend=jax.default_backend(),
+        host_devices=len(jax.devices()) if jax.default_backend() == "cpu" else None,
     )
     recs = []
     path = os.path.join(_OUT.value, "bench.json")

@@ -1,8 +1,18 @@
 """The benchmark harness's timing protocol (benchmarks/bench_attention.py)."""
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
 import time
 
+import pytest
+from absl import app
+
 from benchmarks import bench_attention
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_side_by_side_times_the_second_of_each_pair():
@@ -22,3 +32,37 @@ def test_side_by_side_times_the_second_of_each_pair():
         best_ms, first_ms = out[name]
         assert 2.0 <= best_ms < 15.0, out  # the 30 ms untimed calls are never the ones timed
         assert first_ms >= 2.0
+
+
+def test_host_devices_auto_is_the_largest_divisor_of_heads_within_the_cores():
+    pick = bench_attention.host_devices
+    assert pick(-1, cpus=2, heads=8) == 2
+    assert pick(-1, cpus=16, heads=8) == 8
+    assert pick(-1, cpus=6, heads=8) == 4  # 5 and 6 do not divide 8
+    assert pick(-1, cpus=4, heads=6) == 3
+    assert pick(-1, cpus=1, heads=8) == 1
+    assert pick(0, cpus=2, heads=8) == 1 and pick(1, cpus=2, heads=8) == 1
+    assert pick(4, cpus=2, heads=8) == 4  # explicit: taken as given (more devices than cores is allowed)
+
+
+def test_host_devices_must_divide_heads():
+    with pytest.raises(app.UsageError, match="--host_devices=3 must divide --heads=8"):
+        bench_attention.host_devices(3, cpus=4, heads=8)
+
+
+def test_bench_times_the_head_parallel_kernel_on_two_host_devices(tmp_path):
+    # a fresh process: the host device count must be set before JAX's first computation
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    cmd = [sys.executable, "-m", "benchmarks.bench_attention", "--suites=full,window", "--full_lengths=256"]
+    cmd += ["--window_lengths=512", "--window_jax_nn_lengths=512", "--window=32", "--heads=4", "--head_dim=16"]
+    cmd += ["--repeats=1", "--peers=jax_nn"]
+    cmd += ["--host_devices=2", f"--out={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads((tmp_path / "bench.json").read_text())
+    assert out["meta"]["host_devices"] == 2
+    rows = {(r["suite"], r["impl"]): r for r in out["records"]}
+    for suite in ("full fwd", "window ±32 fwd"):
+        two = rows[(suite, "attnlab.blockwise/2dev")]
+        assert two["ms"] > 0 and "x_vs_jax.nn" in two
+        assert rows[(suite, "attnlab.blockwise")]["ms"] > 0
