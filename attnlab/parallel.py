@@ -74,8 +74,9 @@ def make_mesh(spec: str | dict[str, int], devices=None) -> Mesh:
     need = math.prod(axes.values())
     if need > len(devices):
         raise ValueError(
-            f"mesh: {axes} needs {need} devices but {len(devices)} are available; on CPU set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={need} before JAX starts"
+            f"mesh: {axes} needs {need} devices but {len(devices)} are available; on CPU call "
+            f'jax.config.update("jax_num_cpu_devices", {need}) or set '
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={need} before JAX's first computation"
         )
     return Mesh(np.asarray(devices[:need]).reshape(tuple(axes.values())), tuple(axes))
 

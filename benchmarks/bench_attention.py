@@ -10,7 +10,12 @@ alike), and the best of ``--repeats`` rounds is reported after a warm-up call (w
 is reported as compile time). GFLOP/s counts useful work only: 4·N·H per allowed (query, key)
 pair forward, 3.5x that for forward+backward (the backward does 5 matmuls to the forward's 2).
 
-Command (what ``make bench`` runs; about 15 minutes on 2 cores):
+On CPU, attnlab is also timed with its heads split over one host device per core
+(``attnlab.blockwise/<D>dev``: ``attnlab.parallel`` head parallelism, the same kernel on N / D
+heads per device; ``--host_devices``), because XLA:CPU runs small tile matmuls on one core and
+one device's ops one after another: the one-device window kernel keeps ~1 of 2 cores busy.
+
+Command (what ``make bench`` runs; about 17 minutes on 2 cores, PyG included):
 
     python -m benchmarks.bench_attention --out results/bench
 

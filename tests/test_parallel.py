@@ -113,8 +113,9 @@ def test_parse_and_make_mesh_errors():
         with pytest.raises(ValueError, match="mesh"):
             parallel.parse_mesh(bad)
     n = jax.device_count()
-    with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
+    with pytest.raises(ValueError, match="xla_force_host_platform_device_count") as err:
         parallel.make_mesh(f"sp={n + 1}")
+    assert f'jax.config.update("jax_num_cpu_devices", {n + 1})' in str(err.value)
 
 
 def test_bad_arguments():
