@@ -37,6 +37,7 @@ CASES = [
     "ring-bfloat16-T32-causal&padding",
     "heads-float32-T19-window&padding",
     "heads-bfloat16-T19-causal",
+    "heads-blockwise-float32-T150-window&padding",
     "mha-heads2xsp4-float32-T21-causal&padding",
 ]
 
