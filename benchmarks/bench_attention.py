@@ -152,8 +152,8 @@ def host_devices(requested: int, cpus: int, heads: int) -> int:
 
 def _sharded():
     """(name, mesh) of the head-parallel attnlab row, or None (one device, or not on CPU)."""
-    d = len(jax.devices())
-    if d < 2 or jax.default_backend() != "cpu":
+    d = host_devices(_DEVICES.value, os.cpu_count() or 1, _HEADS.value)
+    if d < 2 or jax.default_backend() != "cpu" or len(jax.devices()) < d:
         return None
     return f"attnlab.blockwise/{d}dev", parallel.make_mesh(f"heads={d}")
 
@@ -413,7 +413,7 @@ def main(argv):
     del argv
     d = host_devices(_DEVICES.value, os.cpu_count() or 1, _HEADS.value)
     if d > 1:  # before the first computation; affects only the CPU client
-        jax.config.update("jax_num_cpu_devices", d)
+        parallel.use_host_devices(d)
     torch = _torch()
     if torch is not None:
         torch.set_num_threads(os.cpu_count() or 1)
@@ -429,7 +429,7 @@ def main(argv):
         cpus=os.cpu_count(),
         machine=platform.machine(),
         backend=jax.default_backend(),
-        host_devices=len(jax.devices()) if jax.default_backend() == "cpu" else None,
+        host_devices=int(sh[1].devices.size) if (sh := _sharded()) else 1,
     )
     recs = []
     path = os.path.join(_OUT.value, "bench.json")

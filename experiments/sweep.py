@@ -36,11 +36,12 @@ Several devices: ``--mesh=sp=8`` (ring attention over the sequence), ``--mesh=he
 parallelism) or ``--mesh=heads=4,sp=2`` (both) runs every cell through ``attnlab.parallel.attention``
 with q/k/v sharded over that mesh; with an ``sp`` axis only ``blockwise`` cells run (the ring uses
 its block step), and the peer ``jax.nn`` and head counts the ``heads`` axis does not divide are
-left out. Memory is then per device. On CPU force the
-devices before JAX starts:
+left out. Memory is then per device. On CPU the sweep presents as many host devices as the mesh
+needs (``attnlab.parallel.use_host_devices``; ``XLA_FLAGS=--xla_force_host_platform_device_count``
+takes precedence when set):
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.sweep \
-        --config experiments/configs/sweep.py:smoke --implementations=blockwise --mesh=sp=8 --out results/sweep-sp8
+    python -m experiments.sweep --config experiments/configs/sweep.py:smoke --implementations=blockwise \
+        --mesh=sp=8 --out results/sweep-sp8
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import os
 import platform
 import statistics
@@ -415,7 +417,10 @@ def config_from_flags():
 
 def main(argv):
     del argv
-    run_sweep(config_from_flags(), FLAGS.out, force=FLAGS.force, plot=FLAGS.plot)
+    config = config_from_flags()
+    if config.get("mesh"):  # on CPU, one host device per mesh device (before JAX's first computation)
+        parallel.use_host_devices(math.prod(parallel.parse_mesh(config.mesh).values()))
+    run_sweep(config, FLAGS.out, force=FLAGS.force, plot=FLAGS.plot)
 
 
 if __name__ == "__main__":

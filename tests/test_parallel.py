@@ -160,3 +160,24 @@ def test_one_device_mesh_matches_reference():
     )
     out = jax.jit(f)(q, k, v)
     np.testing.assert_allclose(out, attnlab.attention_reference(q, k, v, mask=mask), **tol(jnp.float32))
+
+
+def test_use_host_devices(monkeypatch):
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    have = len(jax.devices("cpu"))  # JAX has started in this process
+    assert parallel.use_host_devices(have) == have  # already enough: nothing to do
+    with pytest.raises(ValueError, match=f"already started with {have} CPU device"):
+        parallel.use_host_devices(have + 1)
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="n: expected a positive int"):
+            parallel.use_host_devices(bad)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=5")
+    assert parallel.use_host_devices(2) == 5  # XLA_FLAGS decides
+
+
+def test_use_host_devices_in_a_fresh_process():
+    code = "import jax; from attnlab import parallel; print(parallel.use_host_devices(3), len(jax.devices()))"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["3", "3"]
