@@ -14,6 +14,8 @@ On CPU, attnlab is also timed with its heads split over one host device per core
 (``attnlab.blockwise/<D>dev``: ``attnlab.parallel`` head parallelism, the same kernel on N / D
 heads per device; ``--host_devices``), because XLA:CPU runs small tile matmuls on one core and
 one device's ops one after another: the one-device window kernel keeps ~1 of 2 cores busy.
+Its inputs are placed on the devices before timing, as a head-parallel model's activations are
+(torch's inputs are likewise made once, in its own layout, outside the timed region).
 
 Command (what ``make bench`` runs; about 17 minutes on 2 cores, PyG included):
 
