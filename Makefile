@@ -40,8 +40,8 @@ test-fast: install data  ## skip tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
 lint: install
-	$(VENV)/bin/ruff check attnlab tests experiments
-	$(VENV)/bin/ruff format --check attnlab tests experiments
+	$(VENV)/bin/ruff check attnlab tests experiments benchmarks
+	$(VENV)/bin/ruff format --check attnlab tests experiments benchmarks
 
 sweep: install  ## the main job: length x heads x implementation x mask sweep -> results/sweep/
 	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:default --out results/sweep $(SWEEP_FLAGS)
