@@ -322,23 +322,32 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
 
         def step(c, jk):
             j, kd = jk
+            kj, vj = k[j], v[j]
 
-            def visit(c, partial, ok=None):
+            # A branch returns only this tile's contributions (dq_i's, dk_j, dv_j, the bias
+            # constants'), never the full-size dk/dv carries: passing those through lax.switch /
+            # lax.cond made XLA copy them on every tile (causal fwd+bwd was slower than full).
+            def zeros():
+                return (
+                    jnp.zeros((BK, R, H), jnp.float32),
+                    jnp.zeros((BK, H, st.bk), jnp.float32),
+                    jnp.zeros((BK, dout.shape[-1], st.bk), jnp.float32),
+                    tuple(jnp.zeros(x.shape, jnp.float32) for x in consts),
+                )
+
+            def visit(partial, ok=None):
                 if partial and ok is None:
                     ok = _allowed(mask, i, j, st)
-                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, c)
-                dq_i, dk, dv, dconsts = c
-                s = _logits(qi, k[j], bias_fn, consts, i, j, st)
+                    return jax.lax.cond(ok.any(), functools.partial(visit, True, ok), zeros)
+                s = _logits(qi, kj, bias_fn, consts, i, j, st)
                 p = jnp.exp(s - lse_i[..., None])
                 if partial:
                     p = jnp.where(ok, p, 0.0)
                 dv_j = jnp.einsum("nhq,nqs->nhs", dot_i, p.astype(doi.dtype), preferred_element_type=jnp.float32)
-                dp = jnp.einsum("nqh,nsh->nqs", doi, v[j], preferred_element_type=jnp.float32)
+                dp = jnp.einsum("nqh,nsh->nqs", doi, vj, preferred_element_type=jnp.float32)
                 ds = p * (dp - delta_i[..., None])  # d(logit) [B*K, G*bq, bk]
-                dq_i = dq_i + jnp.einsum("nqs,nsh->nqh", ds.astype(k.dtype), k[j], preferred_element_type=jnp.float32)
+                dq_c = jnp.einsum("nqs,nsh->nqh", ds.astype(k.dtype), kj, preferred_element_type=jnp.float32)
                 dk_j = jnp.einsum("nhq,nqs->nhs", qt_i, ds.astype(qi.dtype), preferred_element_type=jnp.float32)
-                dk = dk.at[j].add(dk_j)
-                dv = dv.at[j].add(dv_j)
                 if st.has_bias and consts:
                     q_pos, k_pos = _positions(i, j, st)
                     qc, kc = jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1)
@@ -349,17 +358,19 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
                     b, vjp = jax.vjp(tile_bias, *consts)
                     # sum ds over the dims the bias broadcast along, then pull back
                     axes = tuple(a for a in range(ds.ndim) if b.shape[a] == 1 and ds.shape[a] != 1)
-                    dconsts = tuple(x + y for x, y in zip(dconsts, vjp(ds.sum(axes, keepdims=True)), strict=True))
-                return dq_i, dk, dv, dconsts
+                    dcs = tuple(x.astype(jnp.float32) for x in vjp(ds.sum(axes, keepdims=True)))
+                else:
+                    dcs = tuple(jnp.zeros(x.shape, jnp.float32) for x in consts)
+                return dq_c, dk_j, dv_j, dcs
 
-            branches = {
-                0: lambda c: c,
-                1: functools.partial(visit, partial=True),
-                2: functools.partial(visit, partial=False),
-            }
+            branches = {0: zeros, 1: functools.partial(visit, True), 2: functools.partial(visit, False)}
             if len(st.kinds_used) == 1:
-                return branches[st.kinds_used[0]](c), None
-            return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], c), None
+                dq_c, dk_j, dv_j, dcs = branches[st.kinds_used[0]]()
+            else:
+                dq_c, dk_j, dv_j, dcs = jax.lax.switch(kd, [branches[0], branches[1], branches[2]])
+            dq_i, dk, dv, dconsts = c
+            dconsts = tuple(x + y for x, y in zip(dconsts, dcs, strict=True))
+            return (dq_i + dq_c, dk.at[j].add(dk_j), dv.at[j].add(dv_j), dconsts), None
 
         dq0 = jnp.zeros((BK, R, H), jnp.float32)
         (dq_i, dk, dv, dconsts), _ = jax.lax.scan(step, (dq0, dk, dv, dconsts), (idx_i, kind_i))
