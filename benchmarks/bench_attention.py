@@ -46,10 +46,13 @@ from absl import app, flags
 import attnlab
 from attnlab import masks, parallel
 
-_SUITES = flags.DEFINE_list("suites", ["full", "full_bwd", "window", "graph", "memory"], "Suites to run.")
+_SUITES = flags.DEFINE_list("suites", ["full", "full_bwd", "window", "window_bwd", "graph", "memory"], "Suites to run.")
 _FULL = flags.DEFINE_list("full_lengths", ["1024", "2048", "4096", "8192"], "N for full attention forward.")
 _BWD = flags.DEFINE_list("bwd_lengths", ["1024", "2048", "4096", "8192"], "N for full attention forward+backward.")
 _WIN = flags.DEFINE_list("window_lengths", ["1024", "4096", "16384", "65536"], "N for window attention.")
+_WIN_BWD = flags.DEFINE_list(
+    "window_bwd_lengths", ["1024", "4096", "16384", "65536"], "N for window attention forward+backward."
+)
 _WIN_FLEX = flags.DEFINE_list(
     "window_flex_lengths",
     ["1024", "4096", "16384"],
@@ -246,16 +249,37 @@ def suite_full_bwd(torch):
 
 
 def suite_window(torch):
+    return _window_suite(torch, backward=False)
+
+
+def suite_window_bwd(torch):
+    return _window_suite(torch, backward=True)
+
+
+def _window_suite(torch, backward: bool):
+    """Window ±w attention, forward or forward+backward, against torch and jax.nn.
+
+    The torch peer is flex_attention forward; it has no CPU backward (torch 2.13), so
+    forward+backward is compared with torch's dense SDPA given the window as a boolean mask.
+    """
     recs = []
     w = _WINDOW.value
     mask = masks.window(w, w)
-    ours = jax.jit(functools.partial(attnlab.attention, mask=mask, implementation="blockwise"))
-    jnn = jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="xla", local_window_size=(w, w)))
+
+    def timed_fn(attention, **kw):  # q, k, v[, ct] -> output, or the three input gradients
+        if not backward:
+            return jax.jit(functools.partial(attention, **kw))
+
+        def f(q, k, v, ct):
+            return jax.vjp(functools.partial(attention, **kw), q, k, v)[1](ct)
+
+        return jax.jit(f)
+
+    ours = timed_fn(attnlab.attention, mask=mask, implementation="blockwise")
+    jnn = timed_fn(jax.nn.dot_product_attention, implementation="xla", local_window_size=(w, w))
     sh = _sharded()
     if sh:
-        ours_sh = jax.jit(
-            functools.partial(parallel.attention, mesh=sh[1], head_axis="heads", mask=mask, implementation="blockwise")
-        )
+        ours_sh = timed_fn(parallel.attention, mesh=sh[1], head_axis="heads", mask=mask, implementation="blockwise")
     flex = None
     if torch is not None:
         try:
@@ -264,15 +288,16 @@ def suite_window(torch):
             flex = torch.compile(flex_attention)
         except Exception as e:  # noqa: BLE001  (report, don't fail the other peers)
             print(f"flex_attention unavailable: {e}", file=sys.stderr)
-    for n in map(int, _WIN.value):
+    for n in map(int, (_WIN_BWD if backward else _WIN).value):
         q, k, v = _qkv(n)
-        fns = {"attnlab.blockwise": lambda q=q, k=k, v=v: ours(q, k, v).block_until_ready()}
+        args = (q, k, v, _qkv(n, seed=1)[0]) if backward else (q, k, v)
+        fns = {"attnlab.blockwise": lambda args=args: jax.block_until_ready(ours(*args))}
         if sh:
-            qkv = _heads_split(sh[1], (q, k, v))
-            fns[sh[0]] = lambda qkv=qkv: ours_sh(*qkv).block_until_ready()
+            split = _heads_split(sh[1], args)
+            fns[sh[0]] = lambda split=split: jax.block_until_ready(ours_sh(*split))
         if "jax_nn" in _PEERS.value and str(n) in _WIN_JNN.value:
-            fns["jax.nn"] = lambda q=q, k=k, v=v: jnn(q, k, v).block_until_ready()
-        if flex is not None and str(n) in _WIN_FLEX.value:
+            fns["jax.nn"] = lambda args=args: jax.block_until_ready(jnn(*args))
+        if flex is not None and str(n) in _WIN_FLEX.value and not backward:  # flex has no CPU backward
             tq, tk, tv = _to_torch(torch, (q, k, v))
 
             def window_mod(b, h, qi, ki):
@@ -280,11 +305,21 @@ def suite_window(torch):
 
             bm = create_block_mask(window_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device="cpu")
             fns["torch.flex"] = lambda tq=tq, tk=tk, tv=tv, bm=bm: flex(tq, tk, tv, block_mask=bm)
+        if torch is not None and backward and str(n) in _WIN_JNN.value:  # dense SDPA with the window as a mask
+            tq, tk, tv = _to_torch(torch, (q, k, v), grad=True)
+            tct = _to_torch(torch, args[3:])[0]
+            tmask = torch.tensor(np.asarray(mask.dense(n, n)))
+
+            def run_sdpa(tq=tq, tk=tk, tv=tv, tct=tct, tmask=tmask):
+                out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tmask)
+                return torch.autograd.grad(out, (tq, tk, tv), tct)
+
+            fns["torch.sdpa+mask"] = run_sdpa
         pairs = int(np.asarray(mask.dense(n, n)).sum()) if n <= 16384 else (2 * w + 1) * n - w * (w + 1)
-        flops = 4 * pairs * _HEADS.value * _HEAD_DIM.value
+        flops = (3.5 if backward else 1.0) * 4 * pairs * _HEADS.value * _HEAD_DIM.value
         timed = _time_side_by_side(fns, _REPEATS.value if n <= 16384 else max(2, _REPEATS.value // 2))
-        peers = {name: ["torch.flex", "jax.nn"] for name in _ours(sh)}
-        recs += _records(f"window ±{w} fwd", n, timed, flops, peers)
+        peers = {name: ["torch.flex", "torch.sdpa+mask", "jax.nn"] for name in _ours(sh)}
+        recs += _records(f"window ±{w} {'fwd+bwd' if backward else 'fwd'}", n, timed, flops, peers)
         recs[-len(timed) :] = [dict(r, us_per_token=round(r["ms"] * 1e3 / n, 3)) for r in recs[-len(timed) :]]
     return recs
 
@@ -419,7 +454,14 @@ def main(argv):
     torch = _torch()
     if torch is not None:
         torch.set_num_threads(os.cpu_count() or 1)
-    suites = dict(full=suite_full, full_bwd=suite_full_bwd, window=suite_window, graph=suite_graph, memory=suite_memory)
+    suites = dict(
+        full=suite_full,
+        full_bwd=suite_full_bwd,
+        window=suite_window,
+        window_bwd=suite_window_bwd,
+        graph=suite_graph,
+        memory=suite_memory,
+    )
     for name in _SUITES.value:
         if name not in suites:
             raise app.UsageError(f"--suites: unknown suite {name!r}; choose from {sorted(suites)}")

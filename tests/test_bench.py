@@ -53,8 +53,9 @@ def test_host_devices_must_divide_heads():
 def test_bench_times_the_head_parallel_kernel_on_two_host_devices(tmp_path):
     # a fresh process: the host device count must be set before JAX's first computation
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    cmd = [sys.executable, "-m", "benchmarks.bench_attention", "--suites=full,window", "--full_lengths=256"]
-    cmd += ["--window_lengths=512", "--window_jax_nn_lengths=512", "--window=32", "--heads=4", "--head_dim=16"]
+    cmd = [sys.executable, "-m", "benchmarks.bench_attention", "--suites=full,window,window_bwd", "--full_lengths=256"]
+    cmd += ["--window_lengths=512", "--window_bwd_lengths=512", "--window_jax_nn_lengths=512", "--window=32"]
+    cmd += ["--heads=4", "--head_dim=16"]
     cmd += ["--repeats=1", "--peers=jax_nn"]
     cmd += ["--host_devices=2", f"--out={tmp_path}"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -62,7 +63,7 @@ def test_bench_times_the_head_parallel_kernel_on_two_host_devices(tmp_path):
     out = json.loads((tmp_path / "bench.json").read_text())
     assert out["meta"]["host_devices"] == 2
     rows = {(r["suite"], r["impl"]): r for r in out["records"]}
-    for suite in ("full fwd", "window ±32 fwd"):
+    for suite in ("full fwd", "window ±32 fwd", "window ±32 fwd+bwd"):
         two = rows[(suite, "attnlab.blockwise/2dev")]
         assert two["ms"] > 0 and "x_vs_jax.nn" in two
         assert rows[(suite, "attnlab.blockwise")]["ms"] > 0
