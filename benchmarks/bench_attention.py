@@ -17,7 +17,7 @@ one device's ops one after another: the one-device window kernel keeps ~1 of 2 c
 Its inputs are placed on the devices before timing, as a head-parallel model's activations are
 (torch's inputs are likewise made once, in its own layout, outside the timed region).
 
-Command (what ``make bench`` runs; about 17 minutes on 2 cores, PyG included):
+Command (what ``make bench`` runs; about 20 minutes on 2 cores, PyG included):
 
     python -m benchmarks.bench_attention --out results/bench
 
