@@ -190,8 +190,6 @@ def _ring_static(m, q, k, v, *, mesh, seq_axis, head_axis, scale, block_sizes):
     *lead, T, N, H = q.shape
     S, K = k.shape[-3], k.shape[-2]
     Dh, Ds = _axis_size(mesh, head_axis, "head_axis"), _axis_size(mesh, seq_axis, "seq_axis")
-    half = q.dtype in (jnp.bfloat16, jnp.float16)
-    compute = jnp.float32 if (half and jax.default_backend() == "cpu") else q.dtype  # as blockwise
     if block_sizes is None:
         block_sizes = bw.default_block_sizes()
     if not isinstance(block_sizes, bw.BlockSizes):
@@ -206,8 +204,8 @@ def _ring_static(m, q, k, v, *, mesh, seq_axis, head_axis, scale, block_sizes):
         N=N // Dh,
         K=K // Dh,
         H=H,
-        scale=ring_lib.default_scale(H, scale),
-        compute_dtype=compute,
+        scale=bw.default_scale(H, scale),
+        compute_dtype=bw.compute_dtype(q.dtype),
         block_sizes=block_sizes,
     )
 

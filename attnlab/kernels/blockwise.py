@@ -113,6 +113,37 @@ def _pick_block_sizes(m, T: int, S: int) -> BlockSizes:
     return sparse if cost(sparse) < cost(dense) else dense
 
 
+def compute_dtype(dtype) -> jnp.dtype:
+    """The tiles' dtype for inputs of ``dtype``: fp32 for half precision on XLA:CPU, else ``dtype``.
+
+    XLA:CPU has no fast half-precision dot (and no fp16 x fp16 -> fp32 one); elsewhere tiles stay in
+    the input dtype with fp32 accumulation.
+    """
+    dtype = jnp.dtype(dtype)
+    half = dtype in (jnp.bfloat16, jnp.float16)
+    return jnp.dtype(jnp.float32) if (half and jax.default_backend() == "cpu") else dtype
+
+
+def default_scale(H: int, scale) -> float:
+    """The logit scale: ``scale`` as a float, or ``1/sqrt(H)`` when it is None."""
+    return 1.0 / math.sqrt(H) if scale is None else float(scale)
+
+
+def zero_cotangents(tree):
+    """Zero cotangents for a pytree of non-differentiated inputs (masks, schedules).
+
+    Integer and boolean leaves get ``float0`` zeros (what ``custom_vjp`` requires for them),
+    floating leaves (e.g. a float padding length) zeros of their own shape and dtype.
+    """
+
+    def zero(x):
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            return jnp.zeros_like(x)
+        return np.zeros(x.shape, jax.dtypes.float0)
+
+    return jax.tree_util.tree_map(zero, tree)
+
+
 # ------------------------------------------------------------------------------------------
 # The static schedule: which key blocks each query block visits
 
@@ -505,11 +536,8 @@ def _flash_bwd(st, bias_fn, res, dout):
         dq, dk, dv, dconsts = _backward(
             q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn
         )
-    zero = lambda x: np.zeros(x.shape, jax.dtypes.float0)  # noqa: E731  (int/bool leaves)
-    dmask = jax.tree_util.tree_map(
-        lambda x: zero(x) if not jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros_like(x), mask
-    )
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dmask, dconsts, tuple(zero(x) for x in sched))
+    grads = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
+    return (*grads, zero_cotangents(mask), dconsts, zero_cotangents(sched))
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -583,12 +611,8 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
     index_t, kind_t = _rows(layout.T)  # key block -> the query blocks that see it
     bias_fn, consts = _as_bias_fn(bias, T, S, bq, bk)
 
-    dtype = q.dtype
-    # XLA:CPU has no fast half-precision dot (and no fp16 x fp16 -> fp32 one): compute in fp32
-    # there; elsewhere tiles stay in the input dtype with fp32 accumulation.
-    half = dtype in (jnp.bfloat16, jnp.float16)
-    compute = jnp.float32 if (half and jax.default_backend() == "cpu") else dtype
-    scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+    compute = compute_dtype(q.dtype)
+    scale = default_scale(H, scale)
     st = _Static(
         T=T,
         S=S,
@@ -601,7 +625,7 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
         has_bias=bias_fn is not None,
         kinds_used=tuple(np.unique(kind).tolist()),
         kinds_used_t=tuple(np.unique(kind_t).tolist()),
-        compute_dtype=jnp.dtype(compute).name,
+        compute_dtype=compute.name,
         backward=block_sizes.backward,
     )
 

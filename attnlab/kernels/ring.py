@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -79,19 +78,13 @@ class RingStatic:
     sched_full: tuple
 
 
-def _schedule(nq: int, nk: int, kind: int, Sl: int, bk: int):
-    layout = bw._adjusted(np.full((nq, nk), kind, np.int8), Sl, bk)
-    index, kinds = bw._rows(layout)
-    return index, kinds
-
-
 def make_static(mask, *, axis, D, T, S, lead, N, K, H, scale, compute_dtype, block_sizes) -> RingStatic:
     """Builds the static description; ``mask`` is the unpadded global mask (or None)."""
     Tl, Sl = -(-T // D), -(-S // D)
     bq, bk = min(block_sizes.block_q, Tl), min(block_sizes.block_k, Sl)
     nq, nk = -(-Tl // bq), -(-Sl // bk)
     layout = shard_layout(mask, T, S, D)
-    sp, sf = _schedule(nq, nk, masks_lib.PARTIAL, Sl, bk), _schedule(nq, nk, masks_lib.FULL, Sl, bk)
+    sp, sf = (bw.block_schedule(np.full((nq, nk), kd, np.int8), Sl, bk) for kd in (masks_lib.PARTIAL, masks_lib.FULL))
 
     def st(kinds):
         return bw._Static(
@@ -222,13 +215,7 @@ def _ring_fwd(qs, ks, vs, mask, rs):
 def _ring_bwd(rs, res, dout):
     qs, ks, vs, mask, out, lse = res
     dq, dk, dv = _bwd_impl(qs, ks, vs, mask, out, lse, dout, rs)
-    dmask = jax.tree_util.tree_map(
-        lambda x: (
-            np.zeros(x.shape, jax.dtypes.float0) if not jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros_like(x)
-        ),
-        mask,
-    )
-    return dq.astype(qs.dtype), dk.astype(ks.dtype), dv.astype(vs.dtype), dmask
+    return dq.astype(qs.dtype), dk.astype(ks.dtype), dv.astype(vs.dtype), bw.zero_cotangents(mask)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -250,7 +237,3 @@ def ring_attention_shard(q, k, v, mask, rs: RingStatic):
     st = rs.st_full
     out = _ring(bw.tile_q(q, st), bw.tile_kv(k, st), bw.tile_kv(v, st), mask, rs)
     return bw.untile(out, st, rs.Tl).astype(q.dtype)
-
-
-def default_scale(H: int, scale) -> float:
-    return 1.0 / math.sqrt(H) if scale is None else float(scale)
