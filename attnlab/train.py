@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-__all__ = ["train", "make_step", "masked_cross_entropy", "read_jsonl", "num_params"]
+__all__ = ["train", "make_step", "masked_cross_entropy", "read_jsonl", "append_jsonl", "num_params"]
 
 LossFn = Callable[[nnx.Module, Any, jax.Array], tuple[jax.Array, dict]]
 
@@ -88,6 +88,12 @@ def read_jsonl(path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def append_jsonl(path, record: dict) -> None:
+    """Appends one record as a line of JSON (the format ``read_jsonl`` reads back)."""
+    with Path(path).open("a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def _checkpointer(directory, every):
@@ -159,8 +165,7 @@ def train(
     def emit(record):
         records.append(record)
         if metrics_path is not None:
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_jsonl(metrics_path, record)
 
     def current_model():
         return nnx.merge(graphdef, jax.tree.unflatten(params_def, leaves), rest)

@@ -295,8 +295,7 @@ def run_one(cfg, name: str, size: int, num_steps: int, seed: int, data: dict, ou
         result["distance_images"] = len(dist_imgs)
         result["reference_distance"] = reference_distances(grid, m.patch, 2 * m.radius + 1 if m.kind == "pixel" else 3)
     done.write_text(json.dumps(result, indent=2))
-    with (out / cfg.variant / "results.jsonl").open("a") as f:
-        f.write(json.dumps(result) + "\n")
+    train_lib.append_jsonl(out / cfg.variant / "results.jsonl", result)
     if verbose:
         logging.info(
             "[%s] %s: test accuracy %.4f (train %.4f) in %.0f s",

@@ -39,7 +39,6 @@ as N^2, linear and Performer are O(N) in time, and the GRU's time per step grows
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -173,15 +172,6 @@ def _accuracy(model, ids, lengths, labels, batch_size=250) -> float:
     return correct / len(ids)
 
 
-def _read(path: Path) -> list[dict]:
-    return train_lib.read_jsonl(path)
-
-
-def _append(path: Path, record: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 # ------------------------------------------------------------------------------------------
 # Part 1: ListOps
 
@@ -189,10 +179,10 @@ def _append(path: Path, record: dict) -> None:
 def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
     lc, m = cfg.listops, cfg.model
     path = out / "listops.jsonl"
-    done = {r["model"] for r in _read(path)}
+    done = {r["model"] for r in train_lib.read_jsonl(path)}
     todo = [k for k in _names(cfg.models) if k not in done]
     if not todo:
-        return _read(path)
+        return train_lib.read_jsonl(path)
     t0 = time.perf_counter()
     splits = listops.make_splits(lc.data, seed=cfg.seed)
     data = {name: listops.encode(ex, lc.max_len) for name, ex in splits.items()}
@@ -249,10 +239,10 @@ def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = Tr
             "majority_class": float(np.bincount(data["test"][2], minlength=10).max() / len(data["test"][2])),
             "backend": jax.default_backend(),
         }
-        _append(path, record)
+        train_lib.append_jsonl(path, record)
         if verbose:
             _log(f"[listops] {kind}: test accuracy {100 * test_acc:.2f}% ({train_time:.0f} s training)")
-    return _read(path)
+    return train_lib.read_jsonl(path)
 
 
 # ------------------------------------------------------------------------------------------
@@ -304,7 +294,7 @@ def measure_step(model, batch, *, repeats: int, max_step_s: float | None = None)
 def run_efficiency(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
     e, m = cfg.efficiency, cfg.model
     path = out / "efficiency.jsonl"
-    done = {(r["model"], r["seq_len"]) for r in _read(path)}
+    done = {(r["model"], r["seq_len"]) for r in train_lib.read_jsonl(path)}
     rng = np.random.default_rng(cfg.seed)
     for kind in _names(e.models):
         too_slow = False
@@ -312,7 +302,7 @@ def run_efficiency(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool =
             if (kind, n) in done:
                 continue
             if too_slow:
-                _append(path, {"model": kind, "seq_len": n, "status": "skipped"})
+                train_lib.append_jsonl(path, {"model": kind, "seq_len": n, "status": "skipped"})
                 continue
             backbone = build_backbone(
                 kind, m, vocab_size=len(listops.VOCAB), max_len=n, local_chunk=e.local_chunk,
@@ -331,7 +321,7 @@ def run_efficiency(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool =
                 res, status = {"error": f"{type(err).__name__}: {str(err)[:300]}"}, "error"
             record = {"model": kind, "seq_len": n, "batch_size": e.batch_size, "status": status, **res}
             record |= {"params": train_lib.num_params(model), "backend": jax.default_backend(), "jax": jax.__version__}
-            _append(path, record)
+            train_lib.append_jsonl(path, record)
             if verbose and status == "ok":
                 _log(
                     f"[efficiency] {kind:>10} N={n:5d}: {res['step_s'] * 1e3:8.1f} ms/step "
@@ -341,7 +331,7 @@ def run_efficiency(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool =
             elif verbose:
                 _log(f"[efficiency] {kind} N={n}: {record.get('error')}")
             too_slow = status != "ok" or res["step_s"] > e.max_step_s
-    return _read(path)
+    return train_lib.read_jsonl(path)
 
 
 # ------------------------------------------------------------------------------------------
@@ -366,7 +356,7 @@ def recall_data(rng: np.random.Generator, n: int, distance: int, num_keys: int, 
 def run_recall(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
     r = cfg.recall
     path = out / "recall.jsonl"
-    done = {(x["model"], x["distance"]) for x in _read(path)}
+    done = {(x["model"], x["distance"]) for x in train_lib.read_jsonl(path)}
     vocab = 2 + r.num_keys + r.num_distractors
     mcfg = ml_collections.ConfigDict(
         dict(d_model=r.d_model, num_layers=r.num_layers, num_heads=r.num_heads, mlp_dim=2 * r.d_model, dropout=0.0)
@@ -409,10 +399,10 @@ def run_recall(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = Tru
                 "train_time_s": round(train_s, 1),
                 "params": train_lib.num_params(model),
             }
-            _append(path, record)
+            train_lib.append_jsonl(path, record)
             if verbose:
                 _log(f"[recall] {kind} distance {d}: accuracy {100 * acc:.1f}% ({train_s:.0f} s)")
-    return _read(path)
+    return train_lib.read_jsonl(path)
 
 
 # ------------------------------------------------------------------------------------------
@@ -425,7 +415,7 @@ def _fmt_n(n: int) -> str:
 
 def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
     parts = []
-    acc = _read(folder / "listops.jsonl")
+    acc = train_lib.read_jsonl(folder / "listops.jsonl")
     if acc:
         lines = [
             f"ListOps (`{acc[0]['data']}` variant, max length {acc[0]['max_len']}); LRA's vanilla Transformer on "
@@ -441,7 +431,7 @@ def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
                 f"{100 * r['dev_accuracy']:.2f} | {r['steps']} | {r['train_time_s']:.0f} | {r['params']:,} |"
             )
         parts.append("\n".join(lines))
-    eff = [r for r in _read(folder / "efficiency.jsonl") if r.get("status") == "ok"]
+    eff = [r for r in train_lib.read_jsonl(folder / "efficiency.jsonl") if r.get("status") == "ok"]
     if eff:
         by = {(r["model"], r["seq_len"]): r for r in eff}
         models = list(dict.fromkeys(r["model"] for r in eff))
@@ -467,7 +457,7 @@ def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
                 mem.append(f"{r['peak_bytes'] / 2**20:.1f}")
             lines.append(f"| {LABELS.get(mname, mname)} | " + " | ".join(speed + mem) + " |")
         parts.append("\n".join(lines))
-    rec = _read(folder / "recall.jsonl")
+    rec = train_lib.read_jsonl(folder / "recall.jsonl")
     if rec:
         dists = sorted({r["distance"] for r in rec})
         by = {(r["model"], r["distance"]): r for r in rec}
@@ -497,7 +487,7 @@ def report(folder: Path) -> str:
     text = tables(folder)
     (folder / "summary.md").write_text(text + "\n")
 
-    acc = _read(folder / "listops.jsonl")
+    acc = train_lib.read_jsonl(folder / "listops.jsonl")
     if acc:
         fig, ax = plt.subplots(figsize=(6, 3.4))
         x = np.arange(len(acc))
@@ -512,7 +502,7 @@ def report(folder: Path) -> str:
         fig.savefig(folder / "listops_accuracy.png", dpi=120)
         plt.close(fig)
 
-    eff = [r for r in _read(folder / "efficiency.jsonl") if r.get("status") == "ok"]
+    eff = [r for r in train_lib.read_jsonl(folder / "efficiency.jsonl") if r.get("status") == "ok"]
     if eff:
         models = list(dict.fromkeys(r["model"] for r in eff))
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -546,7 +536,7 @@ def report(folder: Path) -> str:
         fig.savefig(folder / "time_vs_n.png", dpi=120)
         plt.close(fig)
 
-    rec = _read(folder / "recall.jsonl")
+    rec = train_lib.read_jsonl(folder / "recall.jsonl")
     if rec:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for mname in dict.fromkeys(r["model"] for r in rec):

@@ -297,8 +297,7 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> l
             result["test_accuracy"] = float((pred.argmax(-1) == test_label).mean())
         else:
             result["test_rmse"] = float(np.sqrt(((pred[:, 0] * sol_std + sol_mean - test_sol) ** 2).mean()))
-        with results_path.open("a") as f:
-            f.write(json.dumps(result) + "\n")
+        train_lib.append_jsonl(results_path, result)
         logging.info("%s", result)
         if verbose:
             metric = {k: v for k, v in result.items() if k.startswith("test_")}

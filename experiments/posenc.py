@@ -29,7 +29,6 @@ rope 51.7%, t5 71.9% (± 19.6 over seeds).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -220,8 +219,7 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> l
         if verbose:
             print(f"[{i + 1}/{len(todo)}] posenc={scheme} seed={seed}", file=sys.stderr)
         result = run_one(cfg, scheme, seed, out, verbose=verbose)
-        with path.open("a") as f:
-            f.write(json.dumps(result) + "\n")
+        train_lib.append_jsonl(path, result)
         if verbose:
             accs = "  ".join(f"{k} {v:.3f}" for k, v in result.items() if k.startswith("acc@"))
             elapsed = time.perf_counter() - t0

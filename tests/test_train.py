@@ -131,3 +131,13 @@ def test_adamw_cosine_schedule_by_hand():
         u2, s2 = plain.update(jnp.asarray(c, jnp.float32), s2, p)
     np.testing.assert_allclose(u1, u2, rtol=1e-5, atol=1e-8)
     assert float(jnp.abs(u1).max()) > 0
+
+
+def test_append_jsonl_round_trips_through_read_jsonl(tmp_path):
+    path = tmp_path / "results.jsonl"
+    assert train.read_jsonl(path) == []  # no file yet
+    records = [{"model": "gru", "acc": 0.5}, {"model": "full", "acc": 0.75, "steps": [1, 2]}]
+    for r in records:
+        train.append_jsonl(path, r)
+    assert train.read_jsonl(path) == records
+    assert path.read_text().count("\n") == 2  # one line each
