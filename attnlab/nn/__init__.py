@@ -1,6 +1,7 @@
 """Flax NNX modules: thin owners of parameters that call attnlab's pure functions."""
 
 from attnlab.nn.baselines import CNN, BiRNN, TokenMLP
+from attnlab.nn.conv import conv_as_attention, conv_offsets
 from attnlab.nn.graph import GIN, GraphEncoder, distance_bias, gin_layer
 from attnlab.nn.layers import (
     Chars,
@@ -29,6 +30,8 @@ __all__ = [
     "TokenEmbedding",
     "TokenMLP",
     "TransformerBlock",
+    "conv_as_attention",
+    "conv_offsets",
     "distance_bias",
     "dropout",
     "masked_max",
