@@ -16,9 +16,13 @@ from attnlab.nn.layers import (
     masked_mean,
     sequence_mask,
 )
+from attnlab.nn.seq2seq import DecoderBlock, EncoderDecoder, subsampled_lengths
 
 __all__ = [
     "CNN",
+    "DecoderBlock",
+    "EncoderDecoder",
+    "subsampled_lengths",
     "BiRNN",
     "Chars",
     "Encoder",
