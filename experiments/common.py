@@ -56,7 +56,10 @@ __all__ = [
     "time_steps",
     "measure_train_step",
     "names",
+    "ints",
     "env",
+    "pyplot",
+    "save_figure",
 ]
 
 FLAGS = flags.FLAGS
@@ -146,6 +149,11 @@ def launch(
 def names(spec) -> list[str]:
     """``"a,b"`` or ``("a", "b")`` -> ``["a", "b"]`` (configs give lists as comma-separated strings)."""
     return [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if str(s).strip()]
+
+
+def ints(spec) -> list[int]:
+    """``"0,1,2"`` or ``(0, 1, 2)`` -> ``[0, 1, 2]``."""
+    return [int(v) for v in names(spec if isinstance(spec, str) else [str(v) for v in spec])]
 
 
 def env() -> dict:
@@ -282,6 +290,25 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (reports draw figures without a display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path, *, dpi: int = 120) -> None:
+    """Lays out, writes and closes a figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
 
 
 # ------------------------------------------------------------------------------------------
