@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from experiments import docs
@@ -98,6 +99,19 @@ def test_ring_memory_ratio():
     for row in rows:
         ring, one, ratio = float(row[1]), float(row[2]), float(row[3].rstrip("x"))
         assert ratio == pytest.approx(one / ring, abs=0.06)
+
+
+def test_karate_table_against_the_json():
+    """The report's mean ± std per model, recomputed from the committed runs with numpy."""
+    runs = json.loads((ROOT / "docs/results/molecules/karate.json").read_text())["runs"]
+    _, rows = _rows(_block("docs/molecules.md", "molecules-karate"))
+    assert len(rows) == 2
+    for row, model in zip(rows, ("graph", "full"), strict=True):
+        accs = np.array([r["unlabeled_accuracy"] for r in runs if r["model"] == model])
+        mean, std = (float(x) for x in row[1].split(" ± "))
+        assert mean == pytest.approx(100 * accs.mean(), abs=0.05)
+        assert std == pytest.approx(100 * accs.std(), abs=0.05)
+        assert int(row[2]) == len(accs) == 5
 
 
 def _copy_tree(tmp_path: Path) -> Path:
