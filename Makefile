@@ -174,7 +174,7 @@ docs-check: $(DEPS)  ## check that the tables in README.md and docs/ match docs/
 
 ##@ Main job
 
-sweep: $(DEPS)  ## the main job: length x heads x implementation x mask sweep -> results/sweep/ (about 2 min on 2 CPUs)
+sweep: $(DEPS)  ## the main job: length x heads x implementation x mask sweep -> results/sweep/ (~3 min of CPU time)
 	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:default --out results/sweep $(SWEEP_FLAGS)
 
 sweep-long: $(DEPS)  ## N up to 16K (for a GPU/TPU or a patient CPU) -> results/sweep-long/
