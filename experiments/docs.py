@@ -1,0 +1,313 @@
+"""Regenerates the results tables in README.md and docs/*.md from committed result files.
+
+Commands::
+
+    python -m experiments.docs --write   # rewrite every generated table (make docs)
+    python -m experiments.docs --check   # exit 1 naming each table that differs (make docs-check)
+
+A generated table sits between two markers in a markdown page::
+
+    <!-- begin generated: sweep-n2048 -->
+    | mask | mode | reference | xla | blockwise |
+    ...
+    <!-- end generated: sweep-n2048 -->
+
+The name after ``generated:`` is a key of ``TABLES``: a function of the repository root that reads the
+committed results (``docs/results/<experiment>/`` or ``benchmarks/results/``) and returns the markdown,
+through the experiment's own summary function where it has one (``experiments.plot.summary_markdown``
+for the sweep). ``FILES`` are whole generated files, such as the sweep's ``summary.md``.
+
+To publish a new experiment's table: commit its small results file under ``docs/results/<experiment>/``,
+add a function here that calls the experiment's report on it, and put the two markers in its page; then
+``make docs`` fills it in and ``tests/test_docs.py`` keeps it in step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from absl import app, flags
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP = Path("docs/results/sweep")
+BENCH = Path("benchmarks/results/cpu-2core-shared")
+PAGES = ("README.md", "docs/*.md")
+
+_MARKERS = re.compile(
+    r"(?P<begin><!-- begin generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(?P<end><!-- end generated: (?P=name) -->)",
+    re.DOTALL,
+)
+
+
+def _ms(x: float) -> str:
+    """Three significant figures, as the tables have always been written: 633, 71.6, 9.42."""
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# ---- the sweep (make sweep): docs/results/sweep/ ------------------------------------------------------
+
+
+def sweep_records(root: Path) -> list[dict]:
+    from experiments import plot
+
+    return plot.load_results(str(root / SWEEP / "results.jsonl"))
+
+
+def sweep_run(root: Path) -> str:
+    """One line on the committed run: command, cells, wall time, machine (from run.json + the JSONL)."""
+    run = json.loads((root / SWEEP / "run.json").read_text())
+    records = sweep_records(root)
+    ok = sum(r["status"] == "ok" for r in records)
+    r0 = records[0]
+    minutes, seconds = divmod(round(run["wall_s"]), 60)
+    return (
+        f"`{run['command']}` ({r0['variant']} variant, {len(records)} cells, {ok} ok) took "
+        f"{minutes} min {seconds:02d} s of wall time ({run['cpu_s']:.0f} s of CPU) on {run['machine']}, "
+        f"{run['date']}, load average {run['load']}; jax {r0['jax']}, backend {r0['backend']}, "
+        f"{r0['host_cpus']} host CPUs.\n"
+    )
+
+
+def sweep_pivot(root: Path, seq_len: int = 2048, num_heads: int = 8) -> str:
+    """Best time (ms) per mask x mode (rows) and implementation (columns) at one N and head count."""
+    records = [
+        r
+        for r in sweep_records(root)
+        if r["seq_len"] == seq_len and r["num_heads"] == num_heads and r["dtype"] == "float32"
+    ]
+    impls = list(dict.fromkeys(r["implementation"] for r in records))
+    cells = {(r["mask"], r["mode"], r["implementation"]): r for r in records}
+    rows = []
+    for mode in dict.fromkeys(r["mode"] for r in records):
+        for mask in dict.fromkeys(r["mask"] for r in records):
+            row = [mask, mode]
+            for impl in impls:
+                r = cells.get((mask, mode, impl))
+                row.append("" if r is None else _ms(r["min_ms"]) if r["status"] == "ok" else r["status"])
+            rows.append(row)
+    return _table(["mask", "mode", *impls], rows)
+
+
+def sweep_summary(root: Path) -> str:
+    """The sweep's own summary.md (every cell), as `make plots` writes it."""
+    from experiments import plot
+
+    return plot.summary_markdown(sweep_records(root))
+
+
+# ---- experiments with a report(folder) of their own -------------------------------------------------
+
+
+def experiment_report(module: str, folder: Path) -> str:
+    """`experiments.<module>.report(folder)` on a copy of the committed results: the report also draws
+    its figures and writes summary.md into the folder it reads, so it never runs in place."""
+    report = importlib.import_module(f"experiments.{module}").report
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / folder.name
+        shutil.copytree(folder, copy)
+        return report(copy).strip("\n") + "\n"
+
+
+# ---- make bench: benchmarks/results/cpu-2core-shared/*.json -------------------------------------------
+
+
+def _bench(root: Path, name: str) -> list[dict]:
+    return json.loads((root / BENCH / name).read_text())["records"]
+
+
+_HOST_DEVICES = "session4-host-devices.json"  # all suites but window_bwd, 2026-11-30
+_IMPL_NAMES = {"attnlab.blockwise": "attnlab (1 device)", "attnlab.blockwise/2dev": "attnlab (2 host devices)"}
+
+
+def bench_suite(root: Path, file: str, suite: str, per_token: bool = False) -> str:
+    """One suite of a bench JSON: a row per N; each implementation's ms, then attnlab's ratios to peers.
+
+    A ratio is peer time / attnlab time (above 1: attnlab faster), as bench_attention records it.
+    """
+    records = [r for r in _bench(root, file) if r["suite"] == suite]
+    impls = list(dict.fromkeys(r["impl"] for r in records))
+    ours = [i for i in impls if i.startswith("attnlab")]
+    by = {(r["impl"], r["N"]): r for r in records}
+    ratios = sorted({k for r in records for k in r if k.startswith("x_vs_")})
+    header = ["N"]
+    for impl in impls:
+        header.append(f"{_IMPL_NAMES.get(impl, impl)} ms" + (" (µs / token)" if per_token and impl in ours else ""))
+    header += [f"{_IMPL_NAMES[ours[0]]} GFLOP/s"] if not per_token else []
+    header += [f"{_IMPL_NAMES[i]} vs {k[len('x_vs_') :]}" for k in ratios for i in ours]
+    rows = []
+    for n in dict.fromkeys(r["N"] for r in records):
+        row = [f"{n // 1024}K"]
+        for impl in impls:
+            r = by.get((impl, n))
+            cell = "" if r is None else _ms(r["ms"])
+            if r is not None and per_token and impl in ours:
+                cell += f" ({r['us_per_token']:.1f})"
+            row.append(cell)
+        if not per_token:
+            row.append(f"{by[(ours[0], n)]['gflops']:.0f}")
+        for k in ratios:
+            for impl in ours:
+                r = by.get((impl, n), {})
+                row.append(f"{r[k]:.2f}x" if k in r else "")
+        rows.append(row)
+    return _table(header, rows)
+
+
+def bench_graph(root: Path, file: str = _HOST_DEVICES) -> str:
+    records = [r for r in _bench(root, file) if r["suite"].startswith("graph")]
+    rows = []
+    for r in records:
+        ratio = next((f"{v:.2f}x vs {k[len('x_vs_') :]}" for k, v in r.items() if k.startswith("x_vs_")), "")
+        temp = f"{r['temp_mb']:.0f}" if "temp_mb" in r else ""
+        rows.append([r["impl"], f"{r['ms']:,.0f}", temp, ratio])
+    return f"{records[0]['suite']}:\n\n" + _table(["implementation", "ms", "temp MB", "ratio"], rows)
+
+
+def bench_memory(root: Path, file: str = _HOST_DEVICES) -> str:
+    records = [r for r in _bench(root, file) if r["suite"].startswith("memory")]
+    rows = [
+        [f"{r['N'] // 1024}K", f"{r['temp_mb']:.0f}", f"{r['args_out_mb']:.0f}", f"{r['dense_logits_mb']:,.0f}"]
+        for r in records
+    ]
+    header = ["N", "blockwise temp MB", "arguments + outputs MB", "one dense fp32 [N, T, S] logits array MB"]
+    return _table(header, rows)
+
+
+def ring_memory(root: Path) -> str:
+    """make ring-memory: per-device MiB of ring (sp=8) and one-device blockwise, and the largest N in budget."""
+    records = _jsonl(root / BENCH / "ring_memory.jsonl")
+    summary = json.loads((root / BENCH / "ring_memory_summary.json").read_text())
+    mib = {(r["method"], r["seq_len"]): r["per_device_bytes"] / 2**20 for r in records}
+    devices = summary["devices"]
+    lens = sorted({n for (m, n) in mib if m == "ring" and ("blockwise", n) in mib})
+    rows = []
+    for n in lens:
+        ring, one = mib[("ring", n)], mib[("blockwise", n)]
+        rows.append([f"{n // 1024}K", f"{ring:.1f}", f"{one:.1f}", f"{one / ring:.1f}x"])
+    table = _table(["N", f"ring, per device (sp={devices}), MiB", "blockwise, 1 device, MiB", "ratio"], rows)
+    b, r = summary["largest_n_blockwise"], summary["largest_n_ring"]
+    return table + (
+        f"\nLargest N in {summary['budget_gib']:g} GiB per device: **blockwise on one device {b:,}; "
+        f"ring on {devices} devices {r:,} ({r / b:.1f}x)**.\n"
+    )
+
+
+# name -> function of the repository root returning the markdown between the markers
+TABLES: dict[str, Callable[[Path], str]] = {
+    "sweep-run": sweep_run,
+    "sweep-n2048": sweep_pivot,
+    "bench-full": lambda root: bench_suite(root, _HOST_DEVICES, "full fwd"),
+    "bench-full-bwd": lambda root: bench_suite(root, _HOST_DEVICES, "full fwd+bwd"),
+    "bench-window": lambda root: bench_suite(root, _HOST_DEVICES, "window ±128 fwd", per_token=True),
+    "bench-window-bwd": lambda root: bench_suite(root, "session4-window-bwd.json", "window ±128 fwd+bwd", True),
+    "bench-graph": bench_graph,
+    "bench-memory": bench_memory,
+    "ring-memory": ring_memory,
+    "molecules-karate": lambda root: experiment_report("molecules", root / "docs/results/molecules"),
+}
+
+# whole generated files: path -> function of the repository root returning the file's text
+FILES: dict[str, Callable[[Path], str]] = {
+    str(SWEEP / "summary.md"): sweep_summary,
+}
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    return sorted({p for pattern in PAGES for p in root.glob(pattern)})
+
+
+def regenerate(text: str, root: Path = ROOT, *, page: str = "") -> str:
+    """`text` with every generated block replaced by a fresh one; an unknown name is a ValueError."""
+
+    def fill(m: re.Match) -> str:
+        name = m["name"]
+        if name not in TABLES:
+            raise ValueError(f"{page}: generated block {name!r} is not in experiments.docs.TABLES: {sorted(TABLES)}")
+        return m["begin"] + TABLES[name](root) + m["end"]
+
+    return _MARKERS.sub(fill, text)
+
+
+def blocks(text: str) -> list[str]:
+    """Names of the generated blocks in `text`, in order."""
+    return [m["name"] for m in _MARKERS.finditer(text)]
+
+
+def stale(root: Path = ROOT) -> list[str]:
+    """What differs from its regenerated form: 'page: block' for tables, the path for whole files."""
+    out = []
+    for path in pages(root):
+        text = path.read_text()
+        fresh = regenerate(text, root, page=str(path.relative_to(root)))
+        old_blocks = {m["name"]: m["body"] for m in _MARKERS.finditer(text)}
+        new_blocks = {m["name"]: m["body"] for m in _MARKERS.finditer(fresh)}
+        out += [f"{path.relative_to(root)}: {n}" for n in old_blocks if old_blocks[n] != new_blocks[n]]
+    for rel, make in FILES.items():
+        path = root / rel
+        if not path.exists() or path.read_text() != make(root):
+            out.append(rel)
+    return out
+
+
+def write(root: Path = ROOT) -> list[str]:
+    """Regenerates every table and file in place; returns what changed."""
+    changed = stale(root)
+    for path in pages(root):
+        text = path.read_text()
+        fresh = regenerate(text, root, page=str(path.relative_to(root)))
+        if fresh != text:
+            path.write_text(fresh)
+    for rel, make in FILES.items():
+        (root / rel).write_text(make(root))
+    return changed
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    flags.DEFINE_bool("write", False, "Rewrite the generated tables and files in place.")
+    flags.DEFINE_bool("check", False, "Exit 1 if a generated table or file differs from its results.")
+
+
+def main(argv):
+    del argv
+    if FLAGS.write == FLAGS.check:
+        raise app.UsageError("give exactly one of --write and --check")
+    if FLAGS.write:
+        changed = write()
+        print("\n".join(f"rewrote {c}" for c in changed) or "every generated table was up to date")
+        return 0
+    differ = stale()
+    if differ:
+        print("out of date (run `make docs`):\n" + "\n".join(f"  {d}" for d in differ))
+        return 1
+    print(f"{sum(len(blocks(p.read_text())) for p in pages())} generated tables and {len(FILES)} files up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    define_flags()
+    sys.exit(app.run(main))
