@@ -4,7 +4,7 @@ Layout follows ``jax.nn.dot_product_attention``: queries ``[..., T, N, H]``, key
 ``[..., S, K, H]``. See README.md for a tour.
 """
 
-from attnlab import efficient, kernels, masks, parallel, positional, scores
+from attnlab import dispatch, efficient, kernels, masks, parallel, positional, scores
 from attnlab.attention import (
     IMPLEMENTATIONS,
     attention,
@@ -12,6 +12,7 @@ from attnlab.attention import (
     attention_weights,
     masked_softmax,
 )
+from attnlab.dispatch import explain
 from attnlab.heads import init_multi_head_params, merge_heads, multi_head_attention, split_heads
 
 __version__ = "0.1.0"
@@ -21,7 +22,9 @@ __all__ = [
     "attention",
     "attention_reference",
     "attention_weights",
+    "dispatch",
     "efficient",
+    "explain",
     "kernels",
     "init_multi_head_params",
     "masked_softmax",

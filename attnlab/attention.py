@@ -19,23 +19,18 @@ and its gradients are zero, never NaN.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
-from attnlab import kernels, scores
+from attnlab import dispatch, scores
 from attnlab import masks as masks_lib
 
 __all__ = ["attention", "attention_weights", "attention_reference", "masked_softmax", "IMPLEMENTATIONS"]
 
-IMPLEMENTATIONS = ("reference", "xla", "blockwise", "sparse")
-
-# implementation=None sends dot-product attention with at least this many (query, key) pairs to
-# the blockwise kernel: on the 2-core CPU it ran the forward 1.3x faster than jax.nn at
-# T = S = 256 and 512 and 2.3x at 1K, fwd+bwd 1.2x at 1K (`make bench`; it compiles ~3x longer).
-BLOCKWISE_MIN_PAIRS = 512 * 512
+IMPLEMENTATIONS = tuple(dispatch.IMPLEMENTATIONS)  # the names; the registry is attnlab.dispatch
+BLOCKWISE_MIN_PAIRS = dispatch.BLOCKWISE_MIN_PAIRS
 
 ScoreFn = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -269,23 +264,12 @@ def _check_mask_for_kernel(m, q, k):
     _check_broadcast("mask", shape, target)
 
 
-def _choose(q, k, v, *, mask, bias, score, is_dot):
-    """The rule of ``attention(implementation=None)`` (see its docstring)."""
+def _choose(q, k, v, *, mask, bias, score, is_dot=None, backend=None):
+    """The implementation ``attention(implementation=None)`` runs (see ``attnlab.dispatch``)."""
     m = masks_lib.as_mask(mask, "mask")
     _check_mask_for_kernel(m, q, k)  # a mask of the wrong size fails here with its own message
-    edge_score_ok = is_dot or (isinstance(score, functools.partial) and score.func is scores.additive)
-    if isinstance(m, masks_lib.GraphEdges) and bias is None and edge_score_ok:
-        return "sparse"
-    t, s = q.shape[-3], k.shape[-3]
-    if is_dot and (bias is None or (callable(bias) and not hasattr(bias, "shape"))):
-        if t * s >= BLOCKWISE_MIN_PAIRS:
-            return "blockwise"
-        if m is not None and m.is_static and not isinstance(m, masks_lib.Full) and t and s:
-            bs = kernels.default_block_sizes(sparse=True)
-            layout = m.block_layout(t, s, min(bs.block_q, t), min(bs.block_k, s))
-            if (layout == masks_lib.EMPTY).any():
-                return "blockwise"
-    return "xla" if is_dot and v.shape[-1] == q.shape[-1] else "reference"
+    score = scores.as_score(score, fn="attention")
+    return dispatch.choose(q, k, v, mask=m, bias=bias, score=score, backend=backend)
 
 
 def attention(q, k, v, *, mask=None, bias=None, score="dot", scale=None, implementation=None):
@@ -299,29 +283,36 @@ def attention(q, k, v, *, mask=None, bias=None, score="dot", scale=None, impleme
             ``graph(adj)``, combined with ``&``/``|``) or a bool array broadcastable to
             ``[..., N, T, S]``; True = attend.
         bias: float array broadcastable to ``[..., N, T, S]`` added to the logits.
-        score: ``"dot"`` (scaled dot product) or a callable ``score(q, k) -> [..., N, T, S]``,
-            e.g. ``functools.partial(attnlab.scores.additive, w=w)``.
+        score: ``"dot"`` (scaled dot product), a score object (``scores.Dot(scale)``,
+            ``scores.Additive(w)``) or any callable ``score(q, k) -> [..., N, T, S]``, e.g.
+            ``functools.partial(attnlab.scores.additive, w=w)``.
         scale: logit scale for ``score="dot"``; default ``1/sqrt(H)``.
-        implementation: ``None`` (choose), ``"reference"`` (dense, fp32), ``"xla"``
-            (``jax.nn.dot_product_attention``; dot score only, Hv == H), ``"blockwise"``
-            (``attnlab.kernels.blockwise_attention``: flash-style, skips empty mask blocks,
-            O(T + S) memory; dot score; bias None or a callable of positions) or ``"sparse"``
-            (``attnlab.kernels.sparse_attention``: segment softmax over a
-            ``masks.graph_edges`` edge list, O(E); dot or additive score). ``None`` picks, in order:
+        implementation: ``None`` (choose), a name, or a sequence of names (the first that supports
+            the call wins): ``"reference"`` (dense, fp32), ``"xla"`` (``jax.nn.dot_product_attention``;
+            dot score, Hv == H), ``"blockwise"`` (``attnlab.kernels.blockwise_attention``: flash-style,
+            skips empty mask tiles, O(T + S) memory; dot score; bias None or a callable of positions),
+            ``"sparse"`` (``attnlab.kernels.sparse_attention``: segment softmax over a
+            ``masks.graph_edges`` edge list, O(E)), ``"cudnn"`` (cuDNN's fused kernel on a GPU:
+            bf16/fp16, causal / left-window / padding masks), ``"pallas"`` (GPU) and ``"splash"``
+            (TPU) when their modules are present. ``None`` takes the first in
+            ``attnlab.dispatch.ORDER[backend]`` that supports the call and pays off there; on CPU:
 
             1. ``"sparse"`` for a ``masks.graph_edges`` mask (with no bias and a dot/additive score);
             2. ``"blockwise"`` for the dot score when the bias is None or callable and either the
-               mask's static block layout has an EMPTY block (window, causal, block-sparse graph)
-               or there are at least ``BLOCKWISE_MIN_PAIRS`` = 512 x 512 (query, key) pairs;
+               mask's block layout has an EMPTY tile (window, causal, block-sparse graph, also with
+               traced padding lengths) or there are at least ``BLOCKWISE_MIN_PAIRS`` = 512 x 512 pairs;
             3. ``"xla"`` for the dot score with Hv == H (small dense cases);
             4. ``"reference"`` otherwise.
+
+            ``attnlab.explain(q, k, v, ...)`` shows the choice and the reasons, for any backend.
 
     Returns:
         ``[..., T, N, Hv]`` in q's dtype. Softmax is computed in fp32 for every input dtype.
 
     Raises:
         ValueError: bad shapes or dtypes of q/k/v, N not divisible by K, a mask or bias that does
-            not broadcast to ``[..., N, T, S]``, a non-bool mask array, an unknown implementation.
+            not broadcast to ``[..., N, T, S]``, a non-bool mask array, an unknown implementation
+            or one that does not support the call (the message says why).
 
     Example:
         >>> q = k = v = jnp.ones((2, 5, 4, 8))           # [B, T, N, H]
@@ -330,29 +321,10 @@ def attention(q, k, v, *, mask=None, bias=None, score="dot", scale=None, impleme
     """
     fn = "attention"
     _check_qkv(q, k, v, fn)
-    is_dot = isinstance(score, str) and score in ("dot", "dot_product")
-    if implementation is None:
-        implementation = _choose(q, k, v, mask=mask, bias=bias, score=score, is_dot=is_dot)
-    match implementation:
-        case "reference":
-            return attention_reference(q, k, v, mask=mask, bias=bias, score=score, scale=scale)
-        case "blockwise":
-            _score_fn(score, scale, fn)
-            if not is_dot:
-                raise ValueError(f"{fn}: implementation='blockwise' supports score='dot' only, got {score!r}")
-            m = masks_lib.as_mask(mask, "mask")
-            if isinstance(m, masks_lib.GraphEdges):
-                m = masks_lib.graph(m.adjacency())  # the dense adjacency, evaluated per tile
-            _check_mask_for_kernel(m, q, k)
-            return kernels.blockwise_attention(q, k, v, mask=m, bias=bias, scale=scale)
-        case "sparse":
-            return kernels.sparse_attention(
-                q, k, v, mask=masks_lib.as_mask(mask, "mask"), bias=bias, score=score, scale=scale
-            )
-        case "xla":
-            _score_fn(score, scale, fn)
-            if not is_dot:
-                raise ValueError(f"{fn}: implementation='xla' supports score='dot' only, got {score!r}")
-            return _attention_xla(q, k, v, mask=mask, bias=bias, scale=scale, fn=fn)
-        case _:
-            raise ValueError(f"{fn}: implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}")
+    score_obj = scores.as_score(score, scale, fn=fn)
+    if implementation == "reference":  # the dense path checks its own arguments
+        return attention_reference(q, k, v, mask=mask, bias=bias, score=score_obj)
+    m = masks_lib.as_mask(mask, "mask")
+    _check_mask_for_kernel(m, q, k)  # a mask of the wrong size fails here with its own message
+    name = dispatch.choose(q, k, v, mask=m, bias=bias, score=score_obj, implementation=implementation, fn=fn)
+    return dispatch.IMPLEMENTATIONS[name].run(q, k, v, mask=m, bias=bias, score=score_obj)

@@ -175,6 +175,8 @@ def _layout_by_evaluation(mask: Mask, T: int, S: int, bq: int, bk: int, todo=Non
     layout = np.full((nq, nk), PARTIAL, np.int8)
     if todo is None:
         todo = np.ones((nq, nk), bool)
+    if T * S <= _DENSE_EVAL_MAX:
+        return np.where(todo, _layout_of_dense(mask, T, S, bq, bk), layout).astype(np.int8)
     with jax.ensure_compile_time_eval():
         for i in range(nq):
             cols = np.nonzero(todo[i])[0]
@@ -187,6 +189,27 @@ def _layout_by_evaluation(mask: Mask, T: int, S: int, bq: int, bk: int, todo=Non
             for j in cols:
                 layout[i, j] = _classify(row[..., j * bk - k0 : min((j + 1) * bk, S) - k0])
     return layout
+
+
+# Up to this many (query, key) pairs, evaluate the mask once on all of [T, S] (a few eager ops of one
+# shape) rather than row by row (ops of many shapes, each compiled anew: seconds for BigBird at 2K).
+_DENSE_EVAL_MAX = 2**23
+
+
+def _layout_of_dense(mask: Mask, T: int, S: int, bq: int, bk: int) -> np.ndarray:
+    """Exact layout of every block from one evaluation of ``mask`` on [T, S] (all batch dims included)."""
+    nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+    with jax.ensure_compile_time_eval():
+        values = np.asarray(mask(jnp.arange(T), jnp.arange(S)))
+    values = np.broadcast_to(values, values.shape[:-2] + (T, S)).reshape(-1, T, S)
+    any_ = np.zeros((values.shape[0], nq * bq, nk * bk), bool)  # out-of-range positions: never allowed
+    all_ = np.ones((values.shape[0], nq * bq, nk * bk), bool)  # ... and never spoil "every pair allowed"
+    any_[:, :T, :S] = values
+    all_[:, :T, :S] = values
+    blocks = (values.shape[0], nq, bq, nk, bk)
+    empty = ~any_.reshape(blocks).any((0, 2, 4))
+    full = all_.reshape(blocks).all((0, 2, 4))
+    return _from_flags(empty, full)
 
 
 def _evaluation_cost(todo: np.ndarray, bq: int, bk: int) -> int:

@@ -7,8 +7,20 @@ The course note gives two ways to measure how relevant key s is to query t:
   projections W_q a_t and W_k a_s are already folded into q and k.
 
 Any callable ``score(q, k) -> logits [..., N, T, S]`` can stand in for these; pass it as
-``attention(..., score=fn)``. For learnable additive weights use
-``functools.partial(additive, w=w)`` (w stays a traced array, so ``jax.grad`` reaches it).
+``attention(..., score=fn)``. For learnable additive weights use ``Additive(w)`` (or
+``functools.partial(additive, w=w)``; w stays a traced array, so ``jax.grad`` reaches it).
+
+Score objects (``Dot(scale)``, ``Additive(w)``) are small pytrees that carry the forms a kernel
+may need, so a kernel asks the score instead of a dispatcher inspecting it:
+
+* ``score(q, k)``: the dense logits ``[..., N, T, S]`` (the reference uses this);
+* ``score.is_dot``: True for the scaled dot product ``Dot(scale)``, which tiled and fused
+  kernels compute themselves (folding ``scale`` into q);
+* ``score.edge(q_e, k_e)``: the per-edge form ``[E, K, G, H] x [E, K, H] -> [E, K, G]`` for the
+  sparse (edge-list) kernel, or ``has_edge_form = False``.
+
+``as_score(score, scale)`` turns ``"dot"``, a score object, ``functools.partial(additive, w=w)``
+or any callable into one of these.
 
 Shape legend (as ``jax.nn.dot_product_attention``): T query length, S key length, N query heads,
 K key/value heads (N % K == 0; G = N // K query heads share one key head: GQA/MQA), H head dim.
@@ -17,12 +29,16 @@ Query head n uses key head n // G.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["dot_product", "additive", "check_qk"]
+__all__ = ["dot_product", "additive", "check_qk", "Score", "Dot", "Additive", "Custom", "as_score"]
 
 
 def check_qk(q: jax.Array, k: jax.Array, *, fn: str = "score") -> tuple[int, int]:
@@ -115,3 +131,119 @@ def additive(q: jax.Array, k: jax.Array, w: jax.Array) -> jax.Array:
     logits = jnp.einsum("...TSKGH,KGH->...KGTS", jnp.tanh(pre), w)
     *lead, _, _, t, s = logits.shape
     return logits.reshape(*lead, n, t, s)  # [..., K, G, T, S] -> [..., N, T, S]
+
+
+# ------------------------------------------------------------------------------------------
+# Score objects: the dense form plus what fast kernels ask for
+
+
+class Score:
+    """Base class of score objects: ``score(q, k) -> fp32 [..., N, T, S]`` and the forms kernels use."""
+
+    #: True for ``Dot``: tiled and fused kernels (blockwise, cuDNN, Pallas) compute it themselves.
+    is_dot: bool = False
+    #: True when ``edge`` is implemented (the sparse edge-list kernel can use this score).
+    has_edge_form: bool = False
+
+    def __call__(self, q: jax.Array, k: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def edge(self, q_e: jax.Array, k_e: jax.Array) -> jax.Array:
+        """Per-edge logits: q_e ``[E, K, G, H]``, k_e ``[E, K, H]`` -> fp32 ``[E, K, G]``."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-edge form")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dot(Score):
+    """Scaled dot product ``scale * q_t . k_s`` (default scale ``1/sqrt(H)``, decided per call).
+
+    Example:
+        >>> q = jnp.ones((2, 1, 4)); k = jnp.ones((3, 1, 4))
+        >>> float(Dot()(q, k)[0, 0, 0]), float(Dot(0.5)(q, k)[0, 0, 0])
+        (2.0, 2.0)
+    """
+
+    scale: float | None = None  # None: 1/sqrt(H), resolved per call from the head dim
+    is_dot = True
+    has_edge_form = True
+
+    def __call__(self, q, k):
+        return dot_product(q, k, scale=self.scale)
+
+    def edge(self, q_e, k_e):
+        s = 1.0 / math.sqrt(q_e.shape[-1]) if self.scale is None else self.scale
+        return jnp.einsum("ekgh,ekh->ekg", q_e, k_e, preferred_element_type=jnp.float32) * jnp.float32(s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Additive(Score):
+    """Additive (tanh) score ``w . tanh(q_t + k_s)`` with weights ``w`` ``[N, H]`` or ``[H]`` (a pytree leaf).
+
+    Example:
+        >>> q = jnp.zeros((1, 1, 2)); k = jnp.full((2, 1, 2), 0.5)
+        >>> Additive(jnp.array([1.0, -2.0]))(q, k).round(4).tolist()
+        [[[-0.4621, -0.4621]]]
+    """
+
+    w: Any
+    has_edge_form = True
+
+    def __call__(self, q, k):
+        return additive(q, k, self.w)
+
+    def edge(self, q_e, k_e):
+        kh, g, h = q_e.shape[1], q_e.shape[2], q_e.shape[3]
+        w = jnp.broadcast_to(jnp.asarray(self.w).astype(jnp.float32), (kh * g, h)).reshape(kh, g, h)  # [K, G, H]
+        pre = q_e.astype(jnp.float32) + k_e.astype(jnp.float32)[:, :, None, :]  # [E, K, G, H]
+        return jnp.einsum("ekgh,kgh->ekg", jnp.tanh(pre), w)
+
+
+@dataclasses.dataclass(frozen=True)
+class Custom(Score):
+    """Any callable ``fn(q, k) -> [..., N, T, S]``: dense form only (static, compared by identity)."""
+
+    fn: Callable
+
+    def __call__(self, q, k):
+        return self.fn(q, k)
+
+
+jax.tree_util.register_dataclass(Dot, data_fields=[], meta_fields=["scale"])
+jax.tree_util.register_dataclass(Additive, data_fields=["w"], meta_fields=[])
+jax.tree_util.register_dataclass(Custom, data_fields=[], meta_fields=["fn"])
+
+
+def as_score(score, scale: float | None = None, *, fn: str = "attention") -> Score:
+    """``"dot"``, a ``Score``, ``functools.partial(additive, w=w)`` or a callable -> a ``Score``.
+
+    Raises:
+        ValueError: an unknown string, ``"additive"`` without weights, a non-callable, or ``scale``
+            given with a score other than the dot product.
+    """
+    if isinstance(score, str):
+        if score in ("dot", "dot_product"):
+            return Dot(None if scale is None else float(scale))
+        if score == "additive":
+            raise ValueError(
+                f"{fn}: score='additive' needs its weights: pass score=attnlab.scores.Additive(w) "
+                f"or functools.partial(attnlab.scores.additive, w=w)"
+            )
+        raise ValueError(f"{fn}: score must be 'dot' or a callable score(q, k) -> [..., N, T, S], got {score!r}")
+    if isinstance(score, Dot) and scale is not None:
+        if score.scale is not None and float(score.scale) != float(scale):
+            raise ValueError(f"{fn}: scale={scale} conflicts with score=Dot(scale={score.scale})")
+        return Dot(float(scale))
+    if scale is not None:
+        raise ValueError(f"{fn}: scale applies to score='dot' only; fold it into your score function")
+    if isinstance(score, Score):
+        return score
+    if (
+        isinstance(score, functools.partial)
+        and score.func is additive
+        and not score.args
+        and set(score.keywords) == {"w"}
+    ):
+        return Additive(score.keywords["w"])
+    if not callable(score):
+        raise ValueError(f"{fn}: score must be 'dot' or a callable, got {type(score).__name__}")
+    return Custom(score)

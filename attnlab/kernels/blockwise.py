@@ -99,29 +99,37 @@ def default_block_sizes(backend: str | None = None, *, sparse: bool = False) -> 
 _TILE_OVERHEAD_PAIRS = 64 * 64
 
 
-def _pick_block_sizes(m, T: int, S: int) -> BlockSizes:
-    """The backend's dense or sparse tiles, whichever visits fewer pairs (plus a per-tile cost)."""
-    dense, sparse = default_block_sizes(), default_block_sizes(sparse=True)
-    if m is None or not m.is_static:
+def _pick_block_sizes(m, T: int, S: int, backend: str | None = None, layout_fn=None) -> BlockSizes:
+    """The backend's dense or sparse tiles, whichever visits fewer pairs (plus a per-tile cost).
+
+    The block layout is always safe, so it is consulted for every mask: a window, chunks or BigBird
+    mask ANDed with *traced* padding lengths keeps the EMPTY tiles of its structural part (the
+    padding only turns tiles PARTIAL), and gets the small tiles it would get with concrete lengths.
+    """
+    dense, sparse = default_block_sizes(backend), default_block_sizes(backend, sparse=True)
+    if m is None:
         return dense
+    layout_fn = layout_fn or (lambda bq, bk: m.block_layout(T, S, bq, bk))
 
     def cost(bs):
         bq, bk = min(bs.block_q, T), min(bs.block_k, S)
-        tiles = int((m.block_layout(T, S, bq, bk) != masks_lib.EMPTY).sum())
+        tiles = int((layout_fn(bq, bk) != masks_lib.EMPTY).sum())
         return tiles * (bq * bk + _TILE_OVERHEAD_PAIRS)
 
     return sparse if cost(sparse) < cost(dense) else dense
 
 
-def compute_dtype(dtype) -> jnp.dtype:
-    """The tiles' dtype for inputs of ``dtype``: fp32 for half precision on XLA:CPU, else ``dtype``.
+def compute_dtype(dtype, backend: str | None = None) -> jnp.dtype:
+    """The tiles' dtype for inputs of ``dtype`` on ``backend``: fp32 for half precision on XLA:CPU, else ``dtype``.
 
     XLA:CPU has no fast half-precision dot (and no fp16 x fp16 -> fp32 one); elsewhere tiles stay in
-    the input dtype with fp32 accumulation.
+    the input dtype with fp32 accumulation. ``backend`` None means ``jax.default_backend()``;
+    ``blockwise_attention`` passes each lowering platform's name instead (``lax.platform_dependent``).
     """
+    backend = jax.default_backend() if backend is None else backend
     dtype = jnp.dtype(dtype)
     half = dtype in (jnp.bfloat16, jnp.float16)
-    return jnp.dtype(jnp.float32) if (half and jax.default_backend() == "cpu") else dtype
+    return jnp.dtype(jnp.float32) if (half and backend == "cpu") else dtype
 
 
 def default_scale(H: int, scale) -> float:
@@ -598,21 +606,67 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
     m = masks_lib.as_mask(mask, "mask")
     if isinstance(m, masks_lib.Full):
         m = None
-    if block_sizes is None:
-        block_sizes = _pick_block_sizes(m, T, S)
-    if not isinstance(block_sizes, BlockSizes):
+    if block_sizes is not None and not isinstance(block_sizes, BlockSizes):
         raise ValueError(f"block_sizes must be an attnlab.kernels.BlockSizes, got {block_sizes!r}")
-    bq, bk = min(block_sizes.block_q, T), min(block_sizes.block_k, S)
-    nq, nk = -(-T // bq), -(-S // bk)
 
-    layout = np.full((nq, nk), masks_lib.FULL, np.int8) if m is None else m.block_layout(T, S, bq, bk)
-    layout = _adjusted(layout, S, bk)
+    # Tiles and compute dtype depend on the platform the computation is *lowered* for (not on
+    # jax.default_backend() at trace time): one plan per platform, joined when equal, picked by
+    # lax.platform_dependent (only the lowering platform's branch is lowered; eagerly, only it runs).
+    layouts = {}  # (bq, bk) -> the mask's layout, computed once per tile size
+
+    def layout_fn(bq, bk):
+        if (bq, bk) not in layouts:
+            layouts[bq, bk] = np.full((-(-T // bq), -(-S // bk)), masks_lib.FULL, np.int8)
+            if m is not None:
+                layouts[bq, bk] = m.block_layout(T, S, bq, bk)
+        return layouts[bq, bk]
+
+    plans = {}
+    for platform in _PLATFORMS:
+        bs = _pick_block_sizes(m, T, S, platform, layout_fn) if block_sizes is None else block_sizes
+        plans[platform] = _plan(layout_fn, bias, T, S, lead, N, K, H, q.dtype, scale, bs, platform)
+    branches = {}
+    for platform, plan in plans.items():
+        same = next((p for p in branches if plans[p] == plan), None)
+        branches[platform] = branches[same] if same is not None else plan.branch()
+    if len({id(b) for b in branches.values()}) == 1:
+        return branches["cpu"](q, k, v, m)
+    return jax.lax.platform_dependent(
+        q, k, v, m, cpu=branches["cpu"], cuda=branches["gpu"], rocm=branches["gpu"], tpu=branches["tpu"]
+    )
+
+
+_PLATFORMS = ("cpu", "gpu", "tpu")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Plan:
+    """One platform's static plan: tiles, schedule and the bias function (compared by value)."""
+
+    st: _Static
+    sched: tuple  # numpy (index, kind, index_t, kind_t)
+    bias_fn: object
+    consts: tuple
+
+    def __eq__(self, other):  # equal tiles and dtype: the same computation (bias_fn differs by identity only)
+        return self.st == other.st and all(np.array_equal(a, b) for a, b in zip(self.sched, other.sched, strict=True))
+
+    __hash__ = None
+
+    def branch(self):
+        def run(q, k, v, m):
+            sched = tuple(jnp.asarray(x) for x in self.sched)
+            return _blockwise(q, k, v, m, self.consts, sched, self.st, self.bias_fn)
+
+        return run
+
+
+def _plan(layout_fn, bias, T, S, lead, N, K, H, dtype, scale, block_sizes, platform) -> _Plan:
+    bq, bk = min(block_sizes.block_q, T), min(block_sizes.block_k, S)
+    layout = _adjusted(layout_fn(bq, bk), S, bk)
     index, kind = _rows(layout)
     index_t, kind_t = _rows(layout.T)  # key block -> the query blocks that see it
     bias_fn, consts = _as_bias_fn(bias, T, S, bq, bk)
-
-    compute = compute_dtype(q.dtype)
-    scale = default_scale(H, scale)
     st = _Static(
         T=T,
         S=S,
@@ -621,16 +675,14 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
         lead=lead,
         N=N,
         K=K,
-        scale=scale,
+        scale=default_scale(H, scale),
         has_bias=bias_fn is not None,
         kinds_used=tuple(np.unique(kind).tolist()),
         kinds_used_t=tuple(np.unique(kind_t).tolist()),
-        compute_dtype=compute.name,
+        compute_dtype=compute_dtype(dtype, platform).name,
         backward=block_sizes.backward,
     )
-
-    sched = tuple(jnp.asarray(x) for x in (index, kind, index_t, kind_t))
-    return _blockwise(q, k, v, m, consts, sched, st, bias_fn)
+    return _Plan(st, (index, kind, index_t, kind_t), bias_fn, consts)
 
 
 @functools.partial(jax.jit, static_argnums=(6, 7))

@@ -33,33 +33,18 @@ __all__ = ["sparse_attention", "edge_score"]
 
 
 def edge_score(score, scale, fn="sparse_attention"):
-    """Turns ``score`` into a per-edge function ``(q_e [E, K, G, H], k_e [E, K, H]) -> fp32 [E, K, G]``.
+    """Turns ``score`` into a per-edge function ``(q_e [E, K, G, H], k_e [E, K, H], H) -> fp32 [E, K, G]``.
 
-    Supports ``"dot"`` (with ``scale``) and ``functools.partial(attnlab.scores.additive, w=w)``.
+    Asks the score for its edge form (``attnlab.scores.Score.edge``): ``"dot"`` / ``scores.Dot``
+    (with ``scale``) and ``scores.Additive(w)`` (or ``functools.partial(scores.additive, w=w)``) have one.
     """
-    if isinstance(score, str) and score in ("dot", "dot_product"):
-
-        def dot(q_e, k_e, h):
-            s = 1.0 / math.sqrt(h) if scale is None else scale
-            return jnp.einsum("ekgh,ekh->ekg", q_e, k_e, preferred_element_type=jnp.float32) * s
-
-        return dot
-    if isinstance(score, functools.partial) and score.func is scores_lib.additive and not score.args:
-        if scale is not None:
-            raise ValueError(f"{fn}: scale applies to score='dot' only")
-        w = jnp.asarray(score.keywords["w"])
-
-        def additive(q_e, k_e, h):
-            kh, g = q_e.shape[1], q_e.shape[2]
-            ww = jnp.broadcast_to(w.astype(jnp.float32), (kh * g, h)).reshape(kh, g, h)  # [K, G, H]
-            pre = q_e.astype(jnp.float32) + k_e.astype(jnp.float32)[:, :, None, :]  # [E, K, G, H]
-            return jnp.einsum("ekgh,kgh->ekg", jnp.tanh(pre), ww)
-
-        return additive
-    raise ValueError(
-        f"{fn}: score must be 'dot' or functools.partial(attnlab.scores.additive, w=w) "
-        f"(a general score(q, k) callable needs the dense [T, S] form), got {score!r}"
-    )
+    s = scores_lib.as_score(score, scale, fn=fn)
+    if not s.has_edge_form:
+        raise ValueError(
+            f"{fn}: score must be 'dot', scores.Dot, scores.Additive(w) or functools.partial(attnlab.scores.additive, "
+            f"w=w) (a general score(q, k) callable needs the dense [T, S] form), got {score!r}"
+        )
+    return lambda q_e, k_e, h: s.edge(q_e, k_e)
 
 
 # Edges per chunk of the dot-product path: bounds the gathered [chunk, N, H] temporaries.
@@ -174,7 +159,8 @@ def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
         v: ``[..., S, K, Hv]`` values.
         mask: a ``masks.GraphEdges`` (``masks.graph_edges(senders, receivers, num_nodes)``);
             the same edge list for every batch element. Edges may be traced arrays.
-        score: ``"dot"`` or ``functools.partial(attnlab.scores.additive, w=w)``.
+        score: ``"dot"``, ``scores.Dot(scale)``, ``scores.Additive(w)`` or
+            ``functools.partial(attnlab.scores.additive, w=w)`` (any score with an edge form).
         scale: logit scale for ``score="dot"``; default ``1/sqrt(H)``.
         bias: must be None (per-edge biases are not supported yet).
 
@@ -209,8 +195,9 @@ def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
             f"(T queries x S keys); both must equal num_nodes"
         )
     score_e = edge_score(score, scale, fn)
-    if isinstance(score, str):  # "dot": the custom-vjp path
-        score_e = None
+    score_obj = scores_lib.as_score(score, scale, fn=fn)
+    if score_obj.is_dot:  # the dot product: the chunked custom-vjp path
+        score_e, scale = None, score_obj.scale
     K, Hv = v.shape[-2], v.shape[-1]
     one = functools.partial(
         _one_graph,
