@@ -221,12 +221,8 @@ class _Static:
     num_stages: int
 
     @property
-    def B(self):
-        return math.prod(self.lead)
-
-    @property
-    def G(self):
-        return self.N // self.K
+    def groups(self) -> int:
+        return self.N // self.K  # G
 
 
 def _dot(a, b, st, *, ta=False, tb=False):
@@ -402,7 +398,7 @@ def _fwd_call(q, k, v, sched, lens, bm, *, st: _Static, interpret: bool):
     B, Tp, N, Hp = q.shape
     Sp, Hvp = k.shape[1], v.shape[-1]
     nq, J = sched.shape[0], sched.shape[-1]
-    G = st.G
+    G = st.groups
     in_specs = [
         pl.BlockSpec((None, st.bq, None, Hp), lambda b, n, i: (b, i, n, 0)),
         pl.BlockSpec((None, Sp, None, Hp), lambda b, n, i: (b, 0, n // G, 0)),
@@ -436,7 +432,7 @@ def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, *, st: _Static, interpret
     B, Tp, N, Hp = q.shape
     Sp, Hvp = k.shape[1], v.shape[-1]
     nq, J = sched.shape[0], sched.shape[-1]
-    G = st.G
+    G = st.groups
     in_specs = [
         pl.BlockSpec((None, st.bq, None, Hp), lambda b, n, i: (b, i, n, 0)),
         pl.BlockSpec((None, Sp, None, Hp), lambda b, n, i: (b, 0, n // G, 0)),
@@ -467,7 +463,7 @@ def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, *, st: _Static, inte
     B, Tp, N, Hp = q.shape
     Sp, Hvp = k.shape[1], v.shape[-1]
     nk, I = sched_t.shape[0], sched_t.shape[-1]
-    G = st.G
+    G = st.groups
     in_specs = [
         pl.BlockSpec((None, Tp, None, Hp), lambda b, n, j: (b, 0, n, 0)),
         pl.BlockSpec((None, st.bk, None, Hp), lambda b, n, j: (b, j, n // G, 0)),
@@ -527,8 +523,8 @@ def _flash_bwd(st, res, do):
     dk, dv = _on_platform(functools.partial(_dkv_call, st=st), q, k, v, do, lse, delta, sched_t, lens, bm_t)
     B, Sp = k.shape[:2]
     # per query head -> per kv head: [B, Sp, N, D] -> [B, Sp, K, G, D] -> sum over G
-    dk = dk.reshape(B, Sp, st.K, st.G, -1).sum(3)
-    dv = dv.reshape(B, Sp, st.K, st.G, -1).sum(3)
+    dk = dk.reshape(B, Sp, st.K, st.groups, -1).sum(3)
+    dv = dv.reshape(B, Sp, st.K, st.groups, -1).sum(3)
     zeros = jax.tree_util.tree_map(_float0_like, (lens, sched, sched_t, bm, bm_t))
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), *zeros)
 

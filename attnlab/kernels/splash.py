@@ -255,8 +255,12 @@ def splash_attention(q, k, v, *, mask=None, bias=None, scale=None, block=None):
     Tp, Sp = -(-T // block) * block, -(-S // block) * block
 
     pads, rest = _split(masks_lib.as_mask(mask, "mask"))
-    head_dep = rest is not None and len(jax.eval_shape(rest, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32)).shape) == 3
-    heads = N if head_dep and jax.eval_shape(rest, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32)).shape[0] == N else 1
+    head_dep = (
+        rest is not None and len(jax.eval_shape(rest, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32)).shape) == 3
+    )
+    heads = (
+        N if head_dep and jax.eval_shape(rest, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32)).shape[0] == N else 1
+    )
     ql, kl = _lengths(pads, lead, T, S)
     use_segments = bool(pads) or Sp != S
     first = _first_allowed(rest, T, S, block, block, heads)  # [heads, T]
@@ -288,7 +292,9 @@ def splash_attention(q, k, v, *, mask=None, bias=None, scale=None, block=None):
 
     def run(qs, ks, vs, q_seg, kv_seg, interpret):
         if heads == 1:  # the same mask for every kv head: vmap over K
-            f = jax.vmap(functools.partial(run_group, 0, interpret=interpret), in_axes=(1, 1, 1, None, None), out_axes=1)
+            f = jax.vmap(
+                functools.partial(run_group, 0, interpret=interpret), in_axes=(1, 1, 1, None, None), out_axes=1
+            )
             return f(qs, ks, vs, q_seg, kv_seg)
         outs = [run_group(kh, qs[:, kh], ks[:, kh], vs[:, kh], q_seg, kv_seg, interpret) for kh in range(K)]
         return jnp.stack(outs, 1)
