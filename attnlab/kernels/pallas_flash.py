@@ -136,6 +136,8 @@ def _split(m):
             continue
         elif _is_structural(f):
             struct.append(f)
+        elif isinstance(f, masks_lib.GraphEdges):  # scatter the edges once, not once per tile
+            data.append(masks_lib.Graph(f.adjacency()))
         else:
             data.append(f)
     return pads, _and_all(struct), _and_all(data)
