@@ -51,6 +51,7 @@ from attnlab.kernels import blockwise
 __all__ = ["supports", "pallas_attention", "DEFAULT_BLOCK"]
 
 _NEG = -0.7 * float(np.finfo(np.float32).max)
+LENGTHS = 3  # schedule kind: a tile the mask fills (FULL) that only padding lengths may cut
 DEFAULT_BLOCK = 64  # bq = bk on GPU: 64 x 64 tiles fit Triton's shared memory for H <= 256
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _MAX_HEAD_DIM = 256
@@ -234,34 +235,43 @@ def _dot(a, b, st, *, ta=False, tb=False):
     return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
 
 
-def _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot):
-    """bool [bq, bk] for a PARTIAL tile: in range, within the lengths, the mask, the bitmap."""
+def _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot, with_mask=True):
+    """bool [bq, bk] for a PARTIAL tile: in range, within the lengths, the mask, the bitmap.
+
+    ``with_mask=False`` (a LENGTHS tile: the mask is FULL there, only padding may cut it) checks the
+    lengths alone.
+    """
     q_len, kv_len = lens_ref[0], lens_ref[1]
     ok = (k_pos < jnp.minimum(kv_len, st.S))[None, :] & (q_pos < q_len)[:, None]
-    if st.struct is not None:
+    if with_mask and st.struct is not None:
         ok = ok & st.struct(q_pos, k_pos)
-    if st.has_bitmap:
+    if with_mask and st.has_bitmap:
         ok = ok & (bm_ref[slot] != 0)
     return ok
 
 
 def _visit(st, kinds, kd, tile, carry, ok_fn):
-    """Runs ``tile(carry, ok)`` for a FULL (ok=None) or PARTIAL tile (skipped when ok is all False)."""
+    """Runs ``tile(carry, ok)`` for the tile's kind: FULL (ok=None), PARTIAL (mask and lengths) or
+    LENGTHS (lengths only); a masked tile found all False at run time is skipped."""
 
     def full(c):
         return tile(c, None)
 
-    def partial(c):
-        ok = ok_fn()
+    def masked(c, with_mask):
+        ok = ok_fn(with_mask)
         any_ok = jnp.max(ok.astype(jnp.int32)) > 0
         return jax.lax.cond(any_ok, lambda c: tile(c, ok), lambda c: c, c)
 
+    branches = {
+        masks_lib.PARTIAL: functools.partial(masked, with_mask=True),
+        masks_lib.FULL: full,
+        LENGTHS: functools.partial(masked, with_mask=False),
+    }
     live = [x for x in kinds if x != 0]
-    if live == [masks_lib.FULL]:
-        return full(carry)
-    if live == [masks_lib.PARTIAL]:
-        return partial(carry)
-    return jax.lax.cond(kd == masks_lib.FULL, full, partial, carry)
+    if len(live) == 1:
+        return branches[live[0]](carry)
+    # kinds are 1..3 here (the loop stops before the schedule's padding entries)
+    return jax.lax.switch(kd - 1, [branches[masks_lib.PARTIAL], branches[masks_lib.FULL], branches[LENGTHS]], carry)
 
 
 def _count(sched_ref):
@@ -294,7 +304,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: _Static):
             return m_new, l * alpha + jnp.sum(p, axis=1), acc
 
         k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
-        return _visit(st, st.kinds, kd, tile, carry, lambda: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot))
+        return _visit(st, st.kinds, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot, w))
 
     init = (
         jnp.full((bq,), _NEG, jnp.float32),
@@ -330,7 +340,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_
             return dq + _dot(ds.astype(k.dtype), k, st)
 
         k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
-        return _visit(st, st.kinds, kd, tile, dq, lambda: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot))
+        return _visit(st, st.kinds, kd, tile, dq, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot, w))
 
     dq = jax.lax.fori_loop(0, _count(sched_ref), body, jnp.zeros(q.shape, jnp.float32))
     dq_ref[...] = dq * st.scale
@@ -360,7 +370,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens
             return dk + _dot(ds.astype(q.dtype), q, st, ta=True), dv
 
         q_pos = qb * st.bq + jnp.arange(st.bq, dtype=jnp.int32)
-        return _visit(st, st.kinds_t, kd, tile, carry, lambda: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot))
+        return _visit(st, st.kinds_t, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot, w))
 
     init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
     dk, dv = jax.lax.fori_loop(0, _count(sched_ref), body, init)
@@ -594,9 +604,14 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None,
 
     layout = np.full((nq, nk), masks_lib.FULL, np.int8) if m is None else m.block_layout(T, S, bq, bk)
     layout = blockwise._adjusted(layout, S, bk)
+    pads, struct, data = _split(m)
+    if pads:  # tiles that only the padding lengths make PARTIAL check the lengths alone
+        rest = _and_all([x for x in (struct, data) if x is not None])
+        rest_layout = np.full_like(layout, masks_lib.FULL) if rest is None else rest.block_layout(T, S, bq, bk)
+        rest_layout = blockwise._adjusted(rest_layout, S, bk)
+        layout = np.where((layout == masks_lib.PARTIAL) & (rest_layout == masks_lib.FULL), LENGTHS, layout)
     sched = _schedule(layout)
     sched_t = _schedule(layout.T)
-    pads, struct, data = _split(m)
 
     Hp, Hvp = max(16, _next_pow2(H)), max(16, _next_pow2(Hv))
     B = math.prod(lead)
