@@ -51,6 +51,7 @@ def _check_against_reference(fn, q, k, v, do, make_mask, args, dtype):
 _RNG = np.random.default_rng(0)
 _GRAPH = _RNG.random((2, 40, 40)) < 0.1
 _GRAPH[:, 5, :] = False  # node 5 has no neighbour: an empty row
+_PER_HEAD = _RNG.random((4, 40, 40)) < 0.7  # a bool mask [N, T, S] that differs per head
 
 
 # name -> (B, T, S, N, K, H, dtype, mask maker, mask args)
@@ -81,7 +82,11 @@ CASES = {
         (),
     ),
     "bigbird_bf16": (1, 64, 64, 2, 1, 16, jnp.bfloat16, lambda: masks.bigbird(64, block_size=16, num_random=1), ()),
-    "graph_batched_gqa_fp32": (2, 40, 40, 4, 2, 16, jnp.float32, lambda: masks.graph(_GRAPH), ()),
+    "graph_batched_and_per_head_gqa_fp32": (
+        *(2, 40, 40, 4, 2, 16, jnp.float32),
+        lambda: masks.graph(_GRAPH) & masks.as_mask(_PER_HEAD),  # bitmaps [B, N, ...]
+        (),
+    ),
 }
 
 
@@ -115,6 +120,13 @@ def test_pallas_traced_lengths_do_not_retrace():
         ql, kl = jnp.array(ql), jnp.array(kl)
         ref = attention_reference(q, k, v, mask=masks.padding(ql, kl) & masks.window(8, 0))
         chex.assert_trees_all_close(f(q, k, v, ql, kl), ref, **TOL[jnp.float32])
+
+
+def test_pallas_vmap_of_unbatched_call():
+    q, k, v, _ = _inputs(2, 20, 20, 2, 1, 16, jnp.float32)
+    m = masks.window(4, 4)
+    out = jax.vmap(lambda q, k, v: pallas_flash.pallas_attention(q, k, v, mask=m, block_q=16, block_k=16))(q, k, v)
+    chex.assert_trees_all_close(out, attention_reference(q, k, v, mask=m), **TOL[jnp.float32])
 
 
 def test_pallas_empty_tiles_are_never_loaded():
@@ -164,7 +176,11 @@ SPLASH_CASES = {
     "window_odd_fp32": (2, 50, 45, 2, 1, 16, jnp.float32, lambda: masks.window(7, 3), ()),
     "traced_padding_empty_rows_fp32": CASES["traced_padding_empty_rows_fp32"],
     "bigbird_fp32": (1, 64, 64, 2, 2, 16, jnp.float32, lambda: masks.bigbird(64, block_size=16, num_random=1), ()),
-    "graph_fp32": (1, 40, 40, 2, 1, 16, jnp.float32, lambda: masks.graph(_GRAPH[0]), ()),
+    "graph_and_per_head_gqa_fp32": (
+        *(1, 40, 40, 4, 2, 16, jnp.float32),
+        lambda: masks.graph(_GRAPH[0]) & masks.as_mask(_PER_HEAD),  # a splash mask per head
+        (),
+    ),
 }
 
 
