@@ -1,0 +1,106 @@
+"""From this CPU host, ``jax.export`` lowers the kernels for the accelerator they are written for.
+
+The kernel-vs-interpreter choice is made per lowering platform (``lax.platform_dependent``), not by
+``jax.default_backend()`` at trace time: exported for ``cuda`` the Pallas kernel is the Triton
+custom call (forward, dq and dk/dv kernels) with no interpreter loop left in the module; exported
+for ``tpu`` splash is Mosaic's ``tpu_custom_call``; exported for ``cpu`` the same code is the
+interpreter (loops, no custom call). Nothing here runs a kernel, so it is fast.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from attnlab import masks
+from attnlab.kernels import pallas_flash, splash
+
+TRITON = "__gpu$xla.gpu.triton"
+_ADJ = np.random.default_rng(0).random((200, 190)) < 0.05
+
+PALLAS_MASKS = {
+    "causal_traced_padding": lambda lens: masks.causal() & masks.padding(lens, lens),
+    "graph_traced_kv_padding": lambda lens: masks.graph(_ADJ) & masks.padding(kv_lengths=lens),
+    "chunks_or_window": lambda lens: masks.chunks(32) | masks.window(8, 8),
+}
+
+
+def _fwd_and_grad(attn, make_mask):
+    def fwd(q, k, v, lens):
+        return attn(q, k, v, mask=make_mask(lens))
+
+    def grad(q, k, v, lens):
+        return jax.grad(lambda *x: fwd(*x, lens).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    return fwd, grad
+
+
+def _specs(B, T, S, N, K, H, dtype):
+    return (
+        jax.ShapeDtypeStruct((B, T, N, H), dtype),
+        jax.ShapeDtypeStruct((B, S, K, H), dtype),
+        jax.ShapeDtypeStruct((B, S, K, H), dtype),
+        jax.ShapeDtypeStruct((B,), jnp.int32),
+    )
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+@pytest.mark.parametrize("mask_name", sorted(PALLAS_MASKS))
+def test_pallas_exports_the_triton_kernel_for_cuda(mask_name, dtype):
+    fwd, grad = _fwd_and_grad(pallas_flash.pallas_attention, PALLAS_MASKS[mask_name])
+    specs = _specs(2, 200, 190, 4, 2, 64, dtype)
+    no_check = [export.DisabledSafetyCheck.custom_call(TRITON)]
+    for fn, kernels in (
+        (fwd, ["attnlab_flash_fwd"]),
+        (grad, ["attnlab_flash_fwd", "attnlab_flash_dq", "attnlab_flash_dkv"]),
+    ):
+        text = export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=no_check)(*specs).mlir_module()
+        assert text.count(f"@{TRITON}(") == len(kernels)
+        assert re.findall(r'name = "(attnlab_flash_[a-z]+)"', text) == kernels
+        assert "stablehlo.while" not in text  # no interpreter loop: the grid runs on the GPU
+
+
+def test_pallas_exports_the_interpreter_for_cpu():
+    fwd, _ = _fwd_and_grad(pallas_flash.pallas_attention, PALLAS_MASKS["causal_traced_padding"])
+    text = export.export(jax.jit(fwd), platforms=["cpu"])(*_specs(1, 40, 40, 2, 1, 16, jnp.float32)).mlir_module()
+    assert TRITON not in text and "stablehlo.while" in text
+
+
+def test_attention_dispatch_exports_the_pallas_kernel_for_cuda():
+    from attnlab.attention import attention  # noqa: PLC0415
+
+    q = jnp.zeros((1, 64, 2, 16), jnp.bfloat16)
+    try:
+        jax.eval_shape(lambda q: attention(q, q, q, mask=masks.causal(), implementation="pallas"), q)
+    except ValueError as e:
+        if "implementation" in str(e):
+            pytest.skip(f"attention() does not know implementation='pallas' yet: {e}")
+        raise
+    no_check = [export.DisabledSafetyCheck.custom_call(TRITON)]
+    text = export.export(
+        jax.jit(lambda q: attention(q, q, q, mask=masks.causal(), implementation="pallas")),
+        platforms=["cuda"],
+        disabled_checks=no_check,
+    )(q).mlir_module()
+    assert f"@{TRITON}(" in text
+
+
+SPLASH_MASKS = {
+    "causal_traced_padding": lambda lens: masks.causal() & masks.padding(lens, lens),
+    "window": lambda lens: masks.window(64, 0),
+    "bigbird_adapter": lambda lens: masks.bigbird(256, block_size=64, num_random=1),
+}
+
+
+@pytest.mark.parametrize("mask_name", sorted(SPLASH_MASKS))
+def test_splash_exports_mosaic_for_tpu(mask_name):
+    fwd, grad = _fwd_and_grad(splash.splash_attention, SPLASH_MASKS[mask_name])
+    specs = _specs(2, 256, 256, 4, 2, 128, jnp.bfloat16)
+    text = export.export(jax.jit(fwd), platforms=["tpu"])(*specs).mlir_module()
+    assert text.count("@tpu_custom_call(") == 1 and "stablehlo.while" not in text
+    text = export.export(jax.jit(grad), platforms=["tpu"])(*specs).mlir_module()
+    assert text.count("@tpu_custom_call(") == 3  # forward, dq and dk/dv kernels
+    assert "stablehlo.while" not in text

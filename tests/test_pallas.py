@@ -1,0 +1,224 @@
+"""The Pallas block-sparse flash kernel and the splash adapter, run in Pallas interpret mode on CPU.
+
+Every case compares outputs and gradients (of q, k, v) with ``attention_reference`` (fp32) at small
+sizes: interpret mode compiles the kernel's logic as XLA loops, which is slow, so each case is one
+jit of the forward and one of the gradient.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnlab import masks
+from attnlab.attention import attention_reference
+from attnlab.kernels import pallas_flash, splash
+
+TOL = {jnp.float32: dict(atol=2e-5, rtol=2e-5), jnp.bfloat16: dict(atol=3e-2, rtol=3e-2)}
+
+
+def _inputs(B, T, S, N, K, H, dtype, seed=0):
+    kq, kk, kv, kd = jax.random.split(jax.random.PRNGKey(seed), 4)
+    q = jax.random.normal(kq, (B, T, N, H), jnp.float32).astype(dtype)
+    k = jax.random.normal(kk, (B, S, K, H), jnp.float32).astype(dtype)
+    v = jax.random.normal(kv, (B, S, K, H), jnp.float32).astype(dtype)
+    do = jax.random.normal(kd, (B, T, N, H), jnp.float32)
+    return q, k, v, do
+
+
+def _check_against_reference(fn, q, k, v, do, make_mask, args, dtype):
+    """fn(q, k, v, mask) vs attention_reference on the same (upcast) inputs: output and grads."""
+
+    def loss(attn, q, k, v, *args):
+        return jnp.sum(attn(q, k, v, make_mask(*args)).astype(jnp.float32) * do)
+
+    out = jax.jit(lambda q, k, v, *a: fn(q, k, v, make_mask(*a)))(q, k, v, *args)
+    grads = jax.jit(jax.grad(lambda *x: loss(fn, *x), argnums=(0, 1, 2)))(q, k, v, *args)
+    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    ref = attention_reference(q32, k32, v32, mask=make_mask(*args))
+    ref_grads = jax.grad(
+        lambda *x: loss(lambda q, k, v, m: attention_reference(q, k, v, mask=m), *x), argnums=(0, 1, 2)
+    )(q32, k32, v32, *args)
+    assert out.dtype == q.dtype and out.shape == ref.shape
+    chex.assert_trees_all_close(out.astype(jnp.float32), ref, **TOL[dtype])
+    for g, r, name in zip(grads, ref_grads, "qkv", strict=True):
+        assert g.dtype == q.dtype, name
+        chex.assert_trees_all_close(g.astype(jnp.float32), r, **TOL[dtype], custom_message=f"d{name}")
+    return out, grads
+
+
+_RNG = np.random.default_rng(0)
+_GRAPH = _RNG.random((2, 40, 40)) < 0.1
+_GRAPH[:, 5, :] = False  # node 5 has no neighbour: an empty row
+_PER_HEAD = _RNG.random((4, 40, 40)) < 0.7  # a bool mask [N, T, S] that differs per head
+
+
+# name -> (B, T, S, N, K, H, dtype, mask maker, mask args)
+CASES = {
+    "full_odd_fp32": (1, 40, 33, 2, 2, 16, jnp.float32, lambda: None, ()),
+    "causal_gqa_bf16": (1, 48, 48, 4, 2, 32, jnp.bfloat16, lambda: masks.causal(), ()),
+    "window_odd_fp32": (2, 50, 45, 2, 1, 16, jnp.float32, lambda: masks.window(7, 3), ()),
+    "traced_padding_empty_rows_fp32": (
+        2,
+        40,
+        40,
+        2,
+        2,
+        16,
+        jnp.float32,
+        lambda ql, kl: masks.padding(ql, kl) & masks.causal(),
+        (jnp.array([40, 25]), jnp.array([0, 30])),  # example 0: no key at all -> every row empty
+    ),
+    "chunks_or_global_fp32": (
+        1,
+        64,
+        64,
+        2,
+        2,
+        16,
+        jnp.float32,
+        lambda: masks.chunks(12) | masks.global_tokens([0]),
+        (),
+    ),
+    "bigbird_bf16": (1, 64, 64, 2, 1, 16, jnp.bfloat16, lambda: masks.bigbird(64, block_size=16, num_random=1), ()),
+    "graph_batched_and_per_head_gqa_fp32": (
+        *(2, 40, 40, 4, 2, 16, jnp.float32),
+        lambda: masks.graph(_GRAPH) & masks.as_mask(_PER_HEAD),  # bitmaps [B, N, ...]
+        (),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pallas_matches_reference(case):
+    B, T, S, N, K, H, dtype, make_mask, args = CASES[case]
+    q, k, v, do = _inputs(B, T, S, N, K, H, dtype)
+
+    def fn(q, k, v, m):
+        return pallas_flash.pallas_attention(q, k, v, mask=m, block_q=16, block_k=16)
+
+    out, grads = _check_against_reference(fn, q, k, v, do, make_mask, args, dtype)
+    if case.startswith("traced_padding"):  # empty rows: zeros and zero gradients, never NaN
+        assert not np.asarray(out[0]).any() and not np.asarray(grads[0][0]).any()
+        assert not np.asarray(out[1, 25:]).any() and not np.asarray(grads[0][1, 25:]).any()
+    if case.startswith("graph"):
+        assert not np.asarray(out[:, 5]).any() and not np.asarray(grads[0][:, 5]).any()
+
+
+def test_pallas_traced_lengths_do_not_retrace():
+    q, k, v, _ = _inputs(2, 40, 40, 2, 1, 16, jnp.float32)
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def f(q, k, v, ql, kl):
+        return pallas_flash.pallas_attention(
+            q, k, v, mask=masks.padding(ql, kl) & masks.window(8, 0), block_q=16, block_k=16
+        )
+
+    for ql, kl in (([40, 17], [40, 3]), ([9, 40], [33, 40])):
+        ql, kl = jnp.array(ql), jnp.array(kl)
+        ref = attention_reference(q, k, v, mask=masks.padding(ql, kl) & masks.window(8, 0))
+        chex.assert_trees_all_close(f(q, k, v, ql, kl), ref, **TOL[jnp.float32])
+
+
+def test_pallas_vmap_of_unbatched_call():
+    q, k, v, _ = _inputs(2, 20, 20, 2, 1, 16, jnp.float32)
+    m = masks.window(4, 4)
+    out = jax.vmap(lambda q, k, v: pallas_flash.pallas_attention(q, k, v, mask=m, block_q=16, block_k=16))(q, k, v)
+    chex.assert_trees_all_close(out, attention_reference(q, k, v, mask=m), **TOL[jnp.float32])
+
+
+def test_pallas_empty_tiles_are_never_loaded():
+    # kv_lengths = 40 with 16-wide key blocks: key block 3 (positions 48..63) is EMPTY for every
+    # query block, so NaNs there cannot reach the output unless the kernel loads that tile.
+    q, k, v, _ = _inputs(1, 64, 64, 2, 2, 16, jnp.float32)
+    m = masks.padding(kv_lengths=np.array([40])) & masks.causal()
+    assert (m.block_layout(64, 64, 16, 16)[:, 3] == masks.EMPTY).all()
+    k_nan, v_nan = k.at[:, 48:].set(jnp.nan), v.at[:, 48:].set(jnp.nan)
+    out = pallas_flash.pallas_attention(q, k_nan, v_nan, mask=m, block_q=16, block_k=16)
+    chex.assert_trees_all_close(out, attention_reference(q, k, v, mask=m), **TOL[jnp.float32])
+
+
+def test_pallas_schedule_lists_only_non_empty_tiles():
+    layout = masks.window(16, 0).block_layout(64, 64, 16, 16)
+    sched = pallas_flash._schedule(layout)
+    for i in range(layout.shape[0]):
+        listed = {int(j) for j, kd in zip(sched[i, 0], sched[i, 1], strict=True) if kd}
+        assert listed == set(np.nonzero(layout[i])[0].tolist())
+        assert (sched[i, 1][sched[i, 1] != 0] == layout[i][sorted(listed)]).all()
+
+
+def test_pallas_supports_and_errors():
+    q = jax.ShapeDtypeStruct((2, 100, 8, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 100, 2, 64), jnp.bfloat16)
+    assert pallas_flash.supports(q, kv, kv, mask=masks.causal(), backend="gpu") is None
+    assert pallas_flash.supports(q, kv, kv, backend="cpu") is None
+    assert "TPU" in pallas_flash.supports(q, kv, kv, backend="tpu")
+    assert "bias" in pallas_flash.supports(q, kv, kv, bias=jnp.zeros(()), backend="gpu")
+    assert "score" in pallas_flash.supports(q, kv, kv, score=lambda q, k: q, backend="gpu")
+    big = jax.ShapeDtypeStruct((2, 100, 8, 512), jnp.bfloat16)
+    assert "head dims" in pallas_flash.supports(big, big, big, backend="gpu")
+    x = jnp.zeros((20, 2, 16))
+    with pytest.raises(ValueError, match="bias"):
+        pallas_flash.pallas_attention(x, x, x, bias=jnp.zeros((2, 20, 20)))
+    with pytest.raises(ValueError, match="block_q"):
+        pallas_flash.pallas_attention(x, x, x, block_q=24)
+    with pytest.raises(ValueError, match="kv heads"):
+        pallas_flash.pallas_attention(jnp.zeros((20, 3, 16)), x, x)
+
+
+# ------------------------------------------------------------------------------------------
+# splash (TPU kernel, interpret mode here)
+
+SPLASH_CASES = {
+    "causal_gqa_bf16": (1, 48, 48, 4, 2, 32, jnp.bfloat16, lambda: masks.causal(), ()),
+    "window_odd_fp32": (2, 50, 45, 2, 1, 16, jnp.float32, lambda: masks.window(7, 3), ()),
+    "traced_padding_empty_rows_fp32": CASES["traced_padding_empty_rows_fp32"],
+    "bigbird_fp32": (1, 64, 64, 2, 2, 16, jnp.float32, lambda: masks.bigbird(64, block_size=16, num_random=1), ()),
+    "graph_and_per_head_gqa_fp32": (
+        *(1, 40, 40, 4, 2, 16, jnp.float32),
+        lambda: masks.graph(_GRAPH[0]) & masks.as_mask(_PER_HEAD),  # a splash mask per head
+        (),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPLASH_CASES))
+def test_splash_matches_reference(case):
+    B, T, S, N, K, H, dtype, make_mask, args = SPLASH_CASES[case]
+    q, k, v, do = _inputs(B, T, S, N, K, H, dtype)
+    out, grads = _check_against_reference(
+        lambda q, k, v, m: splash.splash_attention(q, k, v, mask=m), q, k, v, do, make_mask, args, dtype
+    )
+    if case.startswith("traced_padding"):
+        assert not np.asarray(out[0]).any() and not np.asarray(grads[0][0]).any()
+        assert not np.asarray(out[1, 25:]).any() and not np.asarray(grads[0][1, 25:]).any()
+    if case.startswith("graph"):
+        assert not np.asarray(out[:, 5]).any() and not np.asarray(grads[0][:, 5]).any()
+
+
+def test_splash_mask_mapping_and_supports():
+    sa = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention")
+    assert isinstance(splash._splash_mask(masks.causal(), 100, 100, 128, 128, 0), sa.CausalMask)
+    assert isinstance(splash._splash_mask(masks.window(4, 2), 100, 100, 128, 128, 0), sa.LocalMask)
+    adapted = splash._splash_mask(masks.chunks(10), 100, 90, 128, 128, 0)
+    np.testing.assert_array_equal(adapted[0:128, 0:128][:100, :90], np.asarray(masks.chunks(10).dense(100, 90)))
+    assert not adapted[0:128, 0:128][100:].any() and not adapted[0:128, 0:128][:, 90:].any()
+    q = jax.ShapeDtypeStruct((2, 256, 8, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 256, 2, 128), jnp.bfloat16)
+    assert splash.supports(q, kv, kv, mask=masks.causal(), backend="tpu") is None
+    assert "TPU" in splash.supports(q, kv, kv, backend="gpu")
+    assert "batch" in splash.supports(q, kv, kv, mask=masks.graph(np.ones((2, 256, 256), bool)), backend="tpu")
+    with pytest.raises(ValueError, match="block"):
+        x = jnp.zeros((20, 2, 16))
+        splash.splash_attention(x, x, x, block=64)
+
+
+def test_pallas_graph_edges_forward():
+    # an edge list is scattered to an adjacency once and fed to the kernel as tile bitmaps
+    q = jax.random.normal(jax.random.PRNGKey(1), (30, 2, 16))
+    m = masks.graph_edges([0, 1, 2, 5, 7], [1, 2, 3, 5, 29], 30)  # most nodes receive nothing: empty rows
+    out = pallas_flash.pallas_attention(q, q, q, mask=m, block_q=16, block_k=16)
+    chex.assert_trees_all_close(out, attention_reference(q, q, q, mask=m), **TOL[jnp.float32])
+    assert not np.asarray(out[0]).any()
