@@ -42,19 +42,23 @@ def inputs(B, T, N, K, H, dtype, seed=0):
 
 
 def errors(fn, ref_fn, q, k, v, ct, mask_list):
-    """One jitted program: output and (dq, dk, dv) of fn and of the fp32 reference, per mask."""
+    """Per mask, one jitted program: output and (dq, dk, dv) of fn and of the fp32 reference.
 
-    def both(q, k, v, ms):
+    One program per mask, not one for all: XLA:CPU may run independent collectives of one
+    program (several rings' ``ppermute`` loops, the gathers that slice off the padding) in a
+    different order on different host devices, and they then wait for each other for ever.
+    """
+
+    def both(q, k, v, m):
         res = []
-        for m in ms:
-            for f in (fn, ref_fn):
-                g = lambda q, k, v, f=f, m=m: jnp.sum(f(q, k, v, m).astype(jnp.float32) * ct)  # noqa: E731
-                out = f(q, k, v, m)
-                grads = jax.grad(g, argnums=(0, 1, 2))(q, k, v)
-                res.append((out, grads))
+        for f in (fn, ref_fn):
+            g = lambda q, k, v, f=f: jnp.sum(f(q, k, v, m).astype(jnp.float32) * ct)  # noqa: E731
+            out = f(q, k, v, m)
+            grads = jax.grad(g, argnums=(0, 1, 2))(q, k, v)
+            res.append((out, grads))
         return res
 
-    res = jax.jit(both)(q, k, v, mask_list)
+    res = [r for m in mask_list for r in jax.jit(both)(q, k, v, m)]
     out = []
     for i in range(len(mask_list)):
         (o, g), (ro, rg) = res[2 * i], res[2 * i + 1]
@@ -81,8 +85,8 @@ def run():
     timings = {}
     lengths = jnp.array([37, 20])  # traced: the ring cannot skip by them statically
 
-    # Ring over 8 devices, T = 37 (not a multiple of 8: padded to 40), GQA 4 -> 2, tiles of 3
-    # so each 5-long shard has a short last tile. fp32.
+    # Ring over 8 devices, T = 37 (not a multiple of 8), GQA 4 -> 2, tiles of 3: shards of 6
+    # (2 whole tiles; padded to 48, so the last shard is all padding and shard 6 half). fp32.
     t0 = time.perf_counter()
     mesh = parallel.make_mesh("sp=8")
     q, k, v, ct = inputs(2, 37, 4, 2, 8, jnp.float32)
