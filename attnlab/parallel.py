@@ -13,8 +13,9 @@ after ``jax.distributed.initialize()`` (the mesh then spans every process's devi
   projection with one ``psum`` (Megatron-LM, arXiv 1909.08053).
 * Ring attention (``seq_axis``): q, k and v are split on the sequence; key/value shards travel
   around the ring (``attnlab.kernels.ring``; Liu et al., arXiv 2310.01889). Memory per device
-  is O(N / D). Lengths need not divide D: the sequence is padded to a multiple of D and the
-  padded keys are masked (padded queries are dropped).
+  is O(N / D). Lengths need not divide D: the sequence is padded to D equal chunks of whole
+  tiles and the padded keys are masked (padded queries are dropped). ``layout="zigzag"`` balances a causal
+  ring: 2D chunks, device d holds chunks d and 2D-1-d, so every device does the same work.
 * Both at once (``mesh = make_mesh("heads=4,sp=2")``): heads over one axis, the ring over the other.
 
 Shape legend: B batch (any leading dims), T / S query / key length, N / K query / kv heads,
