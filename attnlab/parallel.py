@@ -13,8 +13,9 @@ after ``jax.distributed.initialize()`` (the mesh then spans every process's devi
   projection with one ``psum`` (Megatron-LM, arXiv 1909.08053).
 * Ring attention (``seq_axis``): q, k and v are split on the sequence; key/value shards travel
   around the ring (``attnlab.kernels.ring``; Liu et al., arXiv 2310.01889). Memory per device
-  is O(N / D). Lengths need not divide D: the sequence is padded to a multiple of D and the
-  padded keys are masked (padded queries are dropped).
+  is O(N / D). Lengths need not divide D: the sequence is padded to D equal chunks of whole
+  tiles and the padded keys are masked (padded queries are dropped). ``layout="zigzag"`` balances a causal
+  ring: 2D chunks, device d holds chunks d and 2D-1-d, so every device does the same work.
 * Both at once (``mesh = make_mesh("heads=4,sp=2")``): heads over one axis, the ring over the other.
 
 Shape legend: B batch (any leading dims), T / S query / key length, N / K query / kv heads,
@@ -186,7 +187,7 @@ def _pad_seq(x, length: int):
     return jnp.pad(x, pad) if length > x.shape[-3] else x
 
 
-def _ring_static(m, q, k, v, *, mesh, seq_axis, head_axis, scale, block_sizes):
+def _ring_static(m, q, k, v, *, mesh, seq_axis, head_axis, scale, block_sizes, layout):
     *lead, T, N, H = q.shape
     S, K = k.shape[-3], k.shape[-2]
     Dh, Ds = _axis_size(mesh, head_axis, "head_axis"), _axis_size(mesh, seq_axis, "seq_axis")
@@ -207,7 +208,13 @@ def _ring_static(m, q, k, v, *, mesh, seq_axis, head_axis, scale, block_sizes):
         scale=bw.default_scale(H, scale),
         compute_dtype=bw.compute_dtype(q.dtype),
         block_sizes=block_sizes,
+        layout=layout,
     )
+
+
+def _check_layout(layout):
+    if layout not in ring_lib.LAYOUTS:
+        raise ValueError(f"layout: expected one of {ring_lib.LAYOUTS} (how the ring assigns chunks), got {layout!r}")
 
 
 def attention(
@@ -224,6 +231,7 @@ def attention(
     scale=None,
     implementation=None,
     block_sizes=None,
+    layout: str = "contiguous",
 ):
     """``attnlab.attention`` split over the devices of ``mesh``; equals it up to rounding.
 
@@ -243,7 +251,12 @@ def attention(
         scale: logit scale, default ``1/sqrt(H)``.
         implementation: the per-device implementation when ``seq_axis`` is None (as
             ``attnlab.attention``); the ring always uses the blockwise block step.
-        block_sizes: ``attnlab.kernels.BlockSizes`` of the ring's local tiles (default: backend's).
+        block_sizes: ``attnlab.kernels.BlockSizes`` of the ring's local tiles (default: backend's);
+            upper bounds: a tile may shrink so that each device's chunk is a whole number of tiles.
+        layout: how the ring assigns the sequence to devices: ``"contiguous"`` (device d holds the
+            d-th of D chunks) or ``"zigzag"`` (2D chunks, device d holds d and 2D-1-d: every device
+            does the same causal work; ``attnlab.kernels.ring``). Inputs and output stay in
+            sequence order either way (the reordering is inside, by ``ppermute``).
 
     Returns:
         ``[..., T, N, Hv]`` in q's dtype, sharded like q.
@@ -258,6 +271,7 @@ def attention(
         (10, 2, 4)
     """
     m = _check(q, k, v, mask, bias, score, mesh, seq_axis, head_axis)
+    _check_layout(layout)
     nlead = q.ndim - 3
     if seq_axis is None:  # head parallelism only: each device runs attnlab.attention on its heads
 
@@ -271,7 +285,16 @@ def attention(
         return fn(q, k, v, m)
 
     rs = _ring_static(
-        m, q, k, v, mesh=mesh, seq_axis=seq_axis, head_axis=head_axis, scale=scale, block_sizes=block_sizes
+        m,
+        q,
+        k,
+        v,
+        mesh=mesh,
+        seq_axis=seq_axis,
+        head_axis=head_axis,
+        scale=scale,
+        block_sizes=block_sizes,
+        layout=layout,
     )
     T = q.shape[-3]
     lead = q.shape[:-3]
@@ -305,6 +328,7 @@ def multi_head_attention(
     scale=None,
     implementation=None,
     block_sizes=None,
+    layout: str = "contiguous",
 ):
     """``attnlab.multi_head_attention`` (dot score) split over ``mesh``; equals it up to rounding.
 
@@ -317,7 +341,7 @@ def multi_head_attention(
         params: from ``init_multi_head_params`` (``score="dot"``).
         x_q: ``[..., T, D]``.
         x_kv: ``[..., S, Dkv]`` or None (self-attention).
-        mesh, seq_axis, head_axis, mask, scale, implementation, block_sizes: as ``attention``.
+        mesh, seq_axis, head_axis, mask, scale, implementation, block_sizes, layout: as ``attention``.
 
     Returns:
         ``[..., T, D]``.
@@ -338,6 +362,7 @@ def multi_head_attention(
     k_aval = jax.ShapeDtypeStruct((*lead, S, K, H), x_kv.dtype)
     v_aval = jax.ShapeDtypeStruct((*lead, S, K, Hv), x_kv.dtype)
     m = _check(q_aval, k_aval, v_aval, mask, None, "dot", mesh, seq_axis, head_axis)
+    _check_layout(layout)
     rs = None
     if seq_axis is not None:
         rs = _ring_static(
@@ -350,6 +375,7 @@ def multi_head_attention(
             head_axis=head_axis,
             scale=scale,
             block_sizes=block_sizes,
+            layout=layout,
         )
     B = math.prod(lead)
     nlead = len(lead)

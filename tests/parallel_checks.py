@@ -42,19 +42,23 @@ def inputs(B, T, N, K, H, dtype, seed=0):
 
 
 def errors(fn, ref_fn, q, k, v, ct, mask_list):
-    """One jitted program: output and (dq, dk, dv) of fn and of the fp32 reference, per mask."""
+    """Per mask, one jitted program: output and (dq, dk, dv) of fn and of the fp32 reference.
 
-    def both(q, k, v, ms):
+    One program per mask, not one for all: XLA:CPU may run independent collectives of one
+    program (several rings' ``ppermute`` loops, the gathers that slice off the padding) in a
+    different order on different host devices, and they then wait for each other for ever.
+    """
+
+    def both(q, k, v, m):
         res = []
-        for m in ms:
-            for f in (fn, ref_fn):
-                g = lambda q, k, v, f=f, m=m: jnp.sum(f(q, k, v, m).astype(jnp.float32) * ct)  # noqa: E731
-                out = f(q, k, v, m)
-                grads = jax.grad(g, argnums=(0, 1, 2))(q, k, v)
-                res.append((out, grads))
+        for f in (fn, ref_fn):
+            g = lambda q, k, v, f=f: jnp.sum(f(q, k, v, m).astype(jnp.float32) * ct)  # noqa: E731
+            out = f(q, k, v, m)
+            grads = jax.grad(g, argnums=(0, 1, 2))(q, k, v)
+            res.append((out, grads))
         return res
 
-    res = jax.jit(both)(q, k, v, mask_list)
+    res = [r for m in mask_list for r in jax.jit(both)(q, k, v, m)]
     out = []
     for i in range(len(mask_list)):
         (o, g), (ro, rg) = res[2 * i], res[2 * i + 1]
@@ -81,8 +85,8 @@ def run():
     timings = {}
     lengths = jnp.array([37, 20])  # traced: the ring cannot skip by them statically
 
-    # Ring over 8 devices, T = 37 (not a multiple of 8: padded to 40), GQA 4 -> 2, tiles of 3
-    # so each 5-long shard has a short last tile. fp32.
+    # Ring over 8 devices, T = 37 (not a multiple of 8), GQA 4 -> 2, tiles of 3: shards of 6
+    # (2 whole tiles; padded to 48, so the last shard is all padding and shard 6 half). fp32.
     t0 = time.perf_counter()
     mesh = parallel.make_mesh("sp=8")
     q, k, v, ct = inputs(2, 37, 4, 2, 8, jnp.float32)
@@ -107,6 +111,27 @@ def run():
     for name, r in zip(named, errors(ring, reference, q, k, v, ct, list(named.values())), strict=True):
         results[f"ring-bfloat16-T32-{name}"] = dict(r, dtype="bfloat16")
     timings["ring-bfloat16"] = time.perf_counter() - t0
+
+    # Zig-zag ring (device d holds chunks d and 2D-1-d), causal and causal & padding (traced
+    # lengths), on 8 devices (T = 37: 16 chunks of 3, padded to 48) and on 4 (T = 21: 8 chunks
+    # of 3, padded to 24), fp32; bf16 on 8 (T = 32, default tiles).
+    t0 = time.perf_counter()
+    mesh4 = parallel.make_mesh("sp=4")
+    for D, T, lens in ((8, 37, [37, 20]), (4, 21, [21, 8])):
+        q, k, v, ct = inputs(2, T, 4, 2, 8, jnp.float32, seed=5)
+        lens = jnp.array(lens)
+        named = {"causal": masks.causal(), "causal&padding": masks.causal() & masks.padding(lens, lens)}
+        ring = lambda q, k, v, m, mesh=(mesh if D == 8 else mesh4): parallel.attention(  # noqa: E731
+            q, k, v, mesh=mesh, seq_axis="sp", mask=m, block_sizes=BlockSizes(3, 3), layout="zigzag"
+        )
+        for name, r in zip(named, errors(ring, reference, q, k, v, ct, list(named.values())), strict=True):
+            results[f"ring-zigzag-sp{D}-float32-T{T}-{name}"] = dict(r, dtype="float32")
+    q, k, v, ct = inputs(2, 32, 2, 2, 8, jnp.bfloat16, seed=6)
+    m = masks.causal() & masks.padding(lengths32, lengths32)
+    ring = lambda q, k, v, m: parallel.attention(q, k, v, mesh=mesh, seq_axis="sp", mask=m, layout="zigzag")  # noqa: E731
+    (r,) = errors(ring, reference, q, k, v, ct, [m])
+    results["ring-zigzag-sp8-bfloat16-T32-causal&padding"] = dict(r, dtype="bfloat16")
+    timings["ring-zigzag"] = time.perf_counter() - t0
 
     # Head parallelism over 4 devices (N = 8, K = 4: one kv head and its 2 query heads each),
     # fp32 and bf16, each device running attnlab.attention (dispatcher's choice) on its heads.
@@ -144,26 +169,27 @@ def run():
     lens = jnp.array([21, 9])
     m = masks.causal() & masks.padding(lens, lens)
 
-    def mha_both(params, x):
+    def mha_both(params, x, layout):
         def loss(f):
             return lambda p, x: jnp.sum(jnp.sin(f(p, x)))
 
         sharded = lambda p, x: parallel.multi_head_attention(  # noqa: E731
-            p, x, mesh=mesh_hs, seq_axis="sp", head_axis="heads", mask=m
+            p, x, mesh=mesh_hs, seq_axis="sp", head_axis="heads", mask=m, layout=layout
         )
         single = lambda p, x: attnlab.multi_head_attention(p, x, mask=m, implementation="reference")  # noqa: E731
         return [(f(params, x), jax.grad(loss(f), argnums=(0, 1))(params, x)) for f in (sharded, single)]
 
-    (y, g), (ry, rg) = jax.jit(mha_both)(params, x)
-    gl, rgl = jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(rg)
-    results["mha-heads2xsp4-float32-T21-causal&padding"] = dict(
-        out_err=float(jnp.abs(y - ry).max()),
-        out_ref=float(jnp.abs(ry).max()),
-        grad_err=[float(jnp.abs(a - b).max()) for a, b in zip(gl, rgl, strict=True)],
-        grad_ref=[float(jnp.abs(b).max()) for b in rgl],
-        finite=bool(all(jnp.isfinite(a).all() for a in [y, *gl])),
-        dtype="float32",
-    )
+    for layout, suffix in (("contiguous", ""), ("zigzag", "-zigzag")):
+        (y, g), (ry, rg) = jax.jit(mha_both, static_argnums=2)(params, x, layout)
+        gl, rgl = jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(rg)
+        results[f"mha-heads2xsp4{suffix}-float32-T21-causal&padding"] = dict(
+            out_err=float(jnp.abs(y - ry).max()),
+            out_ref=float(jnp.abs(ry).max()),
+            grad_err=[float(jnp.abs(a - b).max()) for a, b in zip(gl, rgl, strict=True)],
+            grad_ref=[float(jnp.abs(b).max()) for b in rgl],
+            finite=bool(all(jnp.isfinite(a).all() for a in [y, *gl])),
+            dtype="float32",
+        )
     timings["mha"] = time.perf_counter() - t0
 
     # Per-device memory of the compiled ring program (forward + backward) for a fixed shard
@@ -186,6 +212,17 @@ def run():
             output=int(ma.output_size_in_bytes),
         )
         gathers[f"ring-sp{D}"] = "all-gather" in c.as_text()
+
+    # The zig-zag ring on 8: its reordering is ppermutes, so no gather and about the same memory.
+    def zigzag8(q, k, v):  # mesh_d, xs: the 8-device ones of the loop's last pass
+        return parallel.attention(q, k, v, mesh=mesh_d, seq_axis="sp", mask=masks.causal(), layout="zigzag")
+
+    c = jax.jit(jax.grad(lambda q, k, v: jnp.sum(zigzag8(q, k, v)), argnums=(0, 1, 2))).lower(xs, xs, xs).compile()
+    ma = c.memory_analysis()
+    memory["8-zigzag"] = dict(
+        temp=int(ma.temp_size_in_bytes), argument=int(ma.argument_size_in_bytes), output=int(ma.output_size_in_bytes)
+    )
+    gathers["ring-zigzag-sp8"] = "all-gather" in c.as_text()
     sh = NamedSharding(mesh_h, P(None, None, "heads", None))
     xs = jax.ShapeDtypeStruct((1, 64, 8, 16), jnp.float32, sharding=sh)
     c = jax.jit(lambda q, k, v: parallel.attention(q, k, v, mesh=mesh_h, head_axis="heads")).lower(xs, xs, xs).compile()

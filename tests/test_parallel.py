@@ -35,10 +35,16 @@ CASES = [
     "ring-float32-T37-padding",
     "ring-bfloat16-T32-window",
     "ring-bfloat16-T32-causal&padding",
+    "ring-zigzag-sp8-float32-T37-causal",
+    "ring-zigzag-sp8-float32-T37-causal&padding",
+    "ring-zigzag-sp4-float32-T21-causal",
+    "ring-zigzag-sp4-float32-T21-causal&padding",
+    "ring-zigzag-sp8-bfloat16-T32-causal&padding",
     "heads-float32-T19-window&padding",
     "heads-bfloat16-T19-causal",
     "heads-blockwise-float32-T150-window&padding",
     "mha-heads2xsp4-float32-T21-causal&padding",
+    "mha-heads2xsp4-zigzag-float32-T21-causal&padding",
 ]
 
 
@@ -91,11 +97,15 @@ def test_ring_memory_per_device_does_not_grow_with_devices(checks):
     total = lambda m: m["temp"] + m["argument"] + m["output"]  # noqa: E731
     assert m8["argument"] == m2["argument"]  # the shards really are the same size
     assert total(m8) <= 1.05 * total(m2), checks["memory"]
+    # The zig-zag ring's reordering (ppermutes of the same shard) must not grow them either.
+    mz = checks["memory"]["8-zigzag"]
+    assert mz["argument"] == m8["argument"]
+    assert total(mz) <= 1.05 * total(m8), checks["memory"]
 
 
 @pytest.mark.slow
 def test_no_all_gather_in_compiled_programs(checks):
-    assert checks["gathers"] == {"ring-sp2": False, "ring-sp8": False, "heads4": False}
+    assert checks["gathers"] == {"ring-sp2": False, "ring-sp8": False, "ring-zigzag-sp8": False, "heads4": False}
 
 
 @pytest.mark.slow
@@ -181,3 +191,71 @@ def test_use_host_devices_in_a_fresh_process():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["3", "3"]
+
+
+def test_chunking_whole_tiles_little_padding():
+    # 5000 positions over 8 chunks: ceil = 625; tiles of at most 512 -> 2 tiles of 313 (C = 626),
+    # not one tile of 512 and a second one mostly padding (C = 1024).
+    assert ring._chunking(5000, 8, 512) == (626, 313)
+    assert ring._chunking(37, 8, 3) == (6, 3)  # ceil = 5 -> 2 tiles of 3
+    assert ring._chunking(4096, 16, 512) == (256, 256)  # a chunk smaller than the tile: one tile
+
+
+def test_zigzag_positions_by_hand():
+    # D = 4, chunks of 3: device 1 holds chunks 1 and 6 -> positions 3, 4, 5 and 18, 19, 20.
+    idx = np.arange(6)
+    np.testing.assert_array_equal(ring.global_positions(idx, 1, 3, 4, "zigzag"), [3, 4, 5, 18, 19, 20])
+    np.testing.assert_array_equal(ring.global_positions(idx, 0, 3, 4, "zigzag"), [0, 1, 2, 21, 22, 23])
+    np.testing.assert_array_equal(ring.global_positions(idx[:3], 2, 3, 4, "contiguous"), [6, 7, 8])
+
+
+@pytest.mark.parametrize("D", [2, 4, 8])
+def test_zigzag_balances_causal_tiles_by_hand(D):
+    # One tile per chunk (T = 2D * 4, tiles of 4). Causal: query chunk a sees key chunks 0..a,
+    # i.e. a + 1 tiles. Contiguous (D chunks of 2 tiles): device d's tile rows 2d, 2d+1 see
+    # 2d+1 and 2d+2 tiles: 4d + 3. Zig-zag: device d holds chunks d and 2D-1-d:
+    # (d + 1) + (2D - d) = 2D + 1 tiles, the same on every device.
+    T, bs = 2 * D * 4, attnlab.kernels.BlockSizes(4, 4)
+    contiguous, _, _ = ring.pair_layouts(masks.causal(), T, T, D, bs, "contiguous")
+    zigzag, (Cq, bq), _ = ring.pair_layouts(masks.causal(), T, T, D, bs, "zigzag")
+    assert (Cq, bq) == (4, 4)
+    per_device = lambda lay: (lay != masks.EMPTY).sum((1, 2, 3))  # noqa: E731
+    np.testing.assert_array_equal(per_device(contiguous), 4 * np.arange(D) + 3)
+    np.testing.assert_array_equal(per_device(zigzag), np.full(D, 2 * D + 1))
+    # ... and in every ring step after the first (device d holds key shard (d - r) mod D) every
+    # device does 2 FULL tiles; step 0 (its own shard) 2 PARTIAL diagonal tiles + 1 FULL.
+    for r in range(D):
+        step = np.stack([zigzag[d, (d - r) % D] for d in range(D)])
+        kinds = [sorted(x[x != masks.EMPTY].tolist()) for x in step]
+        expected = [masks.PARTIAL, masks.PARTIAL, masks.FULL] if r == 0 else [masks.FULL, masks.FULL]
+        assert kinds == [expected] * D, (r, kinds)
+
+
+def test_pair_layouts_pad_keys_and_skip_padded_chunks():
+    # Full attention, S = 10 over D = 2 zig-zag (4 chunks of 3, tiles of 3: padded to 12). Key
+    # tile 3 holds key 9 and 2 padded keys: PARTIAL; tile 3 is device 0's second chunk.
+    lay, _, (Ck, bk) = ring.pair_layouts(None, 10, 10, 2, attnlab.kernels.BlockSizes(3, 3), "zigzag")
+    assert (Ck, bk) == (3, 3)
+    F, P = masks.FULL, masks.PARTIAL
+    np.testing.assert_array_equal(lay[1, 0], [[F, P], [F, P]])  # device 1's queries, keys 0-2 | 9-11
+    np.testing.assert_array_equal(lay[0, 1], [[F, F], [F, F]])  # device 0's queries, keys 3-5 | 6-8
+
+
+def test_layout_must_be_known():
+    mesh = parallel.make_mesh("sp=1")
+    q, k, v = qkv((8, 2, 4))
+    with pytest.raises(ValueError, match="layout: expected one of"):
+        parallel.attention(q, k, v, mesh=mesh, seq_axis="sp", layout="striped")
+    with pytest.raises(ValueError, match="layout"):
+        ring.pair_layouts(None, 8, 8, 1, attnlab.kernels.BlockSizes(4, 4), "diagonal")
+
+
+def test_one_device_zigzag_matches_reference():
+    # D = 1 zig-zag: chunks 0 and 1 on the one device (the reordering is the identity).
+    mesh, mask = parallel.make_mesh("sp=1"), masks.causal() & masks.padding(np.array([11, 6]), np.array([11, 6]))
+    q, k, v = qkv((2, 11, 2, 4), kv_heads=1)
+    f = lambda q, k, v: parallel.attention(  # noqa: E731
+        q, k, v, mesh=mesh, seq_axis="sp", mask=mask, block_sizes=attnlab.kernels.BlockSizes(4, 4), layout="zigzag"
+    )
+    out = jax.jit(f)(q, k, v)
+    np.testing.assert_allclose(out, attnlab.attention_reference(q, k, v, mask=mask), **tol(jnp.float32))
