@@ -64,7 +64,7 @@ from ml_collections import config_flags
 
 import attnlab
 from attnlab import masks, parallel
-from experiments.plot import load_results, make_plots
+from experiments.plot import BadResultsLineError, describe_bad_lines, make_plots, read_results
 
 _CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sweep.py")
 FLAGS = flags.FLAGS
@@ -83,7 +83,13 @@ def define_flags():
     flags.DEFINE_integer("batch", None, "Batch size B; overrides the config.")
     flags.DEFINE_integer("repeats", None, "Timed calls per cell after one warm-up; overrides the config.")
     flags.DEFINE_string("out", "results/sweep", "Results folder (results.jsonl, config.json, plots).")
-    flags.DEFINE_bool("force", False, "Redo cells already in results.jsonl.")
+    flags.DEFINE_bool("force", False, "Redo cells already in results.jsonl (bad lines in it are set aside).")
+    flags.DEFINE_bool(
+        "skip_bad_lines",
+        False,
+        "Set aside lines of results.jsonl that are not JSON records (into results.jsonl.bad, with a "
+        "warning) and rerun the cells they held, instead of stopping.",
+    )
     flags.DEFINE_bool("plot", True, "Draw the plots and summary.md at the end.")
     flags.DEFINE_string("mesh", None, "Device mesh, e.g. sp=8, heads=4 or heads=4,sp=2; overrides the config.")
 
@@ -321,13 +327,38 @@ def record_key(r: dict) -> tuple:
     return tuple(r.get(f.name, f.default) for f in dataclasses.fields(Cell))
 
 
-def run_sweep(config, out: str, *, force: bool = False, plot: bool = True) -> list[dict]:
-    """Runs every cell of `config` not already done in `<out>/results.jsonl`; returns this sweep's records."""
+def _load_previous(path: str, *, set_aside: bool) -> list[dict]:
+    """The records of an earlier run; bad lines stop the sweep, or with `set_aside` move to `<path>.bad`."""
+    previous, bad = read_results(path)
+    if not bad:
+        return previous
+    where = describe_bad_lines(path, bad)
+    if not set_aside:
+        raise BadResultsLineError(
+            f"sweep: {len(bad)} line(s) of {path} are not JSON records (torn or overwritten):\n{where}\n"
+            f"Rerun with --skip_bad_lines to set them aside in {path}.bad and rerun the cells they held, "
+            "or with --force to redo every cell."
+        )
+    with open(path + ".bad", "a") as f:
+        for lineno, text, why in bad:
+            f.write(json.dumps({"line": lineno, "why": why, "text": text, "set_aside_at": time.time()}) + "\n")
+    print(f"warning: set aside {len(bad)} bad line(s) into {path}.bad:\n{where}", file=sys.stderr, flush=True)
+    write_results(path, previous)  # the file holds only good records from here on
+    return previous
+
+
+def run_sweep(config, out: str, *, force: bool = False, plot: bool = True, skip_bad_lines: bool = False) -> list[dict]:
+    """Runs every cell of `config` not already done in `<out>/results.jsonl`; returns this sweep's records.
+
+    Raises:
+        BadResultsLineError: `<out>/results.jsonl` has a line that is not a JSON record (the message
+            names the file and line) and neither `skip_bad_lines` nor `force` is set.
+    """
     os.makedirs(out, exist_ok=True)
     cells = expand(config)
     path = os.path.join(out, "results.jsonl")
     fields = [f.name for f in dataclasses.fields(Cell) if f.default is dataclasses.MISSING]
-    previous = load_results(path)
+    previous = _load_previous(path, set_aside=force or skip_bad_lines)
     by_key = {record_key(r): r for r in previous if all(name in r for name in fields)}
     if len(by_key) < len(previous):
         print(f"sweep: dropping {len(previous) - len(by_key)} records of an older format from {path}")
@@ -420,7 +451,7 @@ def main(argv):
     config = config_from_flags()
     if config.get("mesh"):  # on CPU, one host device per mesh device (before JAX's first computation)
         parallel.use_host_devices(math.prod(parallel.parse_mesh(config.mesh).values()))
-    run_sweep(config, FLAGS.out, force=FLAGS.force, plot=FLAGS.plot)
+    run_sweep(config, FLAGS.out, force=FLAGS.force, plot=FLAGS.plot, skip_bad_lines=FLAGS.skip_bad_lines)
 
 
 if __name__ == "__main__":
