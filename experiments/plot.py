@@ -213,7 +213,7 @@ def summary_markdown(records) -> str:
         f"\nMemory: {', '.join(sources) or 'not recorded'} (XLA's analysis of the compiled program: "
         "arguments + outputs + temporaries)."
     )
-    errors = [r for r in records if r["status"] in ("error", "oom")]
+    errors = [r for r in records if r["status"] in ("error", "oom") or (r["status"] != "ok" and r.get("error"))]
     if errors:
         lines.append("\nFailed cells:\n")
         lines += [

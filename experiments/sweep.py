@@ -46,12 +46,17 @@ takes precedence when set):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import platform
+import signal
+import socket
 import statistics
 import sys
 import time
@@ -91,6 +96,12 @@ def define_flags():
         "warning) and rerun the cells they held, instead of stopping.",
     )
     flags.DEFINE_bool("plot", True, "Draw the plots and summary.md at the end.")
+    flags.DEFINE_float(
+        "cell_hard_timeout_s",
+        None,
+        "Run each cell in its own subprocess and kill it after this many seconds (a hung cell is "
+        "recorded as timeout and the sweep goes on); 0 = in this process (default: the config's).",
+    )
     flags.DEFINE_string("mesh", None, "Device mesh, e.g. sp=8, heads=4 or heads=4,sp=2; overrides the config.")
 
 
@@ -260,8 +271,14 @@ def memory_record(compiled) -> dict:
     return rec
 
 
-def time_cell(cell: Cell, *, repeats: int, timeout_s: float = float("inf"), seed: int = 0) -> dict:
-    """Compiles once, warms up once, times `repeats` calls of the compiled program."""
+def time_cell(
+    cell: Cell, *, repeats: int, timeout_s: float = float("inf"), seed: int = 0, isolated: bool = False
+) -> dict:
+    """Compiles once, warms up once, times `repeats` calls of the compiled program.
+
+    `isolated`: this process runs this cell alone (a subprocess per cell), so the device's peak
+    memory is the cell's own.
+    """
     fn, args, pairs = build(cell, seed)
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
@@ -347,15 +364,128 @@ def _load_previous(path: str, *, set_aside: bool) -> list[dict]:
     return previous
 
 
+class OutLockedError(RuntimeError):
+    """Another sweep holds the lock on this results folder."""
+
+
+@contextlib.contextmanager
+def lock_out(out: str):
+    """Holds an exclusive lock on `<out>/.sweep.lock` (flock) for the duration; one writer per folder.
+
+    The kernel drops the lock when its holder exits, however it exits (SIGKILL included), so a
+    crashed sweep leaves no stale lock. Raises OutLockedError, naming the holder, when another
+    process (or another sweep in this one) holds it.
+    """
+    path = os.path.join(out, ".sweep.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "an unknown process"
+        os.close(fd)
+        raise OutLockedError(
+            f"sweep: another sweep is writing into {out} ({holder}); two sweeps in one folder would "
+            "lose each other's cells. Wait for it to finish (then rerun: its cells are kept and "
+            "yours are added), or use another --out."
+        ) from None
+    try:
+        me = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}, "
+        me += "command: " + " ".join(sys.argv)[:500]
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me.encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def failure_record(e: BaseException) -> dict:
+    """The record of a cell that raised: status oom (out of memory) or error, with the message."""
+    msg = f"{type(e).__name__}: {e}" if isinstance(e, BaseException) else str(e)
+    oom = isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in msg or "out of memory" in msg.lower()
+    return dict(status="oom" if oom else "error", error=msg[:2000])
+
+
+def _cell_child(conn, runner, cell, kwargs, host_devices):
+    """Body of a cell's subprocess: says it is ready (imports done), runs the cell, sends the record."""
+    if host_devices > 1:
+        parallel.use_host_devices(host_devices)
+    conn.send(("ready", None))
+    try:
+        rec = runner(cell, isolated=True, **kwargs)
+        conn.send(("done", rec))
+    except Exception as e:  # noqa: BLE001  (sent to the parent, which records it)
+        conn.send(("done", failure_record(e)))
+    conn.close()
+
+
+def run_cell_in_subprocess(
+    cell: Cell, *, hard_timeout_s: float, runner=None, startup_timeout_s: float = 300.0, **kwargs
+) -> dict:
+    """Runs `runner(cell, **kwargs)` (default `time_cell`) in a fresh process; kills it at the deadline.
+
+    The deadline counts from when the subprocess has imported JAX and attnlab (start-up is not the
+    cell's fault; it has its own `startup_timeout_s`), so it covers building, compiling and timing
+    the cell. A killed cell gives status "timeout" with no times; a subprocess that dies on its own
+    (a crash in XLA, the kernel's out-of-memory killer) gives status "error" naming the signal or
+    exit code. `runner` must be importable (a module-level function): the subprocess is spawned.
+    """
+    runner = runner or time_cell
+    host_devices = 1
+    if cell.mesh and jax.default_backend() == "cpu":
+        host_devices = math.prod(parallel.parse_mesh(cell.mesh).values())
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked JAX runtime
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_cell_child, args=(send, runner, cell, kwargs, host_devices), daemon=True)
+    proc.start()
+    send.close()  # the child holds the other end; EOF when it dies
+    rec, phase = None, "start-up"
+    try:
+        if recv.poll(startup_timeout_s) and recv.recv()[0] == "ready":
+            phase = "cell"
+            t0 = time.perf_counter()
+            if recv.poll(hard_timeout_s):
+                rec = recv.recv()[1]
+            else:
+                rec = dict(
+                    status="timeout",
+                    error=f"hard timeout: cell process killed after {time.perf_counter() - t0:.1f} s "
+                    f"(cell_hard_timeout_s={hard_timeout_s:g})",
+                )
+        elif proc.is_alive():
+            rec = dict(status="error", error=f"cell process did not start within {startup_timeout_s:g} s")
+    except EOFError:  # the child died before sending its record
+        pass
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        recv.close()
+    if rec is None:
+        code = proc.exitcode
+        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        hint = " (the kernel's out-of-memory killer sends SIGKILL)" if code == -signal.SIGKILL else ""
+        rec = dict(status="error", error=f"cell process died during {phase}: {how}{hint}")
+    return rec
+
+
 def run_sweep(config, out: str, *, force: bool = False, plot: bool = True, skip_bad_lines: bool = False) -> list[dict]:
     """Runs every cell of `config` not already done in `<out>/results.jsonl`; returns this sweep's records.
 
+    The sweep holds a lock on `<out>` while it runs; cells run in this process, or each in a
+    subprocess killed after ``config.cell_hard_timeout_s`` seconds when that is > 0.
+
     Raises:
+        OutLockedError: another sweep is writing into `<out>` (the message names its process).
         BadResultsLineError: `<out>/results.jsonl` has a line that is not a JSON record (the message
             names the file and line) and neither `skip_bad_lines` nor `force` is set.
     """
     os.makedirs(out, exist_ok=True)
     cells = expand(config)
+    with lock_out(out):
+        return _run_locked(config, cells, out, force=force, plot=plot, skip_bad_lines=skip_bad_lines)
+
+
+def _run_locked(config, cells, out, *, force, plot, skip_bad_lines):
     path = os.path.join(out, "results.jsonl")
     fields = [f.name for f in dataclasses.fields(Cell) if f.default is dataclasses.MISSING]
     previous = _load_previous(path, set_aside=force or skip_bad_lines)
@@ -365,6 +495,7 @@ def run_sweep(config, out: str, *, force: bool = False, plot: bool = True, skip_
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config.to_dict() if hasattr(config, "to_dict") else dict(config), f, indent=2)
     env = environment()
+    hard_timeout_s = float(config.get("cell_hard_timeout_s", 0) or 0)
     todo = [c for c in cells if force or by_key.get(c.key(), {}).get("status") in (None, "error")]
     print(
         f"sweep: {len(cells)} cells, {len(cells) - len(todo)} already done, {len(todo)} to run "
@@ -373,21 +504,24 @@ def run_sweep(config, out: str, *, force: bool = False, plot: bool = True, skip_
     )
     start = time.perf_counter()
     for i, cell in enumerate(todo, 1):
-        try:
-            rec = time_cell(cell, repeats=config.repeats, timeout_s=config.cell_timeout_s, seed=config.seed)
-        except Exception as e:  # record and go on: one bad cell must not end the sweep
-            msg = f"{type(e).__name__}: {e}"
-            oom = isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in msg or "out of memory" in msg.lower()
-            rec = dict(status="oom" if oom else "error", error=msg[:2000])
+        kwargs = dict(repeats=config.repeats, timeout_s=config.cell_timeout_s, seed=config.seed)
+        if hard_timeout_s > 0:
+            rec = run_cell_in_subprocess(cell, hard_timeout_s=hard_timeout_s, runner=time_cell, **kwargs)
+        else:
+            try:
+                rec = time_cell(cell, **kwargs)
+            except Exception as e:  # record and go on: one bad cell must not end the sweep
+                rec = failure_record(e)
         rec = {**dataclasses.asdict(cell), **rec, **env, "variant": config.get("variant", "custom")}
+        rec["cell_process"] = "subprocess" if hard_timeout_s > 0 else "in-process"
         by_key[cell.key()] = rec
         write_results(path, list(by_key.values()))
         elapsed = time.perf_counter() - start
         eta = elapsed / i * (len(todo) - i)
         what = (
             f"{rec['min_ms']:9.2f} ms {rec['useful_gflops']:7.1f} GF/s"
-            if rec["status"] != "error" and rec["status"] != "oom"
-            else rec["status"].upper()
+            if rec.get("min_ms") is not None
+            else rec["status"].upper() + (f" ({rec['error'][:80]})" if rec.get("error") else "")
         )
         print(
             f"[{i}/{len(todo)}] {cell.implementation:>9s} {cell.mask:>14s} {cell.mode:>7s} N={cell.seq_len:<6d} "
@@ -443,6 +577,9 @@ def config_from_flags():
     for name in ("head_dim", "batch", "repeats", "mesh"):
         if FLAGS[name].value is not None:
             c[name] = FLAGS[name].value
+    if FLAGS.cell_hard_timeout_s is not None:
+        with c.unlocked():
+            c.cell_hard_timeout_s = FLAGS.cell_hard_timeout_s
     return c
 
 
