@@ -83,7 +83,9 @@ def define_flags():
     flags.DEFINE_list("implementations", None, "Implementations; overrides the config.")
     flags.DEFINE_list("masks", None, "Masks: full, causal, window:L:R, graph:DENSITY, padding:FRACTION.")
     flags.DEFINE_list("modes", None, "fwd and/or fwd_bwd; overrides the config.")
-    flags.DEFINE_list("dtypes", None, "float32, bfloat16, float16; overrides the config.")
+    flags.DEFINE_list(
+        "dtypes", None, "float32, bfloat16, float16 or auto (bfloat16 on GPU/TPU, float32 on CPU); overrides the config"
+    )
     flags.DEFINE_integer("head_dim", None, "Head dimension H; overrides the config.")
     flags.DEFINE_integer("batch", None, "Batch size B; overrides the config.")
     flags.DEFINE_integer("repeats", None, "Timed calls per cell after one warm-up; overrides the config.")
@@ -127,8 +129,60 @@ class Cell:
         return dataclasses.astuple(self)
 
 
-def expand(config) -> list[Cell]:
-    """All cells of a config, in the order they run (small N first within each group)."""
+ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def default_dtype(backend: str) -> str:
+    """The dtype a sweep or bench measures unless told: bfloat16 on GPU/TPU (what models train in
+    there, and what cuDNN and the TPU MXU run at speed), float32 on CPU (no fast bf16 matmul)."""
+    return "bfloat16" if backend in ACCELERATORS else "float32"
+
+
+def resolve_dtypes(dtypes, backend: str) -> list[str]:
+    """`dtypes` with "auto" replaced by `default_dtype(backend)`, duplicates dropped, each checked."""
+    out = []
+    for dt in dtypes:
+        dt = default_dtype(backend) if dt == "auto" else dt
+        if dt not in DTYPES:
+            raise ValueError(f"dtypes: unknown {dt!r}, expected 'auto' or one of {DTYPES}")
+        if dt not in out:
+            out.append(dt)
+    return out
+
+
+def mesh_advice(spec: str, backend: str, num_devices: int, cpus: int | None = None) -> str:
+    """What a `--mesh` means on this backend; raises ValueError when the backend cannot hold it.
+
+    On CPU a mesh is made of host devices (as many as asked: they share the cores, so it tests the
+    sharded code, and beyond the core count it does not add speed). On GPU and TPU each mesh
+    device is a real chip, so the mesh must fit in the devices there are.
+    """
+    need = math.prod(parallel.parse_mesh(spec).values())
+    if backend == "cpu":
+        cpus = cpus or os.cpu_count() or 1
+        advice = (
+            f"mesh {spec} on CPU: {need} host devices sharing {cpus} cores; this checks the sharded code "
+            f"path, and speed grows only up to one device per core (heads={cpus} is what the bench uses)"
+        )
+        return advice + ("" if need <= cpus else f"; {need} > {cpus} cores: expect no speed-up over {cpus}")
+    chip = "TPU core" if backend == "tpu" else "GPU"
+    if need > num_devices:
+        raise ValueError(
+            f"mesh: {spec!r} needs {need} devices, the {backend} backend has {num_devices} ({chip}s); "
+            f"use a mesh of at most {num_devices}, e.g. --mesh=heads={num_devices} or --mesh=sp={num_devices}"
+        )
+    return (
+        f"mesh {spec} on {backend}: one {chip} per mesh device ({need} of {num_devices}); heads= needs no "
+        "communication inside attention, sp= (ring) passes K/V blocks between neighbours: use it when one "
+        f"{chip}'s memory cannot hold the sequence"
+    )
+
+
+def expand(config, backend: str | None = None) -> list[Cell]:
+    """All cells of a config, in the order they run (small N first within each group).
+
+    ``backend`` (default: JAX's) resolves the dtype "auto"."""
     for mode in config.modes:
         if mode not in MODES:
             raise ValueError(f"modes: unknown mode {mode!r}, expected one of {MODES}")
@@ -141,8 +195,9 @@ def expand(config) -> list[Cell]:
     axes = parallel.parse_mesh(mesh) if mesh else {}
     if set(axes) - {"sp", "heads"}:
         raise ValueError(f"mesh: axes must be named 'sp' (sequence) and/or 'heads', got {mesh!r}")
+    dtypes = resolve_dtypes(config.dtypes, backend or jax.default_backend())
     prod = itertools.product(
-        config.modes, config.dtypes, config.masks, config.num_heads, config.implementations, config.seq_lens
+        config.modes, dtypes, config.masks, config.num_heads, config.implementations, config.seq_lens
     )
     return [
         Cell(impl, m, int(n), int(h), int(config.head_dim), int(config.batch), mode, dt, mesh)
@@ -250,25 +305,54 @@ def build(cell: Cell, seed: int = 0):
     return fn, (q, k, v, mask), pairs
 
 
-def memory_record(compiled) -> dict:
+def memory_record(compiled, before: dict | None = None, after: dict | None = None, *, isolated: bool = False) -> dict:
+    """The cell's memory: the device's own peak where it is the cell's, XLA's analysis otherwise.
+
+    Args:
+        compiled: the compiled cell (its ``memory_analysis()``: arguments + outputs + temporaries).
+        before, after: ``device.memory_stats()`` before building the cell and after timing it
+            (None where the backend keeps none, as XLA:CPU).
+        isolated: the process ran only this cell (a subprocess per cell), so its peak is the cell's.
+
+    ``memory_bytes`` is the device peak when it can be attributed to this cell (isolated, or the
+    process-wide peak rose during the cell: then the peak minus what was in use before it), else
+    the compiled analysis; ``memory_source`` says which.
+    """
     rec = {}
     try:
         ma = compiled.memory_analysis()
         total = ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
         rec.update(
             memory_bytes=int(total),
+            compiled_memory_bytes=int(total),
             temp_bytes=int(ma.temp_size_in_bytes),
             memory_source="xla_memory_analysis",
         )
-    except Exception:  # some backends give no analysis
+    except Exception:  # noqa: BLE001  (some backends give no analysis)
         rec.update(memory_bytes=None, memory_source="unavailable")
-    stats = jax.devices()[0].memory_stats() or {}
-    if "peak_bytes_in_use" in stats:
+    after = after or {}
+    if "peak_bytes_in_use" not in after:
+        return rec
+    peak, prev_peak = int(after["peak_bytes_in_use"]), int((before or {}).get("peak_bytes_in_use", 0))
+    if isolated:
+        rec.update(device_peak_bytes=peak, memory_bytes=peak, memory_source="device_peak (cell in its own process)")
+    elif peak > prev_peak:
+        cell_peak = peak - int((before or {}).get("bytes_in_use", 0))
         rec.update(
-            device_peak_bytes=int(stats["peak_bytes_in_use"]),
-            device_peak_source="device memory_stats (process-wide peak)",
+            device_peak_bytes=cell_peak,
+            memory_bytes=cell_peak,
+            memory_source="device_peak (reached during this cell, above the bytes in use before it)",
         )
+    else:  # an earlier cell peaked higher: this cell's own peak is not visible in process-wide stats
+        rec["memory_source"] += " (device peak not attributable: use --cell_hard_timeout_s for a process per cell)"
     return rec
+
+
+def _memory_stats() -> dict | None:
+    try:
+        return jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001  (backends without stats)
+        return None
 
 
 def time_cell(
@@ -279,6 +363,7 @@ def time_cell(
     `isolated`: this process runs this cell alone (a subprocess per cell), so the device's peak
     memory is the cell's own.
     """
+    before = _memory_stats()
     fn, args, pairs = build(cell, seed)
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
@@ -308,7 +393,7 @@ def time_cell(
         allowed_pairs=pairs,
         useful_flops=flops,
         useful_gflops=flops / best / 1e9,
-        **memory_record(compiled),
+        **memory_record(compiled, before, _memory_stats(), isolated=isolated),
     )
 
 
@@ -588,6 +673,7 @@ def main(argv):
     config = config_from_flags()
     if config.get("mesh"):  # on CPU, one host device per mesh device (before JAX's first computation)
         parallel.use_host_devices(math.prod(parallel.parse_mesh(config.mesh).values()))
+        print(mesh_advice(config.mesh, jax.default_backend(), jax.device_count()), flush=True)
     run_sweep(config, FLAGS.out, force=FLAGS.force, plot=FLAGS.plot, skip_bad_lines=FLAGS.skip_bad_lines)
 
 
