@@ -27,9 +27,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import sys
 import time
 import types
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -157,11 +159,28 @@ def num_params(model: nnx.Module) -> int:
 
 
 def read_jsonl(path) -> list[dict]:
-    """All records of a metrics file (empty list if it does not exist)."""
+    """All records of a metrics file (empty list if it does not exist).
+
+    A torn last line (a write cut short by a crash: not valid JSON) is left out with a warning, so
+    an interrupted run can be read and resumed. A bad line anywhere else raises.
+
+    Raises:
+        ValueError: a line before the last is not valid JSON; names the file and the line.
+    """
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(i, line) for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]
+    records = []
+    for j, (lineno, line) in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            where = f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}): {line[:80]!r}"
+            if j < len(lines) - 1:
+                raise ValueError(f"read_jsonl: {where}") from None
+            warnings.warn(f"read_jsonl: dropping a torn last line, {where}", RuntimeWarning, stacklevel=2)
+    return records
 
 
 def append_jsonl(path, record: dict) -> None:
@@ -193,6 +212,56 @@ def _checkpointer(directory, every):
 
     options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=2, enable_async_checkpointing=False)
     return ocp, ocp.CheckpointManager(Path(directory).absolute(), options=options)
+
+
+def _restore_newest_readable(ocp, open_manager, abstract, workdir: Path):
+    """-> (manager, restored state or None, its step or 0), from the newest checkpoint that restores.
+
+    Checkpoints newer than that one failed to restore (truncated or zeroed files, missing metadata,
+    an empty step directory): each is moved to ``workdir/corrupt_checkpoints/`` with a warning, so
+    the run resumes from the readable one and later saves reuse those step numbers.
+
+    Raises:
+        RuntimeError: there are checkpoints and none of them restores (nothing is moved: that is
+            more often a changed model or optimizer than corruption); names each step and its error.
+    """
+    mngr = open_manager()
+    failed = []
+    for step in sorted(mngr.all_steps(), reverse=True):
+        try:
+            restored = mngr.restore(step, args=ocp.args.StandardRestore(abstract))
+        except Exception as e:  # noqa: BLE001  (any failure to read it: orbax/TensorStore raise many kinds)
+            failed.append((step, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
+            mngr.close()
+            mngr = open_manager()  # a failed restore can leave the manager's handlers in a bad state
+            continue
+        if not failed:
+            return mngr, restored, step
+        mngr.close()
+        for bad, why in failed:
+            src = Path(mngr.directory) / str(bad)
+            dst = workdir / "corrupt_checkpoints" / f"{bad}-{time.strftime('%Y%m%d-%H%M%S')}"
+            try:
+                dst.parent.mkdir(exist_ok=True)
+                shutil.move(src, dst)
+                kept = f"moved to {dst}"
+            except OSError as move_error:
+                kept = f"left in place ({move_error})"
+            warnings.warn(
+                f"train: checkpoint step {bad} in {mngr.directory} cannot be restored ({why}); {kept}. "
+                f"Resuming from step {step}, the newest readable checkpoint.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return open_manager(), restored, step
+    if failed:
+        mngr.close()
+        raise RuntimeError(
+            f"train: no checkpoint in {mngr.directory} can be restored:\n"
+            + "\n".join(f"  step {step}: {why}" for step, why in failed)
+            + "\nIf the model or optimizer changed since they were written, use a new workdir."
+        )
+    return mngr, None, 0
 
 
 def train(
@@ -244,15 +313,17 @@ def train(
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         metrics_path = workdir / "metrics.jsonl"
-        ocp, mngr = _checkpointer(workdir / "checkpoints", checkpoint_every or num_steps)
-        latest = mngr.latest_step()
-        if latest is not None:
-            target = {"params": leaves, "opt_state": opt_state}
-            abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-            restored = mngr.restore(latest, args=ocp.args.StandardRestore(abstract))
-            leaves, opt_state, start = restored["params"], restored["opt_state"], latest
-            # Records written after the checkpoint belong to the lost part of the run: drop them.
-            records = [r for r in read_jsonl(metrics_path) if r["step"] <= start]
+        import orbax.checkpoint as ocp
+
+        def open_manager():
+            return _checkpointer(workdir / "checkpoints", checkpoint_every or num_steps)[1]
+
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": leaves, "opt_state": opt_state})
+        mngr, restored, start = _restore_newest_readable(ocp, open_manager, abstract, workdir)
+        if restored is not None:
+            leaves, opt_state = restored["params"], restored["opt_state"]
+        # Records written after the checkpoint belong to the lost part of the run: drop them.
+        records = [r for r in read_jsonl(metrics_path) if r.get("step", start + 1) <= start]
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
     def emit(record):

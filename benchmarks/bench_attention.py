@@ -71,6 +71,12 @@ _HEADS = flags.DEFINE_integer("heads", 8, "N heads.")
 _HEAD_DIM = flags.DEFINE_integer("head_dim", 64, "H head dim.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed rounds (best is reported).")
 _PEERS = flags.DEFINE_list("peers", ["torch", "jax_nn", "pyg"], "Peers to include if installed.")
+_DTYPE = flags.DEFINE_enum(
+    "dtype",
+    "auto",
+    ["auto", "float32", "bfloat16", "float16"],
+    "Input dtype of every implementation and peer; auto: bfloat16 on GPU/TPU, float32 on CPU.",
+)
 _OUT = flags.DEFINE_string("out", "results/bench", "Output folder for bench.json.")
 _DEVICES = flags.DEFINE_integer(
     "host_devices",
@@ -81,15 +87,41 @@ _DEVICES = flags.DEFINE_integer(
 )
 
 
+def bench_dtype(flag: str, backend: str) -> str:
+    """The dtype measured: the flag, or for "auto" bfloat16 on GPU/TPU and float32 on CPU."""
+    if flag != "auto":
+        return flag
+    return "bfloat16" if backend in ("gpu", "cuda", "rocm", "tpu") else "float32"
+
+
+def torch_device(backend: str, cuda_available: bool) -> tuple[str | None, str]:
+    """(torch device for the peers or None, why): torch runs where JAX runs, or not at all.
+
+    JAX on CPU -> torch on CPU; JAX on a GPU -> torch on CUDA when torch sees one (SDPA and
+    flex_attention on the same device); JAX on TPU, or on a GPU torch cannot see -> no torch peer
+    (a CPU peer against an accelerator is no comparison).
+    """
+    if backend == "cpu":
+        return "cpu", "JAX and torch on CPU"
+    if backend in ("gpu", "cuda", "rocm"):
+        if cuda_available:
+            return "cuda", "JAX and torch on the GPU"
+        return None, "JAX is on a GPU but torch sees none (a CPU-only torch?): torch peers skipped"
+    return None, f"no torch peer on {backend}: torch does not run there"
+
+
 def _torch():
+    """(torch module or None, its device or None): see ``torch_device``."""
     if "torch" not in _PEERS.value:
-        return None
+        return None, None
     try:
         import torch
     except ImportError:
         print("torch not installed (pip install -e '.[bench]'): torch peers skipped", file=sys.stderr)
-        return None
-    return torch
+        return None, None
+    device, why = torch_device(jax.default_backend(), torch.cuda.is_available())
+    print(f"torch {torch.__version__}: {why}", file=sys.stderr)
+    return (torch, device) if device else (None, None)
 
 
 def _time_side_by_side(fns: dict, repeats: int) -> dict:
@@ -135,15 +167,41 @@ def _records(suite, n, timed, flops, peers_of):
     return out
 
 
+def _dtype():
+    return jnp.dtype(bench_dtype(_DTYPE.value, jax.default_backend()))
+
+
 def _qkv(n, seed=0):
     h, d = _HEADS.value, _HEAD_DIM.value
     keys = jax.random.split(jax.random.key(seed), 3)
-    return [jax.random.normal(kk, (1, n, h, d), jnp.float32) for kk in keys]  # [B, T, N, H]
+    return [jax.random.normal(kk, (1, n, h, d), jnp.float32).astype(_dtype()) for kk in keys]  # [B, T, N, H]
 
 
-def _to_torch(torch, xs, grad=False):
-    # [B, T, N, H] -> [B, N, T, H] (torch's layout), once, outside the timed region
-    return [torch.tensor(np.asarray(x)).transpose(1, 2).contiguous().requires_grad_(grad) for x in xs]
+TORCH_DEVICE = "cpu"  # set by main() from torch_device()
+
+
+def _to_torch(torch, xs, grad=False, device=None):
+    """[B, T, N, H] jax arrays -> [B, N, T, H] torch tensors (torch's layout) of the same dtype, on
+    the torch peers' device; once, outside the timed region."""
+    out = []
+    for x in xs:
+        t = torch.from_numpy(np.asarray(x.astype(jnp.float32)))  # numpy has no bfloat16: through fp32
+        t = t.to(device=device or TORCH_DEVICE, dtype=getattr(torch, jnp.dtype(x.dtype).name))
+        out.append(t.transpose(1, 2).contiguous().requires_grad_(grad))
+    return out
+
+
+def _synced(torch, fn):
+    """fn, made to block until its (possibly asynchronous, on CUDA) work is done, as JAX's are."""
+    if TORCH_DEVICE != "cuda":
+        return fn
+
+    def run():
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+
+    return run
 
 
 def host_devices(requested: int, cpus: int, heads: int) -> int:
@@ -193,7 +251,9 @@ def suite_full(torch):
             fns["jax.nn"] = lambda q=q, k=k, v=v: jnn(q, k, v).block_until_ready()
         if torch is not None:
             tq, tk, tv = _to_torch(torch, (q, k, v))
-            fns["torch.sdpa"] = lambda tq=tq, tk=tk, tv=tv: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+            fns["torch.sdpa"] = _synced(
+                torch, lambda tq=tq, tk=tk, tv=tv: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+            )
         flops = 4 * n * n * _HEADS.value * _HEAD_DIM.value
         recs += _records(
             "full fwd",
@@ -236,7 +296,7 @@ def suite_full_bwd(torch):
                 out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
                 return torch.autograd.grad(out, (tq, tk, tv), tct)
 
-            fns["torch.sdpa"] = run_torch
+            fns["torch.sdpa"] = _synced(torch, run_torch)
         flops = 3.5 * 4 * n * n * _HEADS.value * _HEAD_DIM.value
         recs += _records(
             "full fwd+bwd",
@@ -303,18 +363,18 @@ def _window_suite(torch, backward: bool):
             def window_mod(b, h, qi, ki):
                 return (ki - qi <= w) & (qi - ki <= w)
 
-            bm = create_block_mask(window_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device="cpu")
-            fns["torch.flex"] = lambda tq=tq, tk=tk, tv=tv, bm=bm: flex(tq, tk, tv, block_mask=bm)
+            bm = create_block_mask(window_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device=TORCH_DEVICE)
+            fns["torch.flex"] = _synced(torch, lambda tq=tq, tk=tk, tv=tv, bm=bm: flex(tq, tk, tv, block_mask=bm))
         if torch is not None and backward and str(n) in _WIN_JNN.value:  # dense SDPA with the window as a mask
             tq, tk, tv = _to_torch(torch, (q, k, v), grad=True)
             tct = _to_torch(torch, args[3:])[0]
-            tmask = torch.tensor(np.asarray(mask.dense(n, n)))
+            tmask = torch.tensor(np.asarray(mask.dense(n, n)), device=TORCH_DEVICE)
 
             def run_sdpa(tq=tq, tk=tk, tv=tv, tct=tct, tmask=tmask):
                 out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tmask)
                 return torch.autograd.grad(out, (tq, tk, tv), tct)
 
-            fns["torch.sdpa+mask"] = run_sdpa
+            fns["torch.sdpa+mask"] = _synced(torch, run_sdpa)
         pairs = int(np.asarray(mask.dense(n, n)).sum()) if n <= 16384 else (2 * w + 1) * n - w * (w + 1)
         flops = (3.5 if backward else 1.0) * 4 * pairs * _HEADS.value * _HEAD_DIM.value
         timed = _time_side_by_side(fns, _REPEATS.value if n <= 16384 else max(2, _REPEATS.value // 2))
@@ -367,16 +427,16 @@ def suite_graph(torch):
         try:
             from torch_geometric.nn import TransformerConv
 
-            conv = TransformerConv(h * d, d, heads=h, root_weight=False)
-            tx = torch.tensor(np.asarray(x), requires_grad=True)
-            edge_index = torch.tensor(np.stack([senders, receivers]).astype(np.int64))  # source -> target
-            tct = torch.tensor(np.asarray(ct).reshape(nodes, h * d))
+            conv = TransformerConv(h * d, d, heads=h, root_weight=False).to(TORCH_DEVICE)
+            tx = torch.tensor(np.asarray(x), requires_grad=True, device=TORCH_DEVICE)
+            edge_index = torch.tensor(np.stack([senders, receivers]).astype(np.int64), device=TORCH_DEVICE)
+            tct = torch.tensor(np.asarray(ct).reshape(nodes, h * d), device=TORCH_DEVICE)
 
             def run_pyg():
                 out = conv(tx, edge_index)
                 return torch.autograd.grad(out, [tx, *conv.parameters()], tct, allow_unused=True)
 
-            fns["pyg.TransformerConv (layer)"] = run_pyg
+            fns["pyg.TransformerConv (layer)"] = _synced(torch, run_pyg)
         except ImportError:
             print("torch_geometric not installed: PyG peer skipped", file=sys.stderr)
     attn_flops = 3.5 * e * h * (2 * d + 2 * d)
@@ -401,7 +461,7 @@ def suite_memory(torch):
     recs = []
     h, d = _HEADS.value, _HEAD_DIM.value
     for n in map(int, _MEM.value):
-        x = jax.ShapeDtypeStruct((1, n, h, d), jnp.float32)
+        x = jax.ShapeDtypeStruct((1, n, h, d), _dtype())
 
         def loss(q, k, v):
             return jnp.sum(attnlab.attention(q, k, v, implementation="blockwise"))
@@ -451,8 +511,9 @@ def main(argv):
     d = host_devices(_DEVICES.value, os.cpu_count() or 1, _HEADS.value)
     if d > 1:  # before the first computation; affects only the CPU client
         parallel.use_host_devices(d)
-    torch = _torch()
-    if torch is not None:
+    global TORCH_DEVICE
+    torch, TORCH_DEVICE = _torch()
+    if torch is not None and TORCH_DEVICE == "cpu":
         torch.set_num_threads(os.cpu_count() or 1)
     suites = dict(
         full=suite_full,
@@ -473,6 +534,9 @@ def main(argv):
         cpus=os.cpu_count(),
         machine=platform.machine(),
         backend=jax.default_backend(),
+        device_kind=jax.devices()[0].device_kind,
+        dtype=bench_dtype(_DTYPE.value, jax.default_backend()),
+        torch_device=TORCH_DEVICE if torch is not None else None,
         host_devices=int(sh[1].devices.size) if (sh := _sharded()) else 1,
     )
     recs = []

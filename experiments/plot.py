@@ -27,12 +27,53 @@ if __name__ == "__main__":
     flags.DEFINE_string("out", None, "Output folder (default: next to --results).")
 
 
-def load_results(path: str) -> list[dict]:
-    """The records of a results.jsonl (empty when the file does not exist yet)."""
+class BadResultsLineError(ValueError):
+    """A line of a results.jsonl that is not one JSON object; names the file and the line."""
+
+
+def read_results(path: str) -> tuple[list[dict], list[tuple[int, str, str]]]:
+    """-> (the records of a results.jsonl, its bad lines as (line number, text, why)).
+
+    Empty when the file does not exist yet. A bad line is one that is not a JSON object: torn by
+    a crash, truncated, or garbage written by something else.
+    """
     if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [], []
+    records, bad = [], []
+    with open(path, errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                bad.append((lineno, line.rstrip("\n"), f"not valid JSON ({e.msg} at column {e.colno})"))
+                continue
+            if isinstance(rec, dict):
+                records.append(rec)
+            else:
+                bad.append((lineno, line.rstrip("\n"), f"a JSON {type(rec).__name__}, expected an object"))
+    return records, bad
+
+
+def describe_bad_lines(path: str, bad) -> str:
+    """One line per bad line: file:line, why, and the start of its text."""
+    return "\n".join(f"  {path}:{n}: {why}: {text[:80]!r}" for n, text, why in bad)
+
+
+def load_results(path: str, *, skip_bad: bool = False) -> list[dict]:
+    """The records of a results.jsonl (empty when the file does not exist yet).
+
+    Raises:
+        BadResultsLineError: a line is not a JSON object (unless ``skip_bad``: then it is left out
+            with a warning on stderr naming the file and line).
+    """
+    records, bad = read_results(path)
+    if bad and not skip_bad:
+        raise BadResultsLineError(f"results: {len(bad)} bad line(s) in {path}:\n{describe_bad_lines(path, bad)}")
+    if bad:
+        print(f"warning: skipped {len(bad)} bad line(s):\n{describe_bad_lines(path, bad)}", file=sys.stderr)
+    return records
 
 
 def _machine(records) -> str:
@@ -172,7 +213,7 @@ def summary_markdown(records) -> str:
         f"\nMemory: {', '.join(sources) or 'not recorded'} (XLA's analysis of the compiled program: "
         "arguments + outputs + temporaries)."
     )
-    errors = [r for r in records if r["status"] in ("error", "oom")]
+    errors = [r for r in records if r["status"] in ("error", "oom") or (r["status"] != "ok" and r.get("error"))]
     if errors:
         lines.append("\nFailed cells:\n")
         lines += [
@@ -187,7 +228,7 @@ def make_plots(results_path: str, out: str | None = None) -> list[str]:
     """Draws every figure and summary.md from `results_path`; returns the files written."""
     out = out or os.path.dirname(results_path)
     os.makedirs(out, exist_ok=True)
-    records = load_results(results_path)
+    records = load_results(results_path, skip_bad=True)  # drawing reads only: skip, with a warning
     if not records:
         raise ValueError(f"results: no records in {results_path}")
     ok = [r for r in records if r["status"] in ("ok", "timeout")]

@@ -46,12 +46,17 @@ takes precedence when set):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import platform
+import signal
+import socket
 import statistics
 import sys
 import time
@@ -64,7 +69,7 @@ from ml_collections import config_flags
 
 import attnlab
 from attnlab import masks, parallel
-from experiments.plot import load_results, make_plots
+from experiments.plot import BadResultsLineError, describe_bad_lines, make_plots, read_results
 
 _CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sweep.py")
 FLAGS = flags.FLAGS
@@ -78,13 +83,27 @@ def define_flags():
     flags.DEFINE_list("implementations", None, "Implementations; overrides the config.")
     flags.DEFINE_list("masks", None, "Masks: full, causal, window:L:R, graph:DENSITY, padding:FRACTION.")
     flags.DEFINE_list("modes", None, "fwd and/or fwd_bwd; overrides the config.")
-    flags.DEFINE_list("dtypes", None, "float32, bfloat16, float16; overrides the config.")
+    flags.DEFINE_list(
+        "dtypes", None, "float32, bfloat16, float16 or auto (bfloat16 on GPU/TPU, float32 on CPU); overrides the config"
+    )
     flags.DEFINE_integer("head_dim", None, "Head dimension H; overrides the config.")
     flags.DEFINE_integer("batch", None, "Batch size B; overrides the config.")
     flags.DEFINE_integer("repeats", None, "Timed calls per cell after one warm-up; overrides the config.")
     flags.DEFINE_string("out", "results/sweep", "Results folder (results.jsonl, config.json, plots).")
-    flags.DEFINE_bool("force", False, "Redo cells already in results.jsonl.")
+    flags.DEFINE_bool("force", False, "Redo cells already in results.jsonl (bad lines in it are set aside).")
+    flags.DEFINE_bool(
+        "skip_bad_lines",
+        False,
+        "Set aside lines of results.jsonl that are not JSON records (into results.jsonl.bad, with a "
+        "warning) and rerun the cells they held, instead of stopping.",
+    )
     flags.DEFINE_bool("plot", True, "Draw the plots and summary.md at the end.")
+    flags.DEFINE_float(
+        "cell_hard_timeout_s",
+        None,
+        "Run each cell in its own subprocess and kill it after this many seconds (a hung cell is "
+        "recorded as timeout and the sweep goes on); 0 = in this process (default: the config's).",
+    )
     flags.DEFINE_string("mesh", None, "Device mesh, e.g. sp=8, heads=4 or heads=4,sp=2; overrides the config.")
 
 
@@ -110,8 +129,60 @@ class Cell:
         return dataclasses.astuple(self)
 
 
-def expand(config) -> list[Cell]:
-    """All cells of a config, in the order they run (small N first within each group)."""
+ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def default_dtype(backend: str) -> str:
+    """The dtype a sweep or bench measures unless told: bfloat16 on GPU/TPU (what models train in
+    there, and what cuDNN and the TPU MXU run at speed), float32 on CPU (no fast bf16 matmul)."""
+    return "bfloat16" if backend in ACCELERATORS else "float32"
+
+
+def resolve_dtypes(dtypes, backend: str) -> list[str]:
+    """`dtypes` with "auto" replaced by `default_dtype(backend)`, duplicates dropped, each checked."""
+    out = []
+    for dt in dtypes:
+        dt = default_dtype(backend) if dt == "auto" else dt
+        if dt not in DTYPES:
+            raise ValueError(f"dtypes: unknown {dt!r}, expected 'auto' or one of {DTYPES}")
+        if dt not in out:
+            out.append(dt)
+    return out
+
+
+def mesh_advice(spec: str, backend: str, num_devices: int, cpus: int | None = None) -> str:
+    """What a `--mesh` means on this backend; raises ValueError when the backend cannot hold it.
+
+    On CPU a mesh is made of host devices (as many as asked: they share the cores, so it tests the
+    sharded code, and beyond the core count it does not add speed). On GPU and TPU each mesh
+    device is a real chip, so the mesh must fit in the devices there are.
+    """
+    need = math.prod(parallel.parse_mesh(spec).values())
+    if backend == "cpu":
+        cpus = cpus or os.cpu_count() or 1
+        advice = (
+            f"mesh {spec} on CPU: {need} host devices sharing {cpus} cores; this checks the sharded code "
+            f"path, and speed grows only up to one device per core (heads={cpus} is what the bench uses)"
+        )
+        return advice + ("" if need <= cpus else f"; {need} > {cpus} cores: expect no speed-up over {cpus}")
+    chip = "TPU core" if backend == "tpu" else "GPU"
+    if need > num_devices:
+        raise ValueError(
+            f"mesh: {spec!r} needs {need} devices, the {backend} backend has {num_devices} ({chip}s); "
+            f"use a mesh of at most {num_devices}, e.g. --mesh=heads={num_devices} or --mesh=sp={num_devices}"
+        )
+    return (
+        f"mesh {spec} on {backend}: one {chip} per mesh device ({need} of {num_devices}); heads= needs no "
+        "communication inside attention, sp= (ring) passes K/V blocks between neighbours: use it when one "
+        f"{chip}'s memory cannot hold the sequence"
+    )
+
+
+def expand(config, backend: str | None = None) -> list[Cell]:
+    """All cells of a config, in the order they run (small N first within each group).
+
+    ``backend`` (default: JAX's) resolves the dtype "auto"."""
     for mode in config.modes:
         if mode not in MODES:
             raise ValueError(f"modes: unknown mode {mode!r}, expected one of {MODES}")
@@ -124,8 +195,9 @@ def expand(config) -> list[Cell]:
     axes = parallel.parse_mesh(mesh) if mesh else {}
     if set(axes) - {"sp", "heads"}:
         raise ValueError(f"mesh: axes must be named 'sp' (sequence) and/or 'heads', got {mesh!r}")
+    dtypes = resolve_dtypes(config.dtypes, backend or jax.default_backend())
     prod = itertools.product(
-        config.modes, config.dtypes, config.masks, config.num_heads, config.implementations, config.seq_lens
+        config.modes, dtypes, config.masks, config.num_heads, config.implementations, config.seq_lens
     )
     return [
         Cell(impl, m, int(n), int(h), int(config.head_dim), int(config.batch), mode, dt, mesh)
@@ -233,29 +305,65 @@ def build(cell: Cell, seed: int = 0):
     return fn, (q, k, v, mask), pairs
 
 
-def memory_record(compiled) -> dict:
+def memory_record(compiled, before: dict | None = None, after: dict | None = None, *, isolated: bool = False) -> dict:
+    """The cell's memory: the device's own peak where it is the cell's, XLA's analysis otherwise.
+
+    Args:
+        compiled: the compiled cell (its ``memory_analysis()``: arguments + outputs + temporaries).
+        before, after: ``device.memory_stats()`` before building the cell and after timing it
+            (None where the backend keeps none, as XLA:CPU).
+        isolated: the process ran only this cell (a subprocess per cell), so its peak is the cell's.
+
+    ``memory_bytes`` is the device peak when it can be attributed to this cell (isolated, or the
+    process-wide peak rose during the cell: then the peak minus what was in use before it), else
+    the compiled analysis; ``memory_source`` says which.
+    """
     rec = {}
     try:
         ma = compiled.memory_analysis()
         total = ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
         rec.update(
             memory_bytes=int(total),
+            compiled_memory_bytes=int(total),
             temp_bytes=int(ma.temp_size_in_bytes),
             memory_source="xla_memory_analysis",
         )
-    except Exception:  # some backends give no analysis
+    except Exception:  # noqa: BLE001  (some backends give no analysis)
         rec.update(memory_bytes=None, memory_source="unavailable")
-    stats = jax.devices()[0].memory_stats() or {}
-    if "peak_bytes_in_use" in stats:
+    after = after or {}
+    if "peak_bytes_in_use" not in after:
+        return rec
+    peak, prev_peak = int(after["peak_bytes_in_use"]), int((before or {}).get("peak_bytes_in_use", 0))
+    if isolated:
+        rec.update(device_peak_bytes=peak, memory_bytes=peak, memory_source="device_peak (cell in its own process)")
+    elif peak > prev_peak:
+        cell_peak = peak - int((before or {}).get("bytes_in_use", 0))
         rec.update(
-            device_peak_bytes=int(stats["peak_bytes_in_use"]),
-            device_peak_source="device memory_stats (process-wide peak)",
+            device_peak_bytes=cell_peak,
+            memory_bytes=cell_peak,
+            memory_source="device_peak (reached during this cell, above the bytes in use before it)",
         )
+    else:  # an earlier cell peaked higher: this cell's own peak is not visible in process-wide stats
+        rec["memory_source"] += " (device peak not attributable: use --cell_hard_timeout_s for a process per cell)"
     return rec
 
 
-def time_cell(cell: Cell, *, repeats: int, timeout_s: float = float("inf"), seed: int = 0) -> dict:
-    """Compiles once, warms up once, times `repeats` calls of the compiled program."""
+def _memory_stats() -> dict | None:
+    try:
+        return jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001  (backends without stats)
+        return None
+
+
+def time_cell(
+    cell: Cell, *, repeats: int, timeout_s: float = float("inf"), seed: int = 0, isolated: bool = False
+) -> dict:
+    """Compiles once, warms up once, times `repeats` calls of the compiled program.
+
+    `isolated`: this process runs this cell alone (a subprocess per cell), so the device's peak
+    memory is the cell's own.
+    """
+    before = _memory_stats()
     fn, args, pairs = build(cell, seed)
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
@@ -285,7 +393,7 @@ def time_cell(cell: Cell, *, repeats: int, timeout_s: float = float("inf"), seed
         allowed_pairs=pairs,
         useful_flops=flops,
         useful_gflops=flops / best / 1e9,
-        **memory_record(compiled),
+        **memory_record(compiled, before, _memory_stats(), isolated=isolated),
     )
 
 
@@ -321,19 +429,158 @@ def record_key(r: dict) -> tuple:
     return tuple(r.get(f.name, f.default) for f in dataclasses.fields(Cell))
 
 
-def run_sweep(config, out: str, *, force: bool = False, plot: bool = True) -> list[dict]:
-    """Runs every cell of `config` not already done in `<out>/results.jsonl`; returns this sweep's records."""
+def _load_previous(path: str, *, set_aside: bool) -> list[dict]:
+    """The records of an earlier run; bad lines stop the sweep, or with `set_aside` move to `<path>.bad`."""
+    previous, bad = read_results(path)
+    if not bad:
+        return previous
+    where = describe_bad_lines(path, bad)
+    if not set_aside:
+        raise BadResultsLineError(
+            f"sweep: {len(bad)} line(s) of {path} are not JSON records (torn or overwritten):\n{where}\n"
+            f"Rerun with --skip_bad_lines to set them aside in {path}.bad and rerun the cells they held, "
+            "or with --force to redo every cell."
+        )
+    with open(path + ".bad", "a") as f:
+        for lineno, text, why in bad:
+            f.write(json.dumps({"line": lineno, "why": why, "text": text, "set_aside_at": time.time()}) + "\n")
+    print(f"warning: set aside {len(bad)} bad line(s) into {path}.bad:\n{where}", file=sys.stderr, flush=True)
+    write_results(path, previous)  # the file holds only good records from here on
+    return previous
+
+
+class OutLockedError(RuntimeError):
+    """Another sweep holds the lock on this results folder."""
+
+
+@contextlib.contextmanager
+def lock_out(out: str):
+    """Holds an exclusive lock on `<out>/.sweep.lock` (flock) for the duration; one writer per folder.
+
+    The kernel drops the lock when its holder exits, however it exits (SIGKILL included), so a
+    crashed sweep leaves no stale lock. Raises OutLockedError, naming the holder, when another
+    process (or another sweep in this one) holds it.
+    """
+    path = os.path.join(out, ".sweep.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "an unknown process"
+        os.close(fd)
+        raise OutLockedError(
+            f"sweep: another sweep is writing into {out} ({holder}); two sweeps in one folder would "
+            "lose each other's cells. Wait for it to finish (then rerun: its cells are kept and "
+            "yours are added), or use another --out."
+        ) from None
+    try:
+        me = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}, "
+        me += "command: " + " ".join(sys.argv)[:500]
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me.encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def failure_record(e: BaseException) -> dict:
+    """The record of a cell that raised: status oom (out of memory) or error, with the message."""
+    msg = f"{type(e).__name__}: {e}" if isinstance(e, BaseException) else str(e)
+    oom = isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in msg or "out of memory" in msg.lower()
+    return dict(status="oom" if oom else "error", error=msg[:2000])
+
+
+def _cell_child(conn, runner, cell, kwargs, host_devices):
+    """Body of a cell's subprocess: says it is ready (imports done), runs the cell, sends the record."""
+    if host_devices > 1:
+        parallel.use_host_devices(host_devices)
+    conn.send(("ready", None))
+    try:
+        rec = runner(cell, isolated=True, **kwargs)
+        conn.send(("done", rec))
+    except Exception as e:  # noqa: BLE001  (sent to the parent, which records it)
+        conn.send(("done", failure_record(e)))
+    conn.close()
+
+
+def run_cell_in_subprocess(
+    cell: Cell, *, hard_timeout_s: float, runner=None, startup_timeout_s: float = 300.0, **kwargs
+) -> dict:
+    """Runs `runner(cell, **kwargs)` (default `time_cell`) in a fresh process; kills it at the deadline.
+
+    The deadline counts from when the subprocess has imported JAX and attnlab (start-up is not the
+    cell's fault; it has its own `startup_timeout_s`), so it covers building, compiling and timing
+    the cell. A killed cell gives status "timeout" with no times; a subprocess that dies on its own
+    (a crash in XLA, the kernel's out-of-memory killer) gives status "error" naming the signal or
+    exit code. `runner` must be importable (a module-level function): the subprocess is spawned.
+    """
+    runner = runner or time_cell
+    host_devices = 1
+    if cell.mesh and jax.default_backend() == "cpu":
+        host_devices = math.prod(parallel.parse_mesh(cell.mesh).values())
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked JAX runtime
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_cell_child, args=(send, runner, cell, kwargs, host_devices), daemon=True)
+    proc.start()
+    send.close()  # the child holds the other end; EOF when it dies
+    rec, phase = None, "start-up"
+    try:
+        if recv.poll(startup_timeout_s) and recv.recv()[0] == "ready":
+            phase = "cell"
+            t0 = time.perf_counter()
+            if recv.poll(hard_timeout_s):
+                rec = recv.recv()[1]
+            else:
+                rec = dict(
+                    status="timeout",
+                    error=f"hard timeout: cell process killed after {time.perf_counter() - t0:.1f} s "
+                    f"(cell_hard_timeout_s={hard_timeout_s:g})",
+                )
+        elif proc.is_alive():
+            rec = dict(status="error", error=f"cell process did not start within {startup_timeout_s:g} s")
+    except EOFError:  # the child died before sending its record
+        pass
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        recv.close()
+    if rec is None:
+        code = proc.exitcode
+        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        hint = " (the kernel's out-of-memory killer sends SIGKILL)" if code == -signal.SIGKILL else ""
+        rec = dict(status="error", error=f"cell process died during {phase}: {how}{hint}")
+    return rec
+
+
+def run_sweep(config, out: str, *, force: bool = False, plot: bool = True, skip_bad_lines: bool = False) -> list[dict]:
+    """Runs every cell of `config` not already done in `<out>/results.jsonl`; returns this sweep's records.
+
+    The sweep holds a lock on `<out>` while it runs; cells run in this process, or each in a
+    subprocess killed after ``config.cell_hard_timeout_s`` seconds when that is > 0.
+
+    Raises:
+        OutLockedError: another sweep is writing into `<out>` (the message names its process).
+        BadResultsLineError: `<out>/results.jsonl` has a line that is not a JSON record (the message
+            names the file and line) and neither `skip_bad_lines` nor `force` is set.
+    """
     os.makedirs(out, exist_ok=True)
     cells = expand(config)
+    with lock_out(out):
+        return _run_locked(config, cells, out, force=force, plot=plot, skip_bad_lines=skip_bad_lines)
+
+
+def _run_locked(config, cells, out, *, force, plot, skip_bad_lines):
     path = os.path.join(out, "results.jsonl")
     fields = [f.name for f in dataclasses.fields(Cell) if f.default is dataclasses.MISSING]
-    previous = load_results(path)
+    previous = _load_previous(path, set_aside=force or skip_bad_lines)
     by_key = {record_key(r): r for r in previous if all(name in r for name in fields)}
     if len(by_key) < len(previous):
         print(f"sweep: dropping {len(previous) - len(by_key)} records of an older format from {path}")
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config.to_dict() if hasattr(config, "to_dict") else dict(config), f, indent=2)
     env = environment()
+    hard_timeout_s = float(config.get("cell_hard_timeout_s", 0) or 0)
     todo = [c for c in cells if force or by_key.get(c.key(), {}).get("status") in (None, "error")]
     print(
         f"sweep: {len(cells)} cells, {len(cells) - len(todo)} already done, {len(todo)} to run "
@@ -342,21 +589,24 @@ def run_sweep(config, out: str, *, force: bool = False, plot: bool = True) -> li
     )
     start = time.perf_counter()
     for i, cell in enumerate(todo, 1):
-        try:
-            rec = time_cell(cell, repeats=config.repeats, timeout_s=config.cell_timeout_s, seed=config.seed)
-        except Exception as e:  # record and go on: one bad cell must not end the sweep
-            msg = f"{type(e).__name__}: {e}"
-            oom = isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in msg or "out of memory" in msg.lower()
-            rec = dict(status="oom" if oom else "error", error=msg[:2000])
+        kwargs = dict(repeats=config.repeats, timeout_s=config.cell_timeout_s, seed=config.seed)
+        if hard_timeout_s > 0:
+            rec = run_cell_in_subprocess(cell, hard_timeout_s=hard_timeout_s, runner=time_cell, **kwargs)
+        else:
+            try:
+                rec = time_cell(cell, **kwargs)
+            except Exception as e:  # record and go on: one bad cell must not end the sweep
+                rec = failure_record(e)
         rec = {**dataclasses.asdict(cell), **rec, **env, "variant": config.get("variant", "custom")}
+        rec["cell_process"] = "subprocess" if hard_timeout_s > 0 else "in-process"
         by_key[cell.key()] = rec
         write_results(path, list(by_key.values()))
         elapsed = time.perf_counter() - start
         eta = elapsed / i * (len(todo) - i)
         what = (
             f"{rec['min_ms']:9.2f} ms {rec['useful_gflops']:7.1f} GF/s"
-            if rec["status"] != "error" and rec["status"] != "oom"
-            else rec["status"].upper()
+            if rec.get("min_ms") is not None
+            else rec["status"].upper() + (f" ({rec['error'][:80]})" if rec.get("error") else "")
         )
         print(
             f"[{i}/{len(todo)}] {cell.implementation:>9s} {cell.mask:>14s} {cell.mode:>7s} N={cell.seq_len:<6d} "
@@ -412,6 +662,9 @@ def config_from_flags():
     for name in ("head_dim", "batch", "repeats", "mesh"):
         if FLAGS[name].value is not None:
             c[name] = FLAGS[name].value
+    if FLAGS.cell_hard_timeout_s is not None:
+        with c.unlocked():
+            c.cell_hard_timeout_s = FLAGS.cell_hard_timeout_s
     return c
 
 
@@ -420,7 +673,8 @@ def main(argv):
     config = config_from_flags()
     if config.get("mesh"):  # on CPU, one host device per mesh device (before JAX's first computation)
         parallel.use_host_devices(math.prod(parallel.parse_mesh(config.mesh).values()))
-    run_sweep(config, FLAGS.out, force=FLAGS.force, plot=FLAGS.plot)
+        print(mesh_advice(config.mesh, jax.default_backend(), jax.device_count()), flush=True)
+    run_sweep(config, FLAGS.out, force=FLAGS.force, plot=FLAGS.plot, skip_bad_lines=FLAGS.skip_bad_lines)
 
 
 if __name__ == "__main__":

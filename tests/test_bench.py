@@ -62,8 +62,38 @@ def test_bench_times_the_head_parallel_kernel_on_two_host_devices(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads((tmp_path / "bench.json").read_text())
     assert out["meta"]["host_devices"] == 2
+    assert out["meta"]["dtype"] == "float32"  # --dtype=auto on CPU
     rows = {(r["suite"], r["impl"]): r for r in out["records"]}
     for suite in ("full fwd", "window ±32 fwd", "window ±32 fwd+bwd"):
         two = rows[(suite, "attnlab.blockwise/2dev")]
         assert two["ms"] > 0 and "x_vs_jax.nn" in two
         assert rows[(suite, "attnlab.blockwise")]["ms"] > 0
+
+
+def test_dtype_auto_is_bf16_on_accelerators_and_fp32_on_cpu():
+    assert bench_attention.bench_dtype("auto", "cpu") == "float32"
+    assert bench_attention.bench_dtype("auto", "gpu") == "bfloat16"
+    assert bench_attention.bench_dtype("auto", "tpu") == "bfloat16"
+    assert bench_attention.bench_dtype("float16", "gpu") == "float16"
+    assert bench_attention.bench_dtype("float32", "tpu") == "float32"
+
+
+def test_torch_peers_run_on_the_device_jax_runs_on():
+    pick = bench_attention.torch_device
+    assert pick("cpu", cuda_available=False)[0] == "cpu"
+    assert pick("cpu", cuda_available=True)[0] == "cpu"  # JAX on CPU: so is its peer, even with a GPU around
+    assert pick("gpu", cuda_available=True)[0] == "cuda"
+    device, why = pick("gpu", cuda_available=False)
+    assert device is None and "skipped" in why  # never a CPU torch against a GPU JAX
+    assert pick("tpu", cuda_available=True)[0] is None
+
+
+def test_torch_inputs_keep_the_dtype_and_layout():
+    torch = pytest.importorskip("torch")
+    import jax.numpy as jnp
+    import numpy as np
+
+    x = jnp.arange(2 * 3 * 4 * 5, dtype=jnp.float32).reshape(2, 3, 4, 5).astype(jnp.bfloat16)  # [B, T, N, H]
+    (t,) = bench_attention._to_torch(torch, [x], device="cpu")
+    assert t.dtype == torch.bfloat16 and tuple(t.shape) == (2, 4, 3, 5)  # [B, N, T, H]
+    np.testing.assert_array_equal(t.float().numpy(), np.asarray(x, np.float32).transpose(0, 2, 1, 3))

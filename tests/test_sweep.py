@@ -185,3 +185,51 @@ def test_mesh_flag_selects_cells_and_runs_on_a_mesh():
     fn, (q, k, v, m), _ = sweep.build(cell)
     out = jax.jit(fn)(q, k, v, m)
     np.testing.assert_allclose(out, attnlab.attention_reference(q, k, v, mask=m), atol=2e-5, rtol=2e-5)
+
+
+def test_dtypes_auto_is_bf16_on_accelerators_and_fp32_on_cpu():
+    assert sweep.resolve_dtypes(["auto"], "cpu") == ["float32"]
+    assert sweep.resolve_dtypes(["auto"], "gpu") == ["bfloat16"]
+    assert sweep.resolve_dtypes(["auto"], "tpu") == ["bfloat16"]
+    assert sweep.resolve_dtypes(["auto", "bfloat16", "float16"], "gpu") == ["bfloat16", "float16"]
+    for backend, want in (("cpu", "float32"), ("gpu", "bfloat16"), ("tpu", "bfloat16")):
+        cells = sweep.expand(tiny_config(dtypes=["auto"]), backend=backend)
+        assert {c.dtype for c in cells} == {want}
+    assert {c.dtype for c in sweep.expand(tiny_config(dtypes=["float32"]), backend="gpu")} == {"float32"}
+    with pytest.raises(ValueError, match="dtypes: unknown 'fp8'"):
+        sweep.expand(tiny_config(dtypes=["fp8"]), backend="cpu")
+
+
+class _Analysis:  # what compiled.memory_analysis() gives: 100 + 20 + 10 - 0 bytes
+    temp_size_in_bytes, argument_size_in_bytes, output_size_in_bytes, alias_size_in_bytes = 100, 20, 10, 0
+
+
+class _Compiled:
+    def memory_analysis(self):
+        return _Analysis()
+
+
+def test_memory_is_the_cells_own_device_peak_or_the_compiled_analysis():
+    rec = sweep.memory_record(_Compiled(), None, None)  # CPU: no device stats
+    assert rec["memory_bytes"] == 130 and rec["memory_source"] == "xla_memory_analysis"
+    # the process-wide peak rose during this cell: its own peak is that peak minus what was in use before
+    before = {"bytes_in_use": 1000, "peak_bytes_in_use": 5000}
+    rec = sweep.memory_record(_Compiled(), before, {"bytes_in_use": 1000, "peak_bytes_in_use": 7000})
+    assert rec["memory_bytes"] == rec["device_peak_bytes"] == 6000 and rec["compiled_memory_bytes"] == 130
+    assert rec["memory_source"].startswith("device_peak")
+    # an earlier cell peaked higher: the process-wide peak says nothing about this one, so it is not used
+    rec = sweep.memory_record(_Compiled(), before, {"bytes_in_use": 1000, "peak_bytes_in_use": 5000})
+    assert rec["memory_bytes"] == 130 and "device_peak_bytes" not in rec and "not attributable" in rec["memory_source"]
+    # a cell in its own process: the device peak is the cell's
+    rec = sweep.memory_record(_Compiled(), before, {"bytes_in_use": 1000, "peak_bytes_in_use": 5000}, isolated=True)
+    assert rec["memory_bytes"] == 5000 and "own process" in rec["memory_source"]
+
+
+def test_mesh_advice_per_backend():
+    assert "host devices" in sweep.mesh_advice("sp=8", "cpu", 1, cpus=2)
+    assert "no speed-up" in sweep.mesh_advice("sp=8", "cpu", 1, cpus=2)
+    assert "no speed-up" not in sweep.mesh_advice("heads=2", "cpu", 1, cpus=2)
+    assert "one GPU per mesh device" in sweep.mesh_advice("heads=4,sp=2", "gpu", 8)
+    assert "TPU core" in sweep.mesh_advice("sp=4", "tpu", 4)
+    with pytest.raises(ValueError, match=r"mesh: 'sp=8' needs 8 devices, the gpu backend has 1 .*--mesh=heads=1"):
+        sweep.mesh_advice("sp=8", "gpu", 1)
