@@ -64,20 +64,6 @@ def test_matches_reference_fwd_and_grad(mask_kind, dtype):
         _compare(g, g_r, grad_tol(dtype))
 
 
-@pytest.mark.parametrize("mask_kind", ["padding", "combined", "graph"])
-def test_two_pass_backward_matches_reference(mask_kind):
-    q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, seed=11)
-    mask = MASKS[mask_kind]()
-    fast = functools.partial(
-        kernels.blockwise_attention, mask=mask, block_sizes=kernels.BlockSizes(8, 16, backward="two_pass")
-    )
-    ref = functools.partial(attnlab.attention_reference, mask=mask)
-    (out, grads), (out_r, grads_r) = _fwd_and_grads(fast, q, k, v), _fwd_and_grads(ref, q, k, v)
-    _compare(out, out_r, tol(jnp.float32))
-    for g, g_r in zip(grads, grads_r, strict=True):
-        _compare(g, g_r, grad_tol(jnp.float32))
-
-
 @pytest.mark.parametrize("block", [(8, 16), (16, 8), (64, 64), (1, 45)])
 def test_block_sizes_do_not_change_the_result(block):
     q, k, v = qkv((T, 2, 8), s=S, seed=2)  # no batch dims at all
@@ -138,8 +124,7 @@ def _alibi(slopes):
     return bias
 
 
-@pytest.mark.parametrize("backward", ["fused", "two_pass"])
-def test_callable_bias_matches_dense_array_bias_with_grads(backward):
+def test_callable_bias_matches_dense_array_bias_with_grads():
     q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, seed=6)
     slopes = 2.0 ** -jnp.arange(1, 5, dtype=jnp.float32)
     mask = masks.causal(offset=S - T)
@@ -150,7 +135,7 @@ def test_callable_bias_matches_dense_array_bias_with_grads(backward):
             b = _alibi(slopes)(jnp.arange(T), jnp.arange(S))
             out = attnlab.attention_reference(q, k, v, mask=mask, bias=b)
         else:
-            bs = kernels.BlockSizes(8, 16, backward=backward)
+            bs = kernels.BlockSizes(8, 16)
             out = kernels.blockwise_attention(q, k, v, mask=mask, bias=_alibi(slopes), block_sizes=bs)
         return jnp.sum(out * jnp.cos(out)), out
 
@@ -220,6 +205,8 @@ def test_errors_name_the_argument():
         kernels.BlockSizes(0, 16)
     with pytest.raises(ValueError, match="backward"):
         kernels.BlockSizes(16, 16, backward="fast")
+    with pytest.raises(ValueError, match="two-pass backward was removed"):
+        kernels.BlockSizes(16, 16, backward="two_pass")
     with pytest.raises(ValueError, match="mask"):
         attnlab.attention(q, k, v, mask=np.ones((3, T, S), bool), implementation="blockwise")
 

@@ -50,9 +50,9 @@ class BlockSizes:
     Attributes:
         block_q: queries per block (rows of one tile).
         block_k: keys per block (columns of one tile).
-        backward: ``"two_pass"`` (a dk/dv pass over key blocks and a dq pass over
-            query blocks, 7 tile matmuls, no transposes) or ``"fused"`` (default: one pass over query
-            blocks carrying full-size dk/dv, 5 tile matmuls plus tile transposes).
+        backward: ``"fused"``, the only backward: one pass over query blocks carrying full-size
+            dk/dv, 5 tile matmuls plus tile transposes. (A ``"two_pass"`` backward, a dk/dv pass over
+            key blocks and a dq pass over query blocks, was used by tests only and was removed.)
     """
 
     block_q: int
@@ -64,8 +64,8 @@ class BlockSizes:
             b = getattr(self, name)
             if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b <= 0:
                 raise ValueError(f"{name} must be a positive int, got {b!r}")
-        if self.backward not in ("two_pass", "fused"):
-            raise ValueError(f"backward must be 'two_pass' or 'fused', got {self.backward!r}")
+        if self.backward != "fused":
+            raise ValueError(f"backward must be 'fused' (the two-pass backward was removed), got {self.backward!r}")
 
 
 # Per-backend defaults (dense, sparse). CPU dense: 512 x 256, chosen on the 2-core development
@@ -425,106 +425,6 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
     return dq, jnp.swapaxes(dk, -1, -2), jnp.swapaxes(dv, -1, -2), dconsts
 
 
-def _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, *, st: _Static, bias_fn):
-    """Backward in two passes with no full-size carry and every matmul in canonical form.
-
-    Pass 1 (lax.map over key blocks j, scan over the query blocks that see j) works on the
-    transposed tile ``sT = k_j q_i^T`` [B*K, bk, G*bq] and accumulates dk_j, dv_j locally.
-    Pass 2 (lax.map over query blocks i, scan over their key blocks) accumulates dq_i. The
-    logits are recomputed in both (7 matmuls per tile instead of 5), in exchange for no
-    transposes of [bq, bk] tiles and no dynamic updates of full-size buffers.
-    """
-    index, kind, index_t, kind_t = sched
-    nq = q.shape[0]
-    nk = k.shape[0]
-    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [nq, B*K, G*bq]
-
-    def tile_bias_t(i, j, *cs):  # [B*K|1, bk|1, G*bq]
-        q_pos, k_pos = _positions(i, j, st)
-        b = bias_fn(jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1), *cs)
-        return jnp.swapaxes(_to_tile(b.astype(jnp.float32), st), -1, -2)
-
-    def switch(kinds_used, kd, visit, c):
-        branches = {
-            0: lambda c: c,
-            1: functools.partial(visit, partial=True),
-            2: functools.partial(visit, partial=False),
-        }
-        if len(kinds_used) == 1:
-            return branches[kinds_used[0]](c)
-        return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], c)
-
-    def one_key_block(args):  # -> dk_j, dv_j, dconsts
-        kj, vj, j, idx_j, kind_j = args
-
-        def step(c, ik):
-            i, kd = ik
-
-            def visit(c, partial, ok=None):
-                if partial and ok is None:
-                    ok = jnp.swapaxes(_allowed(mask, i, j, st), -1, -2)  # [B*K|1, bk, G*bq]
-                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, c)
-                dk_j, dv_j, dconsts = c
-                qi, doi = q[i], dout[i]
-                s_t = jnp.einsum("nsh,nqh->nsq", kj, qi, preferred_element_type=jnp.float32)
-                if st.has_bias:
-                    s_t = s_t + tile_bias_t(i, j, *consts)
-                p_t = jnp.exp(s_t - lse[i][:, None, :])
-                if partial:
-                    p_t = jnp.where(ok, p_t, 0.0)
-                dv_j = dv_j + jnp.einsum("nsq,nqh->nsh", p_t.astype(doi.dtype), doi, preferred_element_type=jnp.float32)
-                dp_t = jnp.einsum("nsh,nqh->nsq", vj, doi, preferred_element_type=jnp.float32)
-                ds_t = p_t * (dp_t - delta[i][:, None, :])
-                dk_j = dk_j + jnp.einsum("nsq,nqh->nsh", ds_t.astype(qi.dtype), qi, preferred_element_type=jnp.float32)
-                if st.has_bias and consts:
-                    b, vjp = jax.vjp(functools.partial(tile_bias_t, i, j), *consts)
-                    axes = tuple(a for a in range(ds_t.ndim) if b.shape[a] == 1 and ds_t.shape[a] != 1)
-                    dconsts = tuple(x + y for x, y in zip(dconsts, vjp(ds_t.sum(axes, keepdims=True)), strict=True))
-                return dk_j, dv_j, dconsts
-
-            return switch(st.kinds_used_t, kd, visit, c), None
-
-        c0 = (
-            jnp.zeros(kj.shape, jnp.float32),
-            jnp.zeros(vj.shape, jnp.float32),
-            tuple(jnp.zeros(c.shape, jnp.float32) for c in consts),
-        )
-        (dk_j, dv_j, dconsts), _ = jax.lax.scan(step, c0, (idx_j, kind_j))
-        return dk_j, dv_j, dconsts
-
-    ik = jnp.arange(nk, dtype=jnp.int32)
-    dk, dv, dconsts = jax.lax.map(one_key_block, (k, v, ik, index_t, kind_t))
-    dconsts = tuple(d.sum(0) for d in dconsts)
-
-    def one_query_block(args):  # -> dq_i
-        qi, doi, lse_i, delta_i, i, idx_i, kind_i = args
-
-        def step(dq_i, jk):
-            j, kd = jk
-
-            def visit(dq_i, partial, ok=None):
-                if partial and ok is None:
-                    ok = _allowed(mask, i, j, st)
-                    return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, dq_i)
-                s = _logits(qi, k[j], bias_fn, consts, i, j, st)
-                p = jnp.exp(s - lse_i[..., None])
-                if partial:
-                    p = jnp.where(ok, p, 0.0)
-                dp = jnp.einsum("nqh,nsh->nqs", doi, v[j], preferred_element_type=jnp.float32)
-                ds = p * (dp - delta_i[..., None])
-                return dq_i + jnp.einsum("nqs,nsh->nqh", ds.astype(k.dtype), k[j], preferred_element_type=jnp.float32)
-
-            return switch(st.kinds_used, kd, visit, dq_i), None
-
-        dq_i, _ = jax.lax.scan(step, jnp.zeros(qi.shape, jnp.float32), (idx_i, kind_i))
-        return dq_i
-
-    iq = jnp.arange(nq, dtype=jnp.int32)
-    dq = jax.lax.map(one_query_block, (q, dout, lse, delta, iq, index, kind))
-    dconsts = tuple(d.astype(c.dtype) for d, c in zip(dconsts, consts, strict=True))
-    return dq, dk, dv, dconsts
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def _flash(q, k, v, mask, consts, sched, st, bias_fn):
     """sched = (index, kind, index_t, kind_t): the schedule and its transpose, int32 arrays."""
@@ -538,12 +438,7 @@ def _flash_fwd(q, k, v, mask, consts, sched, st, bias_fn):
 
 def _flash_bwd(st, bias_fn, res, dout):
     q, k, v, mask, consts, sched, out, lse = res
-    if st.backward == "two_pass":
-        dq, dk, dv, dconsts = _backward_two_pass(q, k, v, mask, consts, sched, out, lse, dout, st=st, bias_fn=bias_fn)
-    else:
-        dq, dk, dv, dconsts = _backward(
-            q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn
-        )
+    dq, dk, dv, dconsts = _backward(q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn)
     grads = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
     return (*grads, zero_cotangents(mask), dconsts, zero_cotangents(sched))
 
