@@ -226,6 +226,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "bench-memory": bench_memory,
     "ring-memory": ring_memory,
     "molecules-karate": lambda root: experiment_report("molecules", root / "docs/results/molecules"),
+    "posenc": lambda root: experiment_report("posenc", root / "docs/results/posenc"),
 }
 
 # whole generated files: path -> function of the repository root returning the file's text

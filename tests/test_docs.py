@@ -114,6 +114,22 @@ def test_karate_table_against_the_json():
         assert int(row[2]) == len(accs) == 5
 
 
+def test_posenc_table_against_the_jsonl():
+    """Each accuracy cell is the mean ± population std over seeds of its JSONL field, recomputed here."""
+    runs = [json.loads(line) for line in (ROOT / "docs/results/posenc/results.jsonl").read_text().splitlines()]
+    header, rows = _rows(_block("docs/positional.md", "posenc"))
+    fields = {"acc @ 32 (1L)": "acc@32", "acc @ 64 (2L)": "acc@64", "acc @ 128 (4L)": "acc@128"}
+    fields |= {"t >= L @ 2L": "acc_beyond_L@64", "t >= L @ 4L": "acc_beyond_L@128"}
+    assert [row[0] for row in rows] == ["none", "sinusoidal", "learned", "rope", "alibi", "t5"]
+    for row in rows:
+        for column, field in fields.items():
+            accs = 100 * np.array([r[field] for r in runs if r["scheme"] == row[0]])
+            mean, std = (float(x) for x in row[header.index(column)].split(" ± "))
+            assert mean == pytest.approx(accs.mean(), abs=0.05), (row[0], column)
+            assert std == pytest.approx(accs.std(), abs=0.05), (row[0], column)
+        assert int(row[header.index("seeds")]) == len(accs) == 3
+
+
 def _copy_tree(tmp_path: Path) -> Path:
     for rel in ("README.md", "docs", "benchmarks/results"):
         src, dst = ROOT / rel, tmp_path / rel
