@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,14 +45,82 @@ __all__ = ["train", "make_step", "masked_cross_entropy", "read_jsonl", "append_j
 LossFn = Callable[[nnx.Module, Any, jax.Array], tuple[jax.Array, dict]]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+class _ByValue:
+    """A static jit argument compared by what a function computes, not by object identity.
+
+    Two optimizers built by the same call (``adamw_cosine(2e-3, 30, 200, 0.05)`` twice), or two
+    loss closures of one ``def`` over equal values, get equal keys, so the compiled train step is
+    reused instead of compiled again. The key of a function is its code, defaults and the keys of
+    its closure cells; of a ``functools.partial``, bound method, tuple, list or dict, the keys of
+    its parts; of another hashable object (a float, a dtype, a class, a module) the object; of
+    anything unhashable (an array, a module instance), the object's identity, held here so that
+    the identity cannot be reused by a new object.
+    """
+
+    __slots__ = ("fn", "key")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.key = _value_key(fn, frozenset())
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, _ByValue) and self.key == other.key
+
+
+class _Identity:
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and self.obj is other.obj
+
+
+def _value_key(obj, seen: frozenset):
+    if id(obj) in seen:  # a recursive closure: its code identifies the cycle
+        return ("cycle", getattr(obj, "__code__", None))
+    seen = seen | {id(obj)}
+    if isinstance(obj, types.FunctionType):
+        cells = []
+        for cell in obj.__closure__ or ():
+            try:
+                cells.append(_value_key(cell.cell_contents, seen))
+            except ValueError:  # an empty cell
+                cells.append(("empty",))
+        return (
+            "function", obj.__code__, obj.__module__, tuple(cells),
+            _value_key(obj.__defaults__, seen), _value_key(obj.__kwdefaults__, seen),
+        )  # fmt: skip
+    if isinstance(obj, functools.partial):
+        return ("partial", _value_key(obj.func, seen), _value_key(obj.args, seen), _value_key(obj.keywords, seen))
+    if isinstance(obj, types.MethodType):
+        return ("method", _value_key(obj.__func__, seen), _value_key(obj.__self__, seen))
+    if isinstance(obj, (tuple, list)):  # also optax's GradientTransformation (a NamedTuple)
+        return (type(obj), tuple(_value_key(x, seen) for x in obj))
+    if isinstance(obj, dict):
+        return (type(obj), tuple((k, _value_key(v, seen)) for k, v in obj.items()))
+    try:
+        hash(obj)
+    except TypeError:
+        return _Identity(obj)
+    return (type(obj), obj)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5, 6))
 def _step(graphdef, params_def, tx, loss_fn, rest, params, opt_state, batch, key):
     def f(p):
         model = nnx.merge(graphdef, jax.tree.unflatten(params_def, p), rest)
-        return loss_fn(model, batch, key)
+        return loss_fn.fn(model, batch, key)
 
     (loss, aux), grads = jax.value_and_grad(f, has_aux=True)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
+    updates, opt_state = tx.fn.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, aux
 
 
@@ -59,10 +129,14 @@ def make_step(graphdef, params_def, rest, tx: optax.GradientTransformation, loss
 
     ``params`` is the flat list of the model's ``nnx.Param`` leaves (structure ``params_def``);
     ``rest`` the model's other state (held fixed). ``loss_fn(model, batch, key) -> (scalar loss,
-    dict of scalar metrics)``. The compiled step is cached on (graphdef, tx, loss_fn), so a
-    resumed run in the same process does not compile again.
+    dict of scalar metrics)``. ``params`` and ``opt_state`` are donated (their buffers are reused
+    for the outputs): pass arrays the caller no longer needs. The compiled step is cached on
+    (graphdef, tx, loss_fn), with ``tx`` and ``loss_fn`` compared by value (code and closed-over
+    values), not identity: a second run with an equal optimizer and loss does not compile again.
+    The jitted function itself is ``make_step(...).func`` (``.lower(*make_step(...).args, ...)``
+    compiles it ahead of time).
     """
-    return functools.partial(_step, graphdef, params_def, tx, loss_fn, rest)
+    return functools.partial(_step, graphdef, params_def, _ByValue(tx), _ByValue(loss_fn), rest)
 
 
 def adamw_cosine(
@@ -91,9 +165,27 @@ def read_jsonl(path) -> list[dict]:
 
 
 def append_jsonl(path, record: dict) -> None:
-    """Appends one record as a line of JSON (the format ``read_jsonl`` reads back)."""
-    with Path(path).open("a") as f:
-        f.write(json.dumps(record) + "\n")
+    """Appends one record as a line of JSON (the format ``read_jsonl`` reads back).
+
+    The line goes out in one ``write`` on a file opened for appending, so a crash leaves at most
+    one torn last line; when the file ends in such a line, it is ended first, so the new record
+    is a whole line of its own (``experiments.common.read_jsonl`` skips the torn one).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size:
+            with path.open("rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    line = b"\n" + line
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _checkpointer(directory, every):
@@ -142,6 +234,7 @@ def train(
         raise ValueError(f"train: num_steps must be >= 1, got {num_steps}")
     graphdef, params_state, rest = nnx.split(model, nnx.Param, ...)
     leaves, params_def = jax.tree.flatten(params_state)
+    leaves = [jnp.array(x, copy=True) for x in leaves]  # the step donates them: keep the model's own
     opt_state = tx.init(leaves)
     step_fn = make_step(graphdef, params_def, rest, tx, loss_fn)
     start = 0

@@ -18,9 +18,8 @@ Commands:
 Each run (model x size x seed) goes to ``<out>/<variant>/<model>-n<size>-s<seed>/``: ``config.json``,
 ``metrics.jsonl`` (train loss and batch accuracy every ``log_every`` steps) and ``result.json``
 (test accuracy, train-subset accuracy, parameter count, training time, and for attention models
-the mean attention distance per layer and head, trained and at initialisation). A run whose
-``result.json`` exists is skipped, so rerunning resumes the sweep. ``<out>/<variant>/results.jsonl``
-collects the result lines.
+the mean attention distance per layer and head, trained and at initialisation), also appended to
+``<out>/<variant>/results.jsonl``; a run with a line there is skipped, so rerunning resumes the sweep.
 
 The report writes ``summary.md`` (accuracy mean +- std over seeds per model and size),
 ``accuracy_vs_size.png`` (error bars: +- one standard deviation over seeds) and
@@ -31,35 +30,19 @@ sequences".
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
-from absl import app, flags, logging
 from flax import nnx
-from ml_collections import config_flags
 
 from attnlab import masks, nn
 from attnlab import train as train_lib
 from attnlab.data import fashion_mnist
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-    """Defines the command-line flags; only when run as a program, so experiments can be imported together."""
-    config_flags.DEFINE_config_file(
-        "config", "experiments/configs/images.py:default", "experiment config, file.py:variant"
-    )
-    flags.DEFINE_string("out", "results/images", "results folder; runs go to <out>/<variant>/<model>-n<size>-s<seed>/")
-    flags.DEFINE_string("report", None, "only draw figures + table from the results in this folder")
-
+from experiments import common
 
 # ------------------------------------------------------------------------------------------
 # Data
@@ -144,15 +127,12 @@ def build_model(m: ml_collections.ConfigDict, image_hw: tuple[int, int], num_cla
 
 
 def loss_fn(model, batch, key):
-    """Cross-entropy and batch accuracy (module level: the compiled train step is reused across runs)."""
-    logits = model(batch["x"], dropout_key=key).astype(jnp.float32)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-    return loss, {"accuracy": (logits.argmax(-1) == batch["y"]).mean()}
+    """Cross-entropy and batch accuracy."""
+    return common.classification_loss(model(batch["x"], dropout_key=key), batch["y"])
 
 
-@functools.cache
 def make_tx(learning_rate: float, warmup_steps: int, num_steps: int, weight_decay: float):
-    """AdamW with warmup + cosine decay; cached, so equal settings give the same object (no recompile)."""
+    """AdamW with warmup + cosine decay (equal settings compile once: the trainer compares by value)."""
     warmup = min(warmup_steps, num_steps // 2)
     return train_lib.adamw_cosine(learning_rate, warmup, num_steps, weight_decay, end_fraction=0.0)
 
@@ -164,13 +144,10 @@ def _predict(model, x):
 
 def accuracy(model, tokens, labels, batch_size, mean, std) -> float:
     """Accuracy over all examples, in batches of one shape (the last batch padded with repeats)."""
-    correct = 0
-    for i in range(0, len(labels), batch_size):
-        idx = np.arange(i, i + batch_size) % len(labels)  # pad the last batch: one compiled shape
-        pred = np.asarray(_predict(model, jnp.asarray(fashion_mnist.normalize(tokens[idx], mean, std))))
-        real = min(batch_size, len(labels) - i)
-        correct += int((pred[:real] == labels[idx[:real]]).sum())
-    return correct / len(labels)
+    pred = common.predict(
+        lambda t: _predict(model, jnp.asarray(fashion_mnist.normalize(np.asarray(t), mean, std))), [tokens], batch_size
+    )
+    return int((pred == labels).sum()) / len(labels)
 
 
 # ------------------------------------------------------------------------------------------
@@ -222,9 +199,6 @@ def run_one(cfg, name: str, size: int, num_steps: int, seed: int, data: dict, ou
     """Trains model ``name`` on ``size`` training images with ``seed``; returns (and writes) its result."""
     m = cfg.models[name]
     workdir = out / cfg.variant / f"{name}-n{size}-s{seed}"
-    done = workdir / "result.json"
-    if done.exists():
-        return json.loads(done.read_text())
     workdir.mkdir(parents=True, exist_ok=True)
     run_cfg = {"variant": cfg.variant, "model_name": name, "size": size, "seed": seed, "steps": num_steps}
     (workdir / "config.json").write_text(json.dumps({**run_cfg, "config": cfg.to_dict()}, indent=2, default=str))
@@ -242,29 +216,14 @@ def run_one(cfg, name: str, size: int, num_steps: int, seed: int, data: dict, ou
     dist_init = attention_distance(model, dist_imgs, mean, std, grid, m.patch) if is_attention else None
     t = cfg.train
     tx = make_tx(t.learning_rate, t.warmup_steps, num_steps, t.weight_decay)
-    if verbose:
-        logging.info(
-            "[%s] %s: %d train images, %d steps of %d (%.1f epochs), %d params",
-            cfg.variant,
-            workdir.name,
-            len(labels),
-            num_steps,
-            t.batch_size,
-            num_steps * t.batch_size / len(labels),
-            train_lib.num_params(model),
-        )
+    epochs = round(num_steps * t.batch_size / len(labels), 2)
+    common.log(verbose, "%s: %d images, %d steps (%.1f epochs)", workdir.name, len(labels), num_steps, epochs)
     t0 = time.perf_counter()
+    # no workdir: a run is short, the sweep resumes run by run (results.jsonl), not from checkpoints
     model, records = train_lib.train(
-        model,
-        tx,
-        loss_fn,
-        make_batch_fn(tokens, labels, t.batch_size, seed, mean, std),
-        num_steps=num_steps,
-        seed=seed,
-        workdir=None,  # a run is short: the sweep resumes run by run (result.json), not from checkpoints
-        log_every=t.log_every,
-        verbose=verbose,
-    )
+        model, tx, loss_fn, make_batch_fn(tokens, labels, t.batch_size, seed, mean, std), num_steps=num_steps,
+        seed=seed, log_every=t.log_every, verbose=verbose,
+    )  # fmt: skip
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     train_time = max((r["time_s"] for r in records if r["split"] == "train"), default=time.perf_counter() - t0)
     t1 = time.perf_counter()
@@ -277,7 +236,7 @@ def run_one(cfg, name: str, size: int, num_steps: int, seed: int, data: dict, ou
         "dataset": cfg.dataset,
         "model": m.kind,
         "params": train_lib.num_params(model),
-        "epochs": round(num_steps * t.batch_size / len(labels), 2),
+        "epochs": epochs,
         "test_accuracy": test_acc,
         "test_examples": len(data["test"][1]),
         "train_accuracy": train_acc,
@@ -286,39 +245,32 @@ def run_one(cfg, name: str, size: int, num_steps: int, seed: int, data: dict, ou
         "eval_time_s": round(eval_time, 1),
         "grid": list(grid),
         "patch": m.patch,
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
+        **common.env(),
     }
     if is_attention:
         result["attention_distance"] = attention_distance(model, dist_imgs, mean, std, grid, m.patch)
         result["attention_distance_init"] = dist_init
         result["distance_images"] = len(dist_imgs)
         result["reference_distance"] = reference_distances(grid, m.patch, 2 * m.radius + 1 if m.kind == "pixel" else 3)
-    done.write_text(json.dumps(result, indent=2))
-    train_lib.append_jsonl(out / cfg.variant / "results.jsonl", result)
-    if verbose:
-        logging.info(
-            "[%s] %s: test accuracy %.4f (train %.4f) in %.0f s",
-            cfg.variant,
-            workdir.name,
-            test_acc,
-            train_acc,
-            train_time,
-        )
+    (workdir / "result.json").write_text(json.dumps(result, indent=2))
+    common.log(verbose, "%s: test accuracy %.4f (train %.4f) in %.0f s", workdir.name, test_acc, train_acc, train_time)
     return result
 
 
 def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
-    """Every (size, model, seed) of the config; finished runs are read back, not redone."""
+    """Every (size, model, seed) of the config; runs in ``<out>/<variant>/results.jsonl`` are read back."""
     if len(cfg.train.steps) != len(cfg.sizes):
         raise ValueError(f"train.steps {tuple(cfg.train.steps)} must give one step count per size {tuple(cfg.sizes)}")
-    data = load_data(cfg.dataset, cfg.eval_count)
-    results = []
-    for seed in cfg.seeds:  # seed outermost: an interrupted sweep still has whole curves
-        for size, steps in zip(cfg.sizes, cfg.train.steps, strict=True):
-            for name in cfg.models:  # sorted by name
-                results.append(run_one(cfg, name, size, steps, seed, data, Path(out), verbose=verbose))
-    return results
+    steps = dict(zip(cfg.sizes, cfg.train.steps, strict=True))
+    # seed outermost: an interrupted sweep still has whole curves; models sorted by name
+    cells = [{"model_name": n, "size": z, "seed": s} for s in cfg.seeds for z in cfg.sizes for n in cfg.models]
+    path = Path(out) / cfg.variant / "results.jsonl"
+    data = load_data(cfg.dataset, cfg.eval_count) if common.pending(path, cells) else None
+
+    def run_cell(c):
+        return run_one(cfg, c["model_name"], c["size"], steps[c["size"]], c["seed"], data, Path(out), verbose=verbose)
+
+    return common.run_grid(path, cells, run_cell, verbose=verbose, name=f"images:{cfg.variant}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -326,58 +278,49 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> l
 
 
 def _load_results(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*/*/result.json"))]
+    return [r for p in sorted(folder.glob("*/results.jsonl")) for r in common.read_jsonl(p)]
 
 
 def summarize(results: list[dict]) -> list[dict]:
-    """One row per (variant, model, size): mean and std of the test accuracy over seeds."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in results:
-        groups.setdefault((r["variant"], r["model_name"], r["size"]), []).append(r)
+    """One row per (variant, model, size): mean and std (ddof=1) of the test accuracy over seeds."""
+    key = ("variant", "model_name", "size")
+    stats = common.summarize(results, key, "test_accuracy", ddof=1)
     rows = []
-    for (variant, name, size), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
-        acc = np.array([r["test_accuracy"] for r in rs])
+    for group, (mean, std, n) in sorted(stats.items()):
+        rs = [r for r in results if tuple(r[k] for k in key) == group]
+        first = rs[0]
         rows.append(
             {
-                "variant": variant,
-                "model": name,
-                "size": size,
-                "seeds": len(rs),
-                "mean": float(acc.mean()),
-                "std": float(acc.std(ddof=1)) if len(rs) > 1 else 0.0,
+                **dict(zip(("variant", "model", "size"), group, strict=True)),
+                "seeds": n, "mean": mean, "std": std,
                 "train_accuracy": float(np.mean([r["train_accuracy"] for r in rs])),
-                "steps": rs[0]["steps"],
-                "epochs": rs[0]["epochs"],
-                "params": rs[0]["params"],
+                **{k: first[k] for k in ("steps", "epochs", "params")},
                 "train_time_s": float(np.mean([r["train_time_s"] for r in rs])),
             }
-        )
+        )  # fmt: skip
     return rows
 
 
 def report(folder: Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     folder = Path(folder)
     results = _load_results(folder)
     if not results:
-        raise FileNotFoundError(f"no */*/result.json under {folder}: run the experiment first")
+        raise FileNotFoundError(f"no */results.jsonl under {folder}: run the experiment first")
     rows = summarize(results)
-    lines = [
-        "| variant | model | train images | seeds | test acc % (mean +- std) | train acc % | steps | epochs "
-        "| params | train time (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['variant']} | {r['model']} | {r['size']:,} | {r['seeds']} | {100 * r['mean']:.2f} +- "
-            f"{100 * r['std']:.2f} | {100 * r['train_accuracy']:.1f} | {r['steps']} | {r['epochs']} | "
-            f"{r['params']:,} | {r['train_time_s']:.0f} |"
-        )
-    table = "\n".join(lines)
+    header = ["variant", "model", "train images", "seeds", "test acc % (mean +- std)", "train acc %", "steps"]
+    header += ["epochs", "params", "train time (s)"]
+    table = common.markdown_table(
+        header,
+        [
+            [r["variant"], r["model"], f"{r['size']:,}", r["seeds"],
+             common.mean_std((r["mean"], r["std"]), scale=100, digits=2, sep=" +- "),
+             f"{100 * r['train_accuracy']:.1f}", r["steps"], r["epochs"], f"{r['params']:,}",
+             f"{r['train_time_s']:.0f}"]
+            for r in rows
+        ],
+    )  # fmt: skip
     (folder / "summary.md").write_text(table + "\n")
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
@@ -397,9 +340,7 @@ def report(folder: Path) -> str:
     ax.set_title(f"{results[0]['dataset']}: attention vs CNN")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(folder / "accuracy_vs_size.png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, folder / "accuracy_vs_size.png")
 
     attn = [r for r in results if r.get("attention_distance")]
     if attn:
@@ -463,21 +404,8 @@ def _distance_figure(plt, attn, path):
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_title("ViT: head-mean distance per layer vs data", fontsize=9)
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def main(argv):
-    del argv
-    logging.set_verbosity(logging.INFO)
-    if FLAGS.report:
-        print(report(Path(FLAGS.report)))
-        return
-    run(FLAGS.config, Path(FLAGS.out))
-    print(report(Path(FLAGS.out)))
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    common.launch(run, report, config="experiments/configs/images.py:default", out="results/images")

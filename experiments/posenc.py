@@ -29,44 +29,21 @@ rope 51.7%, t5 71.9% (± 19.6 over seeds).
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import flags
 from flax import nnx
-from ml_collections import config_flags
 
 from attnlab import nn, positional
 from attnlab import train as train_lib
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-    """Defines the command-line flags; only when run as a program, so experiments can be imported together."""
-    config_flags.DEFINE_config_file(
-        "config", "experiments/configs/posenc.py:default", "experiment config, file.py:variant"
-    )
-    flags.DEFINE_string("out", "results/posenc", "results folder")
-    flags.DEFINE_string("report", None, "only draw figures + table from <report>/results.jsonl")
-    flags.DEFINE_string(
-        "posenc",
-        None,
-        "scheme(s) to run, comma-separated, of none|sinusoidal|learned|rope|alibi|t5 (default: config.schemes)",
-    )
-
-
-def _ints(text) -> list[int]:
-    return [int(v) for v in str(text).split(",") if v.strip()]
+from experiments import common
 
 
 def _names(text) -> list[str]:
-    names = [v.strip() for v in str(text).split(",") if v.strip()]
+    names = common.names(str(text))
     for n in names:
         positional.scheme(n)  # ValueError naming the choices
     return names
@@ -112,7 +89,7 @@ def eval_sets(cfg: ml_collections.ConfigDict) -> dict[int, dict]:
     """Fixed evaluation sets (full-length sequences) at L, 2L, 4L; the same for every scheme and seed."""
     t = cfg.task
     out = {}
-    for m in _ints(t.eval_multiples):
+    for m in common.ints(t.eval_multiples):
         length = m * t.train_length
         out[length] = shift_task(
             np.random.default_rng([10_000, length]), t.eval_sequences, length, vocab=t.vocab, shift=t.shift
@@ -135,7 +112,7 @@ def build_model(cfg: ml_collections.ConfigDict, scheme: str, seed: int) -> nnx.M
         mlp_dim=m.mlp_dim,
         dropout_rate=m.dropout,
         posenc=scheme,
-        max_len=max(_ints(t.eval_multiples)) * t.train_length,  # the absolute tables cover the eval lengths
+        max_len=max(common.ints(t.eval_multiples)) * t.train_length,  # the absolute tables cover the eval lengths
         t5_buckets=m.t5_buckets,
         t5_max_distance=m.t5_max_distance,
         rngs=rngs,
@@ -173,9 +150,7 @@ def evaluate(model, sets: dict[int, dict], train_length: int) -> dict:
 
 def run_one(cfg: ml_collections.ConfigDict, scheme: str, seed: int, out: Path, *, verbose: bool = True) -> dict:
     """Train one (scheme, seed) and evaluate it; returns the result record."""
-    workdir = out / "runs" / scheme / f"seed{seed}"
     model = build_model(cfg, scheme, seed)
-    num_params = train_lib.num_params(model)
     t = cfg.train
     tx = train_lib.adamw_cosine(t.learning_rate, t.warmup_steps, t.num_steps, t.weight_decay)
 
@@ -183,49 +158,36 @@ def run_one(cfg: ml_collections.ConfigDict, scheme: str, seed: int, out: Path, *
         logits = m(batch["inputs"], batch["lengths"], dropout_key=key)
         return train_lib.masked_cross_entropy(logits, batch["targets"], batch["lengths"])
 
-    batch_fn = make_batch_fn(cfg, seed)
+    workdir = out / "runs" / scheme / f"seed{seed}"
     model, records = train_lib.train(
-        model, tx, loss_fn, batch_fn, num_steps=t.num_steps, seed=seed, workdir=workdir,
+        model, tx, loss_fn, make_batch_fn(cfg, seed), num_steps=t.num_steps, seed=seed, workdir=workdir,
         log_every=t.log_every, verbose=verbose,
     )  # fmt: skip
-    train_time = max((r["time_s"] for r in records if r["split"] == "train"), default=0.0)
     final = [r for r in records if r["split"] == "train"][-1]
-    result = {
+    return {
         "scheme": scheme,
         "seed": seed,
         "variant": cfg.variant,
         "train_length": cfg.task.train_length,
         "steps": t.num_steps,
-        "params": num_params,
-        "train_time_s": round(train_time, 1),
+        "params": train_lib.num_params(model),
+        "train_time_s": round(final["time_s"], 1),
         "final_train_loss": final["loss"],
         "final_train_accuracy": final.get("accuracy"),
         **evaluate(model, eval_sets(cfg), cfg.task.train_length),
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
+        **common.env(),
     }
-    return result
 
 
 def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
-    """Every (scheme, seed) of the config not yet in ``<out>/results.jsonl``; then the report."""
+    """Every (scheme, seed) of the config not yet in ``<out>/results.jsonl``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.to_json_best_effort(indent=2))
-    path = out / "results.jsonl"
-    done = {(r["scheme"], r["seed"]) for r in train_lib.read_jsonl(path)}
-    todo = [(s, seed) for s in _names(cfg.schemes) for seed in _ints(cfg.seeds) if (s, seed) not in done]
-    t0 = time.perf_counter()
-    for i, (scheme, seed) in enumerate(todo):
-        if verbose:
-            print(f"[{i + 1}/{len(todo)}] posenc={scheme} seed={seed}", file=sys.stderr)
-        result = run_one(cfg, scheme, seed, out, verbose=verbose)
-        train_lib.append_jsonl(path, result)
-        if verbose:
-            accs = "  ".join(f"{k} {v:.3f}" for k, v in result.items() if k.startswith("acc@"))
-            elapsed = time.perf_counter() - t0
-            eta = elapsed / (i + 1) * (len(todo) - i - 1)
-            print(f"[{i + 1}/{len(todo)}] {scheme} seed {seed}: {accs}  (ETA {eta:.0f} s)", file=sys.stderr)
-    return train_lib.read_jsonl(path)
+    cells = [{"scheme": s, "seed": seed} for s in _names(cfg.schemes) for seed in common.ints(cfg.seeds)]
+    return common.run_grid(
+        out / "results.jsonl", cells, lambda c: run_one(cfg, c["scheme"], c["seed"], out, verbose=verbose),
+        verbose=verbose, name="posenc",
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------
@@ -236,23 +198,18 @@ def summarize(results: list[dict], prefix: str = "acc@") -> dict:
     """``{scheme: {length: (mean, std, n)}}`` of the ``<prefix><length>`` fields over seeds, schemes in
     ``positional.SCHEMES`` order; std is numpy's population std (ddof=0)."""
     keys = sorted({k for r in results for k in r if k.startswith(prefix)}, key=lambda k: int(k.split("@")[1]))
-    table = {}
-    for scheme in [s for s in positional.SCHEMES if any(r["scheme"] == s for r in results)]:
-        rs = [r for r in results if r["scheme"] == scheme]
-        table[scheme] = {}
-        for k in keys:
-            v = np.array([r[k] for r in rs if k in r])
-            table[scheme][int(k.split("@")[1])] = (float(v.mean()), float(v.std()), len(v))
-    return table
+    stats = {k: common.summarize(results, ("scheme",), k) for k in keys}
+    return {
+        s: {int(k.split("@")[1]): stats[k][(s,)] for k in keys if (s,) in stats[k]}
+        for s in positional.SCHEMES
+        if any(r["scheme"] == s for r in results)
+    }
 
 
 def report(folder: Path) -> str:
-    import matplotlib
+    plt = common.pyplot()
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    results = train_lib.read_jsonl(folder / "results.jsonl")
+    results = common.read_jsonl(folder / "results.jsonl")
     if not results:
         raise FileNotFoundError(f"no results in {folder / 'results.jsonl'}: run the experiment first")
     table = summarize(results)
@@ -260,19 +217,15 @@ def report(folder: Path) -> str:
     lengths = sorted({n for row in table.values() for n in row})
     longer = sorted({n for row in beyond.values() for n in row})
     L = min(lengths)
-    header = (
-        "| posenc | "
-        + " | ".join(f"acc @ {n} ({n // L}L)" for n in lengths)
-        + "".join(f" | t >= L @ {n // L}L" for n in longer)
-        + " | seeds | train time (s) |"
-    )
-    lines = [header, "|---" * (len(lengths) + len(longer) + 3) + "|"]
+    header = ["posenc", *(f"acc @ {n} ({n // L}L)" for n in lengths), *(f"t >= L @ {n // L}L" for n in longer)]
+    header += ["seeds", "train time (s)"]
+    rows = []
     for scheme, row in table.items():
         times = [r["train_time_s"] for r in results if r["scheme"] == scheme]
-        cells = " | ".join(f"{100 * row[n][0]:.1f} ± {100 * row[n][1]:.1f}" for n in lengths)
-        cells += "".join(f" | {100 * beyond[scheme][n][0]:.1f} ± {100 * beyond[scheme][n][1]:.1f}" for n in longer)
-        lines.append(f"| {scheme} | {cells} | {row[L][2]} | {np.mean(times):.0f} |")
-    text = "\n".join(lines)
+        cells = [common.mean_std(row[n], scale=100) for n in lengths]
+        cells += [common.mean_std(beyond[scheme][n], scale=100) for n in longer]
+        rows.append([scheme, *cells, row[L][2], f"{np.mean(times):.0f}"])
+    text = common.markdown_table(header, rows)
     (folder / "summary.md").write_text(
         text + "\n\nToken accuracy (%), mean ± std (ddof=0) over seeds; 't >= L': only the positions beyond the "
         "training length. Chance is about 1/V.\n"
@@ -286,9 +239,7 @@ def report(folder: Path) -> str:
     ax.set_ylim(0, 100)
     ax.set_ylabel(f"token accuracy at L = {L} (%)")
     ax.set_title(f"shift task, mean ± std over {max(v[2] for v in table[schemes[0]].values())} seeds")
-    fig.tight_layout()
-    fig.savefig(folder / "accuracy.png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, folder / "accuracy.png")
 
     fig, ax = plt.subplots(figsize=(1.0 * len(schemes) + 3, 3.4))
     width = 0.8 / len(lengths)
@@ -306,25 +257,21 @@ def report(folder: Path) -> str:
     ax.set_ylabel("token accuracy (%)")
     ax.set_title(f"length generalisation: trained at L = {L}")
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    fig.savefig(folder / "length.png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, folder / "length.png")
     return text
 
 
-def main(argv):
-    del argv
-    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO; progress goes to stderr
-    if FLAGS.report:
-        print(report(Path(FLAGS.report)))
-        return
-    cfg = FLAGS.config
-    if FLAGS.posenc:
-        cfg.schemes = ",".join(_names(FLAGS.posenc))
-    run(cfg, Path(FLAGS.out))
-    print(report(Path(FLAGS.out)))
+def _scheme_flag():
+    flags.DEFINE_string("posenc", None, "scheme(s) to run, comma-separated, of " + "|".join(positional.SCHEMES))
+
+
+def _configure(cfg):
+    if flags.FLAGS.posenc:
+        cfg.schemes = ",".join(_names(flags.FLAGS.posenc))
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    common.launch(
+        run, report, config="experiments/configs/posenc.py:default", out="results/posenc",
+        extra_flags=_scheme_flag, configure=_configure,
+    )  # fmt: skip
