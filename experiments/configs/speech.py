@@ -1,0 +1,61 @@
+"""Speech recognition on spoken numbers (espeak-ng): an encoder-decoder, truncated self-attention.
+
+Commands:
+
+    make speech
+    # = python -m experiments.speech --config experiments/configs/speech.py:default --out results/speech
+    python -m experiments.speech --report results/speech     # tables + figures from the JSONL alone
+
+Variants:
+    default  3000 training utterances (numbers 0..999999 read by 4 accents x 10 voice variants),
+             300 held-out numbers, 150 of them read by a held-out voice variant; 80 log-mel frames,
+             4x subsampled; encoder 3 layers, decoder 2, d = 96, 4 heads; 1200 AdamW steps of 32;
+             encoder windows full, ±32, ±16, ±8, ±4, ±2 (after subsampling); seed 0.
+    smoke    a few utterances, a tiny model, 2 windows, a few steps: seconds (tests/test_speech.py).
+
+Every field can be overridden, e.g. `--config.train.num_steps=3000 --config.windows=full,16`.
+"""
+
+import ml_collections
+
+
+def get_config(variant: str = "default") -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.variant = variant
+    c.windows = "full,32,16,8,4,2"  # encoder self-attention: full, or ±w frames after subsampling
+    c.seeds = "0"
+    c.data = ml_collections.ConfigDict(dict(num_train=3000, num_test=300, num_new_voice=150, seed=0))
+    c.model = ml_collections.ConfigDict(
+        # max_target_len: the longest reading, "nine hundred and ninety nine thousand ...", is 66 characters + EOS
+        dict(d_model=96, num_heads=4, encoder_layers=3, decoder_layers=2, subsample=2, dropout=0.1, max_target_len=80)
+    )
+    c.train = ml_collections.ConfigDict(
+        dict(
+            batch_size=32,
+            num_steps=1200,
+            learning_rate=2e-3,
+            warmup_steps=100,
+            weight_decay=1e-4,
+            label_smoothing=0.1,
+            pad_to=192,  # batches padded to a multiple of 192 frames: 3 shapes, 3 compiles
+            log_every=50,
+        )
+    )
+    c.eval = ml_collections.ConfigDict(dict(batch_size=50, beam=4, alpha=1.0, max_len=80))
+    # encoder cost vs utterance length (random frames; untrained model): windows to compare
+    c.scaling = ml_collections.ConfigDict(dict(frames="500,1000,2000,3000", windows="full,16", repeats=3))
+    c.decoding = ml_collections.ConfigDict(dict(tokens=200, batch=8, repeats=3))
+    match variant:
+        case "default":
+            pass
+        case "smoke":
+            c.windows = "2"
+            c.data.update(num_train=12, num_test=4, num_new_voice=2)
+            c.model.update(d_model=16, num_heads=2, encoder_layers=1, decoder_layers=1)
+            c.train.update(batch_size=4, num_steps=2, warmup_steps=1, log_every=1, pad_to=640)
+            c.eval.update(batch_size=4, beam=2, max_len=8)
+            c.scaling.update(frames="64", windows="full,2", repeats=1)
+            c.decoding.update(tokens=12, batch=2, repeats=1)
+        case _:
+            raise ValueError(f"unknown speech variant {variant!r}: use one of ('default', 'smoke')")
+    return c

@@ -1,0 +1,331 @@
+"""n -> m: speech recognition with truncated self-attention, cross-attention and KV-cache decoding.
+
+The course note's third task shape (seq2seq: the output length is learned) and its first derived
+technique, truncated self-attention for long speech. An ``nn.EncoderDecoder`` reads 80-bin log-mel
+frames of spoken numbers (``attnlab.data.speech``: espeak-ng, offline) and writes the characters;
+the same model is trained with the encoder's self-attention full and truncated to ±w frames.
+
+Commands:
+
+    make speech            # data (espeak-ng), every window, then the report
+    python -m experiments.speech --config experiments/configs/speech.py:default --out results/speech
+    python -m experiments.speech --report results/speech    # tables + figures from the JSONL alone
+
+Writes into ``--out``: ``results.jsonl`` (one line per window x seed: CER/WER greedy and beam on
+held-out numbers and on the held-out voice, train time, parameters), ``scaling.jsonl`` (encoder
+train-step time and compiled memory vs utterance length, full vs windowed), ``decoding.jsonl``
+(cached vs recomputed greedy decoding at a fixed number of tokens), ``maps-<window>.npz``
+(attention maps of one test utterance), and from ``--report``: ``summary.md``,
+``cer_vs_window.png``, ``scaling.png``, ``alignment.png`` (cross-attention: decoder step vs encoder
+frame) and ``encoder_maps.png`` (encoder self-attention, full vs truncated).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jiwer
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from attnlab import decoding, masks
+from attnlab import train as train_lib
+from attnlab.data import speech
+from attnlab.nn import EncoderDecoder
+from experiments import common
+
+
+def _window(name) -> int | None:
+    return None if str(name) == "full" else int(name)
+
+
+def build_model(cfg, window, seed: int, *, max_source_len: int = 4096, max_target_len=None) -> EncoderDecoder:
+    m = cfg.model
+    w = _window(window)
+    return EncoderDecoder(
+        input_dim=80,
+        vocab_size=speech.VOCAB_SIZE,
+        d_model=m.d_model,
+        num_heads=m.num_heads,
+        encoder_layers=m.encoder_layers,
+        decoder_layers=m.decoder_layers,
+        subsample=m.subsample,
+        encoder_mask=None if w is None else masks.window(w, w),
+        max_source_len=max_source_len,
+        max_target_len=max_target_len or cfg.model.max_target_len,
+        dropout_rate=m.dropout,
+        rngs=nnx.Rngs(seed),
+    )
+
+
+def _teacher_inputs(targets):
+    """Decoder inputs: BOS then the targets shifted right (the last target, EOS or PAD, dropped)."""
+    return jnp.concatenate([jnp.full((targets.shape[0], 1), speech.BOS, targets.dtype), targets[:, :-1]], axis=1)
+
+
+def loss_fn(model, batch, key, *, smoothing: float):
+    logits = model(
+        batch["features"], batch["lengths"], _teacher_inputs(batch["targets"]), batch["target_lengths"], dropout_key=key
+    ).astype(jnp.float32)
+    labels = optax.smooth_labels(jax.nn.one_hot(batch["targets"], logits.shape[-1]), smoothing)
+    valid = jnp.arange(logits.shape[1])[None, :] < batch["target_lengths"][:, None]
+    loss = jnp.sum(optax.softmax_cross_entropy(logits, labels) * valid) / jnp.maximum(valid.sum(), 1)
+    acc = jnp.sum((logits.argmax(-1) == batch["targets"]) * valid) / jnp.maximum(valid.sum(), 1)
+    return loss, {"char_accuracy": acc}
+
+
+def _padded(n: int, pad_to: int) -> int:
+    return -(-n // pad_to) * pad_to
+
+
+def _batch_fn(split: speech.Split, batch_size: int, seed: int, pad_to: int):
+    U = int(split.target_lengths.max())
+
+    def batch_fn(step):
+        idx = np.random.default_rng([seed, step]).choice(len(split), batch_size, replace=False)
+        T = _padded(int(split.lengths[idx].max()), pad_to)  # frames padded to a few shapes: few compiles
+        return {
+            "features": split.features[idx, :T],
+            "lengths": split.lengths[idx],
+            "targets": split.targets[idx, :U],
+            "target_lengths": split.target_lengths[idx],
+        }
+
+    return batch_fn
+
+
+@nnx.jit(static_argnames=("beam", "max_len", "alpha"))
+def _transcribe(model, features, lengths, *, beam: int, max_len: int, alpha: float):
+    memory, mem_len = model.encode(features, lengths)
+    kw = dict(max_len=max_len, bos=speech.BOS, eos=speech.EOS, pad=speech.PAD)
+    if beam == 1:
+        return decoding.greedy(model, memory, mem_len, **kw)[0]
+    return decoding.beam_search(model, memory, mem_len, beam=beam, alpha=alpha, **kw)[0]
+
+
+def error_rates(model, split: speech.Split, ev, *, beam: int) -> dict:
+    """Character and word error rates (jiwer) of greedy (beam=1) or beam decoding on a split."""
+    T = _padded(int(split.lengths.max()), 64)
+    apply = lambda f, n: _transcribe(model, f, n, beam=beam, max_len=ev.max_len, alpha=ev.alpha)  # noqa: E731
+    ids = common.predict(apply, [split.features[:, :T], split.lengths], ev.batch_size)
+    hyps = [speech.decode_ids(row) for row in ids]
+    return {
+        "cer": float(jiwer.cer(list(split.texts), hyps)),
+        "wer": float(jiwer.wer(list(split.texts), hyps)),
+        "example": [split.texts[0], hyps[0]],
+    }
+
+
+def _maps(model, split: speech.Split) -> dict:
+    """Encoder self-attention (last layer, head-averaged) and decoder cross-attention of utterance 0."""
+    f, n, tgt, tl = (jnp.asarray(a[:1]) for a in (split.features, split.lengths, split.targets, split.target_lengths))
+    memory, weights, mem_len = model.encode(f, n, return_weights=True)
+    _, cross = model.decode(_teacher_inputs(tgt), memory, mem_len, tl, return_weights=True)
+    s, u = int(mem_len[0]), int(tl[0])
+    return {
+        "encoder": np.asarray(weights[-1][0].mean(0))[:s, :s],
+        "cross": np.asarray(cross[-1][0].mean(0))[:u, :s],
+        "text": np.array(split.texts[0]),
+    }
+
+
+def run_one(cfg, data, window, seed: int, out: Path, *, verbose=True) -> dict:
+    t, ev = cfg.train, cfg.eval
+    model = build_model(cfg, window, seed)
+    tx = train_lib.adamw_cosine(t.learning_rate, t.warmup_steps, t.num_steps, t.weight_decay)
+    lf = lambda m, b, k: loss_fn(m, b, k, smoothing=t.label_smoothing)  # noqa: E731
+    model, records = train_lib.train(
+        model,
+        tx,
+        lf,
+        _batch_fn(data["train"], t.batch_size, seed, t.pad_to),
+        num_steps=t.num_steps,
+        seed=seed,
+        workdir=out / "runs" / f"window-{window}" / f"seed{seed}",
+        log_every=t.log_every,
+        verbose=verbose,
+    )
+    final = [r for r in records if r["split"] == "train"][-1]
+    rec = {
+        "variant": cfg.variant,
+        "params": train_lib.num_params(model),
+        "train_time_s": round(final["time_s"], 1),
+        "step_s": round(final["time_s"] / t.num_steps, 4),
+        "final_train_loss": final["loss"],
+        **common.env(),
+    }
+    for split in ("test", "new_voice"):
+        for beam in sorted({1, ev.beam}):
+            r = error_rates(model, data[split], ev, beam=beam)
+            name = "greedy" if beam == 1 else f"beam{beam}"
+            rec |= {
+                f"{split}_{name}_cer": r["cer"],
+                f"{split}_{name}_wer": r["wer"],
+                f"{split}_{name}_example": r["example"],
+            }
+    np.savez(out / f"maps-{window}.npz", **_maps(model, data["test"]))
+    return rec
+
+
+def measure_scaling(cfg, out: Path, *, verbose=True) -> list[dict]:
+    """Encoder-only train step (fwd+bwd of a summed output) time and compiled memory vs frames."""
+
+    def cell(c):
+        model = build_model(cfg, c["window"], 0, max_source_len=c["frames"])
+        x = jax.random.normal(jax.random.key(0), (1, c["frames"], 80))
+        n = jnp.array([c["frames"]])
+
+        def lf(m, b, k):
+            return jnp.mean(m.encode(b["x"], b["n"])[0] ** 2), {}
+
+        r = common.measure_train_step(model, optax.sgd(1e-3), lf, {"x": x, "n": n}, repeats=cfg.scaling.repeats)
+        s = -(-c["frames"] // 2**cfg.model.subsample)
+        return {**r, "encoder_frames": s, "step_s_per_frame": r["step_s"] / s, **common.env()}
+
+    cells = [
+        {"frames": f, "window": w} for w in common.names(cfg.scaling.windows) for f in common.ints(cfg.scaling.frames)
+    ]
+    return common.run_grid(out / "scaling.jsonl", cells, cell, verbose=verbose, name="speech scaling")
+
+
+def measure_decoding(cfg, out: Path, *, verbose=True) -> list[dict]:
+    """Cached vs recomputed greedy decoding of ``tokens`` steps (eos never emitted: every step runs)."""
+    d = cfg.decoding
+
+    def cell(c):
+        model = build_model(cfg, "full", 0, max_target_len=d.tokens)
+        memory = jax.random.normal(jax.random.key(1), (d.batch, 50, cfg.model.d_model))
+        mem_len = jnp.full((d.batch,), 50)
+        fn = decoding.greedy if c["method"] == "cached" else decoding.greedy_recompute
+        run = nnx.jit(lambda m, x, n: fn(m, x, n, max_len=d.tokens, bos=speech.BOS, eos=speech.VOCAB_SIZE))
+        jax.block_until_ready(run(model, memory, mem_len))  # compile
+        times = []
+        for _ in range(d.repeats):
+            t0 = time.perf_counter()
+            tokens, logits = jax.block_until_ready(run(model, memory, mem_len))
+            times.append(time.perf_counter() - t0)
+        np.save(out / f"decoding-{c['method']}.npy", np.asarray(tokens))
+        return {"tokens": d.tokens, "batch": d.batch, "seconds": float(np.median(times)), **common.env()}
+
+    out.mkdir(parents=True, exist_ok=True)
+    recs = common.run_grid(
+        out / "decoding.jsonl",
+        [{"method": "cached"}, {"method": "recompute"}],
+        cell,
+        verbose=verbose,
+        name="speech decoding",
+    )
+    return recs
+
+
+def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.to_json_best_effort(indent=2))
+    data = speech.load(**cfg.data.to_dict(), progress=verbose)
+    cells = [{"window": str(w), "seed": s} for w in common.names(cfg.windows) for s in common.ints(cfg.seeds)]
+    recs = common.run_grid(
+        out / "results.jsonl",
+        cells,
+        lambda c: run_one(cfg, data, c["window"], c["seed"], out, verbose=verbose),
+        verbose=verbose,
+        name="speech",
+    )
+    measure_decoding(cfg, out, verbose=verbose)
+    measure_scaling(cfg, out, verbose=verbose)
+    return recs
+
+
+# ------------------------------------------------------------------------------------------
+# Report
+
+
+def _order(w):
+    return (0, 0) if w == "full" else (1, -int(w))
+
+
+def report(folder: Path) -> str:
+    plt = common.pyplot()
+    results = common.read_jsonl(folder / "results.jsonl")
+    if not results:
+        raise FileNotFoundError(f"no results in {folder / 'results.jsonl'}: run the experiment first")
+    windows = sorted({r["window"] for r in results}, key=_order)
+    cols = [k for k in results[0] if k.endswith("_cer") or k.endswith("_wer")]
+    rows = []
+    for w in windows:
+        rs = [r for r in results if r["window"] == w]
+        cells = [common.mean_std(common.summarize(rs, ("window",), k)[(w,)], scale=100) for k in cols]
+        rows.append(["full" if w == "full" else f"±{w}", *cells, f"{np.mean([r['train_time_s'] for r in rs]):.0f}"])
+    header = [
+        "encoder attention",
+        *(k.replace("_", " ").replace(" cer", " CER %").replace(" wer", " WER %") for k in cols),
+    ]
+    text = common.markdown_table([*header, "train s"], rows)
+    dec = {r["method"]: r for r in common.read_jsonl(folder / "decoding.jsonl")}
+    if len(dec) == 2:
+        same = bool(np.array_equal(*(np.load(folder / f"decoding-{m}.npy") for m in ("cached", "recompute"))))
+        text += (
+            f"\n\nGreedy decoding of {dec['cached']['tokens']} tokens (batch {dec['cached']['batch']}): cached "
+            f"{dec['cached']['seconds']:.3f} s, recomputed {dec['recompute']['seconds']:.3f} s: "
+            f"{dec['recompute']['seconds'] / dec['cached']['seconds']:.1f}x faster; identical tokens: {same}."
+        )
+    scaling = common.read_jsonl(folder / "scaling.jsonl")
+    if scaling:
+        srows = [
+            [
+                r["window"],
+                r["frames"],
+                r["encoder_frames"],
+                f"{r['step_s']:.3f}",
+                f"{1e3 * r['step_s_per_frame']:.2f}",
+                f"{r['peak_bytes'] / 2**20:.1f}",
+            ]
+            for r in sorted(scaling, key=lambda r: (_order(r["window"]), r["frames"]))
+        ]
+        text += "\n\n" + common.markdown_table(
+            ["encoder", "input frames", "encoder frames", "step s", "ms / encoder frame", "compiled MiB"], srows
+        )
+    (folder / "summary.md").write_text(text + "\n")
+    # figures
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    x = np.arange(len(windows))
+    for k in ("test_greedy_cer", "new_voice_greedy_cer"):
+        ax.plot(x, [100 * np.mean([r[k] for r in results if r["window"] == w]) for w in windows], "o-", label=k[:-4])
+    ax.set_xticks(x, ["full" if w == "full" else f"±{w}" for w in windows])
+    ax.set(xlabel="encoder self-attention", ylabel="CER (%)")
+    ax.legend()
+    common.save_figure(fig, folder / "cer_vs_window.png")
+    if scaling:
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for w in sorted({r["window"] for r in scaling}, key=_order):
+            rs = sorted((r for r in scaling if r["window"] == w), key=lambda r: r["frames"])
+            ax.plot(
+                [r["frames"] for r in rs],
+                [1e3 * r["step_s_per_frame"] for r in rs],
+                "o-",
+                label="full" if w == "full" else f"±{w}",
+            )
+        ax.set(xlabel="input frames (10 ms)", ylabel="encoder step ms / frame")
+        ax.legend()
+        common.save_figure(fig, folder / "scaling.png")
+    maps = {w: np.load(folder / f"maps-{w}.npz") for w in windows if (folder / f"maps-{w}.npz").exists()}
+    if maps:
+        w0 = next(iter(maps))
+        fig, ax = plt.subplots(figsize=(6, 3))
+        ax.imshow(maps[w0]["cross"], aspect="auto", cmap="viridis")
+        ax.set(xlabel="encoder frame", ylabel="decoder step", title=f"cross-attention: {maps[w0]['text']}")
+        common.save_figure(fig, folder / "alignment.png")
+        fig, axes = plt.subplots(1, len(maps), figsize=(3 * len(maps), 3), squeeze=False)
+        for a, (w, z) in zip(axes[0], maps.items(), strict=True):
+            a.imshow(z["encoder"], cmap="viridis")
+            a.set_title("full" if w == "full" else f"window ±{w}")
+        common.save_figure(fig, folder / "encoder_maps.png")
+    return text
+
+
+if __name__ == "__main__":
+    common.launch(run, report, config="experiments/configs/speech.py:default", out="results/speech")

@@ -1,0 +1,105 @@
+"""Speech data: number words, the log-mel front end against librosa, espeak-ng synthesis and the cache."""
+
+import numpy as np
+import pytest
+
+from attnlab.data import speech
+
+librosa = pytest.importorskip("librosa", reason="librosa (speech extra) is the independent filterbank")
+
+
+@pytest.mark.parametrize(
+    "n,words",
+    [
+        (0, "zero"),
+        (7, "seven"),
+        (15, "fifteen"),
+        (40, "forty"),
+        (99, "ninety nine"),
+        (100, "one hundred"),
+        (105, "one hundred and five"),
+        (1000, "one thousand"),
+        (1005, "one thousand and five"),
+        (1100, "one thousand one hundred"),
+        (20013, "twenty thousand and thirteen"),
+        (412306, "four hundred and twelve thousand three hundred and six"),
+        (999999, "nine hundred and ninety nine thousand nine hundred and ninety nine"),
+    ],
+)
+def test_number_words(n, words):
+    assert speech.number_words(n) == words
+
+
+@pytest.mark.parametrize("bad", [-1, 1_000_000, 2.5, "3"])
+def test_number_words_range_named(bad):
+    with pytest.raises(ValueError, match="number_words: n"):
+        speech.number_words(bad)
+
+
+def test_text_ids_round_trip():
+    ids = speech.encode_text("four hundred")
+    assert ids.min() >= 3
+    assert speech.decode_ids(np.append(ids, [speech.EOS, 7, 8])) == "four hundred"
+    with pytest.raises(ValueError, match="outside"):
+        speech.encode_text("Four!")
+
+
+@pytest.mark.parametrize("sr,n_fft", [(22050, 1024), (16000, 512)])
+def test_mel_filterbank_matches_librosa(sr, n_fft):
+    ours = speech.mel_filterbank(sr, n_fft, 80)
+    ref = librosa.filters.mel(sr=sr, n_fft=n_fft, n_mels=80, htk=False, norm="slaney")
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-7)
+
+
+def test_log_mel_matches_librosa():
+    rng = np.random.default_rng(0)
+    sr = 22050
+    t = np.arange(sr // 2) / sr
+    x = (0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+    ours = speech.log_mel(x, sr)
+    mel = librosa.feature.melspectrogram(
+        y=x, sr=sr, n_fft=1024, hop_length=220, win_length=551, window="hann", center=False, power=2.0, n_mels=80
+    )
+    assert ours.shape == mel.T.shape  # ~10 ms frames: 0.5 s -> ~46 frames
+    np.testing.assert_allclose(ours, np.log(mel.T + 1e-6), atol=2e-3, rtol=1e-3)
+
+
+def test_log_mel_rejects_stereo():
+    with pytest.raises(ValueError, match="mono"):
+        speech.log_mel(np.zeros((2, 100)), 16000)
+
+
+needs_espeak = pytest.mark.skipif(
+    not speech.espeak_available(),
+    reason="espeak-ng is not installed (run `make data-speech` as root, or `sudo apt-get install -y espeak-ng`)",
+)
+
+
+@needs_espeak
+def test_synthesize_speaks():
+    x, sr = speech.synthesize("seven", voice="en-us", variant="m3")
+    assert sr > 8000 and 0.2 < len(x) / sr < 3.0  # a word lasts a fraction of a second
+    assert np.abs(x).max() > 0.05
+
+
+@needs_espeak
+def test_load_small_slice_and_cache(tmp_path, monkeypatch):
+    splits = speech.load(num_train=6, num_test=3, num_new_voice=2, directory=tmp_path, progress=False)
+    train, test, new = splits["train"], splits["test"], splits["new_voice"]
+    assert (len(train), len(test), len(new)) == (6, 3, 2)
+    assert not set(train.texts) & set(test.texts)  # held-out numbers
+    assert all(s.endswith("+" + speech.HELD_OUT_VARIANT) for s in new.speakers)
+    assert not any(s.endswith("+" + speech.HELD_OUT_VARIANT) for s in train.speakers)
+    assert train.features.shape[-1] == 80 and (train.lengths > 20).all()
+    for i, text in enumerate(train.texts):
+        assert speech.decode_ids(train.targets[i]) == text
+        assert train.targets[i, train.target_lengths[i] - 1] == speech.EOS
+    # a rerun reads the cache: no synthesis
+    monkeypatch.setattr(speech, "synthesize", lambda *a, **k: pytest.fail("synthesized again"))
+    again = speech.load(num_train=6, num_test=3, num_new_voice=2, directory=tmp_path, progress=False)
+    np.testing.assert_array_equal(again["train"].features, train.features)
+
+
+def test_load_arguments_named(tmp_path):
+    with pytest.raises(ValueError, match="num_new_voice"):
+        speech.load(num_train=2, num_test=1, num_new_voice=2, directory=tmp_path)
