@@ -21,8 +21,9 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["dot_product", "additive", "check_qk"]
+__all__ = ["dot_product", "additive", "check_qk", "check_scale"]
 
 
 def check_qk(q: jax.Array, k: jax.Array, *, fn: str = "score") -> tuple[int, int]:
@@ -49,6 +50,25 @@ def check_qk(q: jax.Array, k: jax.Array, *, fn: str = "score") -> tuple[int, int
     return n, kh
 
 
+def check_scale(scale, *, fn: str = "score") -> None:
+    """``scale`` must be None or one real number (a Python float/int or a 0-d array, traced or not).
+
+    An array of length S would silently scale each key differently: a ValueError instead.
+    """
+    if scale is None:
+        return
+    is_number = isinstance(scale, (int, float, np.integer, np.floating)) or hasattr(scale, "shape")
+    if isinstance(scale, bool) or not is_number:
+        raise ValueError(f"{fn}: scale must be a real number (float or 0-d array) or None, got {type(scale).__name__}")
+    if hasattr(scale, "shape"):
+        if tuple(scale.shape) != ():
+            raise ValueError(
+                f"{fn}: scale must be a scalar (one logit scale for all keys), got shape {tuple(scale.shape)}"
+            )
+        if not (jnp.issubdtype(scale.dtype, jnp.floating) or jnp.issubdtype(scale.dtype, jnp.integer)):
+            raise ValueError(f"{fn}: scale must be a real number, got dtype {scale.dtype}")
+
+
 def _group(q: jax.Array, num_kv_heads: int) -> jax.Array:
     # [..., T, N, H] -> [..., T, K, G, H]; query head n = kv_head * G + g
     *lead, t, n, h = q.shape
@@ -72,6 +92,7 @@ def dot_product(q: jax.Array, k: jax.Array, *, scale: float | None = None) -> ja
         ((1, 2, 3), 2.0)
     """
     n, kh = check_qk(q, k, fn="dot_product")
+    check_scale(scale, fn="dot_product")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     qg = _group(q, kh)  # [..., T, K, G, H]
