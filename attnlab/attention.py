@@ -19,6 +19,7 @@ and its gradients are zero, never NaN.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 
 from attnlab import dispatch, scores
 from attnlab import masks as masks_lib
+from attnlab.kernels import blockwise as blockwise_lib
 
 __all__ = ["attention", "attention_weights", "attention_reference", "masked_softmax", "IMPLEMENTATIONS"]
 
@@ -40,6 +42,13 @@ ScoreFn = Callable[[jax.Array, jax.Array], jax.Array]
 
 
 def _check_qkv(q, k, v, fn):
+    # K = 0 or H = 0 would divide by zero deeper down (N % K, 1/sqrt(H)): name them here.
+    # (T = 0 and S = 0 are fine: the result is [..., T, N, Hv], zeros where S = 0.)
+    for name, x, legend in (("k", k, "[..., S, K, H]"), ("q", q, "[..., T, N, H]")):
+        if hasattr(x, "ndim") and x.ndim >= 3 and x.shape[-1] == 0:
+            raise ValueError(f"{fn}: the head dim H must be >= 1, got {name} of shape {x.shape} ({legend})")
+    if hasattr(k, "ndim") and k.ndim >= 3 and k.shape[-2] == 0:
+        raise ValueError(f"{fn}: the number of key heads K must be >= 1, got k of shape {k.shape} ([..., S, K, H])")
     n, kh = scores.check_qk(q, k, fn=fn)
     if not hasattr(v, "ndim") or v.ndim != k.ndim:
         raise ValueError(
@@ -102,19 +111,8 @@ def _check_bias(bias, target):
 
 
 def _score_fn(score, scale, fn) -> ScoreFn:
-    if isinstance(score, str):
-        if score in ("dot", "dot_product"):
-            return lambda q, k: scores.dot_product(q, k, scale=scale)
-        if score == "additive":
-            raise ValueError(
-                f"{fn}: score='additive' needs its weights: pass score=functools.partial(attnlab.scores.additive, w=w)"
-            )
-        raise ValueError(f"{fn}: score must be 'dot' or a callable score(q, k) -> [..., N, T, S], got {score!r}")
-    if not callable(score):
-        raise ValueError(f"{fn}: score must be 'dot' or a callable, got {type(score).__name__}")
-    if scale is not None:
-        raise ValueError(f"{fn}: scale applies to score='dot' only; fold it into your score function")
-    return score
+    """``"dot"``, a ``scores.Score`` or a callable (and ``scale``, checked) -> a score function."""
+    return scores.as_score(score, scale, fn=fn)
 
 
 def _logits(q, k, *, bias, score, scale, fn):
@@ -136,27 +134,70 @@ def _logits(q, k, *, bias, score, scale, fn):
 def masked_softmax(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
     """Softmax over the last axis in fp32, restricted to ``mask``; rows with nothing allowed give 0.
 
-    Masked logits are replaced by a large *finite* negative (not -inf) and then multiplied out, so
-    neither the value nor the gradient of an empty row is NaN. A -inf logit (from a bias) counts as
-    "not allowed" too.
+    Only ``mask == False`` and ``-inf`` logits take an entry out; finite logits, however negative
+    (e.g. a bias of ``finfo(float32).min``), are a softmax like any other (a row of equal huge
+    negative logits is uniform, as in float64). The row max is taken over the allowed entries only,
+    so a masked entry never competes with them; neither the value nor the gradient of an empty row
+    is NaN.
+
+    Args:
+        logits: ``[..., S]`` float logits.
+        mask: bool, broadcastable with ``logits`` (True = attend), or None.
+
+    Raises:
+        ValueError: ``mask`` is not boolean.
     """
+    return _softmax_lse(logits, mask)[0]
+
+
+def _softmax_lse(logits, mask):
+    """(weights, lse): the masked softmax and its log-sum-exp (fp32; lse -inf on an empty row)."""
     logits = logits.astype(jnp.float32)
-    neg = jnp.float32(-0.7 * jnp.finfo(jnp.float32).max)
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        if mask.dtype != bool:
+            raise ValueError(
+                f"mask must be a bool array (True = attend), got dtype {mask.dtype}; use `mask != 0` to convert"
+            )
     allowed = logits != -jnp.inf  # NaN stays NaN: a bug upstream should show, not vanish
     if mask is not None:
         allowed = allowed & mask
-    x = jnp.where(allowed, logits, neg)
+    if allowed.shape[-1] == 0:  # S = 0: nothing to attend anywhere
+        return jnp.zeros(allowed.shape, jnp.float32), jnp.full(allowed.shape[:-1], -jnp.inf, jnp.float32)
+    x = jnp.where(allowed, logits, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+    m = jnp.where(m == -jnp.inf, 0.0, m)  # an empty row: any finite shift (its entries are all 0)
     p = jnp.where(allowed, jnp.exp(x - m), 0.0)
     denom = jnp.sum(p, axis=-1, keepdims=True)
-    return p / jnp.where(denom == 0.0, 1.0, denom)
+    nonempty = denom > 0.0
+    safe = jnp.where(nonempty, denom, 1.0)
+    lse = jnp.where(nonempty, m + jnp.log(safe), -jnp.inf)[..., 0]
+    return p / safe, lse
 
 
 def _weights(q, k, *, mask, bias, score, scale, fn):
+    return _weights_lse(q, k, mask=mask, bias=bias, score=score, scale=scale, fn=fn)[0]
+
+
+def _weights_lse(q, k, *, mask, bias, score, scale, fn):
     target = _logits_shape(q, k)
     dense = _dense_mask(mask, target)
     bias = _check_bias(bias, target)
-    return masked_softmax(_logits(q, k, bias=bias, score=score, scale=scale, fn=fn), dense)
+    return _softmax_lse(_logits(q, k, bias=bias, score=score, scale=scale, fn=fn), dense)
+
+
+def _dropout(weights, rate, seed):
+    """Drops each weight [..., N, T, S] with probability ``rate``, scaling the kept ones by 1/(1-rate).
+
+    The decision for (b, n, t, s) is ``blockwise_lib.dropout_keep`` of its position, the same
+    one the blockwise kernel draws tile by tile.
+    """
+    *lead, n, t, s = weights.shape
+    b = jnp.arange(math.prod(lead), dtype=jnp.uint32).reshape(*lead, 1, 1, 1)  # flat batch index
+    heads = jnp.arange(n, dtype=jnp.uint32)[:, None, None]
+    rows = (b * n + heads) * t + jnp.arange(t, dtype=jnp.uint32)[:, None]  # [..., N, T, 1]
+    keep = blockwise_lib.dropout_keep(seed, rate, rows, jnp.arange(s, dtype=jnp.uint32))
+    return jnp.where(keep, weights * jnp.float32(1.0 / (1.0 - rate)), 0.0)
 
 
 def _weighted_sum(weights, v):
@@ -168,7 +209,19 @@ def _weighted_sum(weights, v):
     return out.reshape(*lead, t, n, v.shape[-1])  # [..., T, K, G, Hv] -> [..., T, N, Hv]
 
 
-def attention_reference(q, k, v, *, mask=None, bias=None, score="dot", scale=None):
+def attention_reference(
+    q,
+    k,
+    v,
+    *,
+    mask=None,
+    bias=None,
+    score="dot",
+    scale=None,
+    dropout_rate=0.0,
+    dropout_key=None,
+    return_lse=False,
+):
     """Dense attention in fp32: the obviously-correct version every fast path is tested against.
 
     Args:
@@ -182,16 +235,28 @@ def attention_reference(q, k, v, *, mask=None, bias=None, score="dot", scale=Non
             on ``jnp.arange(T), jnp.arange(S)``).
         score: ``"dot"`` or a callable ``score(q, k) -> [..., N, T, S]``.
         scale: logit scale for ``score="dot"``; default ``1/sqrt(H)``.
+        dropout_rate: probability of dropping each attention weight (after the softmax; kept
+            weights are scaled by ``1/(1 - rate)``), as flax's ``dropout_rate`` / torch's ``dropout_p``.
+        dropout_key: a ``jax.random`` key, required when ``dropout_rate > 0``. The mask is a function
+            of the key and the position (b, n, t, s) only: the blockwise kernel draws the same one.
+        return_lse: also return the log-sum-exp of each row's allowed logits, fp32 ``[..., T, N]``
+            (``-inf`` for a row with nothing to attend), as jax.nn's ``return_residual``.
 
     Returns:
-        ``[..., T, N, Hv]`` in q's dtype (computed in fp32 throughout).
+        ``[..., T, N, Hv]`` in q's dtype (computed in fp32 throughout); with ``return_lse``, the
+        pair ``(out, lse)``.
 
     Raises:
         ValueError: on mismatched shapes, dtypes, masks or biases (the message names the argument).
     """
-    _check_qkv(q, k, v, "attention_reference")
-    weights = _weights(q, k, mask=mask, bias=bias, score=score, scale=scale, fn="attention_reference")
-    return _weighted_sum(weights, v).astype(q.dtype)
+    fn = "attention_reference"
+    _check_qkv(q, k, v, fn)
+    rate, seed = blockwise_lib.check_dropout(dropout_rate, dropout_key, fn)
+    weights, lse = _weights_lse(q, k, mask=mask, bias=bias, score=score, scale=scale, fn=fn)
+    if seed is not None:
+        weights = _dropout(weights, rate, seed)
+    out = _weighted_sum(weights, v).astype(q.dtype)
+    return (out, jnp.swapaxes(lse, -1, -2)) if return_lse else out  # lse [..., N, T] -> [..., T, N]
 
 
 def attention_weights(q, k, *, mask=None, bias=None, score="dot", scale=None):
@@ -228,25 +293,37 @@ def _attention_xla(q, k, v, *, mask, bias, scale, fn):
     target = _logits_shape(q, k)
     dense = _dense_mask(mask, target)
     bias = _check_bias(bias, target)
-    if bias is not None:
-        # As in the reference, a -inf bias means "not allowed" (so an all -inf row gives zeros).
-        finite = bias != -jnp.inf
-        dense = finite if dense is None else dense & finite
-        bias = jnp.where(finite, bias, 0)
     lead = q.shape[:-3]
     dtype = q.dtype
-    if dtype == jnp.float16 and jax.default_backend() == "cpu":
-        # XLA:CPU has no fp16 x fp16 -> fp32 dot (jax.nn's backward needs it): compute in fp32.
-        q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    if target[-2] == 0 or target[-1] == 0:  # T = 0 or S = 0: jax.nn cannot reshape empty arrays
+        return jnp.zeros((*lead, q.shape[-3], q.shape[-2], v.shape[-1]), dtype)
+    # As in the reference, the bias stays fp32 (jax.nn adds it to fp32 logits) and a -inf bias
+    # means "not allowed". The mask goes in as -inf in that fp32 bias, not as jax.nn's mask: jax.nn
+    # fills masked logits with a finite -0.7 * max, which beats an allowed logit of finfo.min.
+    allowed = dense
+    if bias is not None:
+        bias = bias.astype(jnp.float32)
+        finite = bias != -jnp.inf
+        allowed = finite if allowed is None else allowed & finite
+    b4 = None if bias is None else _to_bnts(bias, lead)  # [B|1, N|1, T|1, S|1]
+    any4 = None
+    if allowed is not None:
+        a4 = _to_bnts(allowed, lead)
+        any4 = jnp.any(a4, axis=-1, keepdims=True)  # [B|1, N|1, T|1, 1]
+        b4 = jnp.where(a4, jnp.float32(0) if b4 is None else b4, -jnp.inf)
+        # a row with nothing allowed: any finite row for jax.nn (no NaN), zeroed below
+        b4 = jnp.where(any4, b4, 0.0)
+    # XLA:CPU has no fp16 x fp16 -> fp32 dot (jax.nn's backward needs it) and its small-shape bf16
+    # emitter rejects jax.nn's BF16_BF16_F32 dot ("ALG_DOT_BF16_BF16_F32 not supported" under jit
+    # for B = T = S = N = 1): half precision is computed in fp32 there, as in the blockwise kernel.
+    compute = blockwise_lib.compute_dtype(dtype)
+    q, k, v = (x.astype(compute) for x in (q, k, v))
     # [..., T, N, H] -> [B, T, N, H]
     q4, k4, v4 = (x.reshape((-1,) + x.shape[-3:]) for x in (q, k, v))
-    m4 = None if dense is None else _to_bnts(dense, lead)
-    b4 = None if bias is None else _to_bnts(bias.astype(q.dtype), lead)
-    out = jax.nn.dot_product_attention(q4, k4, v4, bias=b4, mask=m4, scale=scale, implementation="xla")
-    if m4 is not None:
-        # jax.nn spreads a fully-masked row uniformly over all keys; attnlab returns zeros there.
-        any_row = jnp.any(m4, axis=-1)  # [B|1, N|1, T|1]
-        out = out * jnp.swapaxes(any_row, -1, -2)[..., None].astype(out.dtype)  # -> [B, T, N, 1]
+    out = jax.nn.dot_product_attention(q4, k4, v4, bias=b4, scale=scale, implementation="xla")
+    if any4 is not None:
+        # jax.nn spreads an empty row uniformly over all keys; attnlab returns zeros there.
+        out = out * jnp.swapaxes(any4[..., 0], -1, -2)[..., None].astype(out.dtype)  # -> [B|1, T|1, N|1, 1]
     return out.reshape(lead + out.shape[1:]).astype(dtype)
 
 
@@ -272,7 +349,20 @@ def _choose(q, k, v, *, mask, bias, score, is_dot=None, backend=None):
     return dispatch.choose(q, k, v, mask=m, bias=bias, score=score, backend=backend)
 
 
-def attention(q, k, v, *, mask=None, bias=None, score="dot", scale=None, implementation=None):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    mask=None,
+    bias=None,
+    score="dot",
+    scale=None,
+    implementation=None,
+    dropout_rate=0.0,
+    dropout_key=None,
+    return_lse=False,
+):
     """Attention ``softmax(score(q, k) + bias | mask) v`` over any leading batch dims.
 
     Args:
@@ -305,9 +395,17 @@ def attention(q, k, v, *, mask=None, bias=None, score="dot", scale=None, impleme
             4. ``"reference"`` otherwise.
 
             ``attnlab.explain(q, k, v, ...)`` shows the choice and the reasons, for any backend.
+            With dropout or ``return_lse``, only implementations that draw dropout / return the lse
+            are candidates ("reference" and "blockwise").
+        dropout_rate: attention dropout on the weights (``"reference"`` and ``"blockwise"``), see
+            ``attention_reference``; the same key gives the same mask on both.
+        dropout_key: a ``jax.random`` key, required when ``dropout_rate > 0``.
+        return_lse: also return the rows' log-sum-exp, fp32 ``[..., T, N]`` (-inf on empty rows),
+            differentiable (``"reference"`` and ``"blockwise"``).
 
     Returns:
-        ``[..., T, N, Hv]`` in q's dtype. Softmax is computed in fp32 for every input dtype.
+        ``[..., T, N, Hv]`` in q's dtype, or ``(out, lse)`` with ``return_lse``. Softmax is computed
+        in fp32 for every input dtype.
 
     Raises:
         ValueError: bad shapes or dtypes of q/k/v, N not divisible by K, a mask or bias that does
@@ -322,9 +420,16 @@ def attention(q, k, v, *, mask=None, bias=None, score="dot", scale=None, impleme
     fn = "attention"
     _check_qkv(q, k, v, fn)
     score_obj = scores.as_score(score, scale, fn=fn)
+    rate, _ = blockwise_lib.check_dropout(dropout_rate, dropout_key, fn)
+    extras = {"return_lse": True} if return_lse else {}
+    if rate:
+        extras |= {"dropout_rate": rate, "dropout_key": dropout_key}
     if implementation == "reference":  # the dense path checks its own arguments
-        return attention_reference(q, k, v, mask=mask, bias=bias, score=score_obj)
+        return attention_reference(q, k, v, mask=mask, bias=bias, score=score_obj, **extras)
     m = masks_lib.as_mask(mask, "mask")
     _check_mask_for_kernel(m, q, k)  # a mask of the wrong size fails here with its own message
-    name = dispatch.choose(q, k, v, mask=m, bias=bias, score=score_obj, implementation=implementation, fn=fn)
-    return dispatch.IMPLEMENTATIONS[name].run(q, k, v, mask=m, bias=bias, score=score_obj)
+    needs = frozenset(({"dropout"} if rate else set()) | ({"lse"} if return_lse else set()))
+    name = dispatch.choose(
+        q, k, v, mask=m, bias=bias, score=score_obj, implementation=implementation, fn=fn, needs=needs
+    )
+    return dispatch.IMPLEMENTATIONS[name].run(q, k, v, mask=m, bias=bias, score=score_obj, **extras)

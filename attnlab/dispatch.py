@@ -66,12 +66,16 @@ class Implementation:
         run: ``(q, k, v, *, mask, bias, score) -> [..., T, N, Hv]``.
         pays_off: like ``supports``, consulted only by ``implementation=None``: None when the
             kernel is worth choosing on this backend for this call, else why not.
+        features: what ``run`` can do beyond plain attention: ``"dropout"`` (``dropout_rate`` and
+            ``dropout_key``) and ``"lse"`` (``return_lse=True``); a call that needs one goes to an
+            implementation that has it.
     """
 
     name: str
     supports: Supports
     run: Callable
     pays_off: Supports | None = None
+    features: frozenset = frozenset()
 
 
 def normalize_backend(backend: str | None) -> str:
@@ -104,8 +108,8 @@ def _supports_reference(q, k, v, *, mask, bias, score, backend):
     return None
 
 
-def _run_reference(q, k, v, *, mask, bias, score):
-    return _attention_module().attention_reference(q, k, v, mask=mask, bias=bias, score=score)
+def _run_reference(q, k, v, *, mask, bias, score, **extras):
+    return _attention_module().attention_reference(q, k, v, mask=mask, bias=bias, score=score, **extras)
 
 
 def _supports_xla(q, k, v, *, mask, bias, score, backend):
@@ -137,9 +141,7 @@ def _run_xla(q, k, v, *, mask, bias, score):
 def _supports_blockwise(q, k, v, *, mask, bias, score, backend):
     if not score.is_dot:
         return f"supports score='dot' only (got score {type(score).__name__})"
-    if bias is not None and not _is_callable_bias(bias):
-        return "takes bias=None or a callable bias(q_idx, k_idx), not a bias array (O(T*S) already: use xla)"
-    return None
+    return None  # bias: None, a callable of positions, or an array (sliced per tile)
 
 
 def _blockwise_pays_off(q, k, v, *, mask, bias, score, backend):
@@ -161,11 +163,11 @@ def _blockwise_pays_off(q, k, v, *, mask, bias, score, backend):
     )
 
 
-def _run_blockwise(q, k, v, *, mask, bias, score):
+def _run_blockwise(q, k, v, *, mask, bias, score, **extras):
     m = mask
     if isinstance(m, masks_lib.GraphEdges):
         m = masks_lib.graph(m.adjacency())  # the dense adjacency, evaluated per tile
-    return blockwise_lib.blockwise_attention(q, k, v, mask=m, bias=bias, scale=score.scale)
+    return blockwise_lib.blockwise_attention(q, k, v, mask=m, bias=bias, scale=score.scale, **extras)
 
 
 def _supports_sparse(q, k, v, *, mask, bias, score, backend):
@@ -234,9 +236,15 @@ _splash_supports, _splash_run = _lazy("splash", "splash_attention")
 IMPLEMENTATIONS: dict[str, Implementation] = {
     impl.name: impl
     for impl in (
-        Implementation("reference", _supports_reference, _run_reference),
+        Implementation("reference", _supports_reference, _run_reference, features=frozenset({"dropout", "lse"})),
         Implementation("xla", _supports_xla, _run_xla, _xla_pays_off),
-        Implementation("blockwise", _supports_blockwise, _run_blockwise, _blockwise_pays_off),
+        Implementation(
+            "blockwise",
+            _supports_blockwise,
+            _run_blockwise,
+            _blockwise_pays_off,
+            features=frozenset({"dropout", "lse"}),
+        ),
         Implementation("sparse", _supports_sparse, _run_sparse),
         Implementation("cudnn", _supports_cudnn, _run_cudnn),
         Implementation("pallas", _pallas_supports, _pallas_run),
@@ -304,12 +312,18 @@ def _candidates(implementation, backend) -> tuple[tuple[str, ...], bool]:
     return names, False
 
 
-def _explain(q, k, v, *, mask, bias, score, backend, implementation) -> Explanation:
+_FEATURES = {"dropout": "draws no attention dropout", "lse": "does not return the log-sum-exp"}
+
+
+def _explain(q, k, v, *, mask, bias, score, backend, implementation, needs=frozenset()) -> Explanation:
     names, automatic = _candidates(implementation, backend)
     rows, chosen = [], None
     for name in names:
         impl = IMPLEMENTATIONS[name]
-        reason = impl.supports(q, k, v, mask=mask, bias=bias, score=score, backend=backend)
+        missing = sorted(needs - impl.features)
+        reason = "; ".join(_FEATURES[f] for f in missing) if missing else None
+        if reason is None:
+            reason = impl.supports(q, k, v, mask=mask, bias=bias, score=score, backend=backend)
         if reason is None and automatic and impl.pays_off is not None:
             reason = impl.pays_off(q, k, v, mask=mask, bias=bias, score=score, backend=backend)
         if reason is None and chosen is None:
@@ -318,16 +332,18 @@ def _explain(q, k, v, *, mask, bias, score, backend, implementation) -> Explanat
     return Explanation(backend, chosen, tuple(rows), automatic)
 
 
-def choose(q, k, v, *, mask, bias, score, backend=None, implementation=None, fn="attention") -> str:
-    """The implementation ``attention`` runs (``mask`` an attnlab mask or None, ``score`` a Score).
+def choose(q, k, v, *, mask, bias, score, backend=None, implementation=None, fn="attention", needs=frozenset()) -> str:
+    """The implementation ``attention`` runs (``mask`` an attnlab mask or None, ``score`` a Score;
+    ``needs`` a set of ``Implementation.features`` the call uses).
 
     Raises:
         ValueError: an unknown name, or none of the requested implementations supports the call
             (the message gives each one's reason).
     """
     ex = _explain(
-        q, k, v, mask=mask, bias=bias, score=score, backend=normalize_backend(backend), implementation=implementation
-    )
+        q, k, v, mask=mask, bias=bias, score=score, backend=normalize_backend(backend), implementation=implementation,
+        needs=needs,
+    )  # fmt: skip
     if ex.implementation is None:
         why = "; ".join(f"implementation={n!r} {r}" for n, r in ex.candidates)
         raise ValueError(f"{fn}: {why}")

@@ -134,6 +134,14 @@ def init_multi_head_params(
     return params
 
 
+def _check_param(params, name, legend):
+    w = params.get(name) if hasattr(params, "get") else None
+    if w is None or not hasattr(w, "shape") or len(w.shape) != 3:
+        got = "missing" if w is None else f"shape {getattr(w, 'shape', type(w).__name__)}"
+        raise ValueError(f"multi_head_attention: params['{name}'] must have shape {legend}, got {got}")
+    return w
+
+
 def _project(x, w, b, name):
     # [..., T, Din] @ [Din, M*H] -> [..., T, M*H] -> split -> [..., T, M, H]
     din, m, h = w.shape
@@ -193,9 +201,18 @@ def multi_head_attention(
     x_kv = x_q if x_kv is None else x_kv
     if x_q.shape[:-2] != x_kv.shape[:-2]:
         raise ValueError(f"multi_head_attention: x_q {x_q.shape} and x_kv {x_kv.shape} must have the same batch dims")
-    q = _project(x_q, params["wq"], params.get("bq"), "x_q")  # [..., T, N, H]
-    k = _project(x_kv, params["wk"], params.get("bk"), "x_kv")  # [..., S, K, H]
-    v = _project(x_kv, params["wv"], params.get("bv"), "x_kv")  # [..., S, K, Hv]
+    wq = _check_param(params, "wq", "[D, N, H]")
+    wk = _check_param(params, "wk", "[Dkv, K, H]")
+    wv = _check_param(params, "wv", "[Dkv, K, Hv]")
+    wo = _check_param(params, "wo", "[N, Hv, D]")
+    if wo.shape[:2] != (wq.shape[1], wv.shape[2]):
+        raise ValueError(
+            f"multi_head_attention: params['wo'] must have shape [N, Hv, D] = [{wq.shape[1]}, {wv.shape[2]}, D] "
+            f"(N from wq {wq.shape}, Hv from wv {wv.shape}), got {wo.shape}"
+        )
+    q = _project(x_q, wq, params.get("bq"), "x_q")  # [..., T, N, H]
+    k = _project(x_kv, wk, params.get("bk"), "x_kv")  # [..., S, K, H]
+    v = _project(x_kv, wv, params.get("bv"), "x_kv")  # [..., S, K, Hv]
     if rotary is not None:
         q, k = rotary(q), rotary(k)  # e.g. RoPE: rotate q and k by their positions
     if score == "additive":
@@ -216,7 +233,6 @@ def multi_head_attention(
         o = attention(
             q, k, v, mask=mask, bias=bias, score=score, scale=scale, implementation=implementation
         )  # [..., T, N, Hv]
-    wo = params["wo"]
     n, hv, d = wo.shape
     y = merge_heads(o) @ wo.reshape(n * hv, d)  # [..., T, N*Hv] @ [N*Hv, D] -> [..., T, D]
     if params.get("bo") is not None:

@@ -406,7 +406,10 @@ class GraphEdges(Mask):
         """bool ``[num_nodes, num_nodes]``: ``adjacency[r, s]`` is True iff an edge s -> r exists."""
         n = self.num_nodes
         adj = jnp.zeros((n, n), bool)
-        return adj.at[jnp.asarray(self.receivers), jnp.asarray(self.senders)].set(True)
+        # an edge outside [0, n) (possible only with traced indices) is dropped, negative ones too
+        r, s = (jnp.asarray(x) for x in (self.receivers, self.senders))
+        r, s = jnp.where(r < 0, n, r), jnp.where(s < 0, n, s)
+        return adj.at[r, s].set(True, mode="drop")
 
     def dense(self, T, S):
         _check_lengths(T, S)
@@ -732,11 +735,20 @@ def full() -> Mask:
     return Full()
 
 
-def _check_int(name: str, value, *, minimum=None) -> int:
+# Positions are int32 inside the kernels; bounding every structural int by 2**30 keeps sums
+# like q_idx + offset from wrapping (and a window of 2**30 already covers any sequence).
+_MAX_INT = 2**30
+
+
+def _check_int(name: str, value, *, minimum=None, bounded=True) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be a Python int, got {type(value).__name__} {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if bounded and abs(int(value)) > _MAX_INT:
+        raise ValueError(
+            f"{name} must be in [-2**30, 2**30] (positions are int32; 2**30 already covers any sequence), got {value}"
+        )
     return int(value)
 
 
@@ -929,7 +941,7 @@ def random_blocks(seq_len: int, block_size: int, num_random: int, *, seed: int =
     nb = _num_blocks(n, b)
     if r > nb:
         raise ValueError(f"num_random must be <= the number of blocks ({nb}), got {r}")
-    rng = np.random.default_rng(_check_int("seed", seed, minimum=0))
+    rng = np.random.default_rng(_check_int("seed", seed, minimum=0, bounded=False))
     table = np.zeros((nb, nb), bool)
     for i in range(nb):
         table[i, rng.choice(nb, size=r, replace=False)] = True
@@ -986,7 +998,10 @@ def window_2d(width: int, row_radius: int, col_radius: int | None = None) -> Mas
 
 
 def as_mask(mask, name: str = "mask") -> Mask | None:
-    """Turns None, a Mask, or a bool array (broadcastable to ``[..., N, T, S]``) into a Mask."""
+    """Turns None, a Mask, or a bool array (broadcastable to ``[..., N, T, S]``) into a Mask.
+
+    Arrays follow numpy broadcasting like a bias: a rank-1 ``[S]`` mask applies to every query.
+    """
     if mask is None or isinstance(mask, Mask):
         return mask
     if not hasattr(mask, "dtype") and not isinstance(mask, (list, tuple)):
@@ -997,6 +1012,6 @@ def as_mask(mask, name: str = "mask") -> Mask | None:
             f"{name} must be a bool array (True = attend), got dtype {arr.dtype}; "
             f"use `x != 0` or an attnlab.masks object"
         )
-    if arr.ndim < 2:
-        raise ValueError(f"{name} array must have rank >= 2 ([..., T, S]), got shape {arr.shape}")
+    if arr.ndim < 2:  # rank 0 or 1 broadcasts like a bias: [S] -> [1, S]
+        arr = arr.reshape((1,) * (2 - arr.ndim) + tuple(arr.shape))
     return Dense(arr)

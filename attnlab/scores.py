@@ -37,8 +37,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["dot_product", "additive", "check_qk", "Score", "Dot", "Additive", "Custom", "as_score"]
+__all__ = ["dot_product", "additive", "check_qk", "Score", "Dot", "Additive", "Custom", "as_score", "check_scale"]
 
 
 def check_qk(q: jax.Array, k: jax.Array, *, fn: str = "score") -> tuple[int, int]:
@@ -65,6 +66,25 @@ def check_qk(q: jax.Array, k: jax.Array, *, fn: str = "score") -> tuple[int, int
     return n, kh
 
 
+def check_scale(scale, *, fn: str = "score") -> None:
+    """``scale`` must be None or one real number (a Python float/int or a 0-d array, traced or not).
+
+    An array of length S would silently scale each key differently: a ValueError instead.
+    """
+    if scale is None:
+        return
+    is_number = isinstance(scale, (int, float, np.integer, np.floating)) or hasattr(scale, "shape")
+    if isinstance(scale, bool) or not is_number:
+        raise ValueError(f"{fn}: scale must be a real number (float or 0-d array) or None, got {type(scale).__name__}")
+    if hasattr(scale, "shape"):
+        if tuple(scale.shape) != ():
+            raise ValueError(
+                f"{fn}: scale must be a scalar (one logit scale for all keys), got shape {tuple(scale.shape)}"
+            )
+        if not (jnp.issubdtype(scale.dtype, jnp.floating) or jnp.issubdtype(scale.dtype, jnp.integer)):
+            raise ValueError(f"{fn}: scale must be a real number, got dtype {scale.dtype}")
+
+
 def _group(q: jax.Array, num_kv_heads: int) -> jax.Array:
     # [..., T, N, H] -> [..., T, K, G, H]; query head n = kv_head * G + g
     *lead, t, n, h = q.shape
@@ -88,6 +108,7 @@ def dot_product(q: jax.Array, k: jax.Array, *, scale: float | None = None) -> ja
         ((1, 2, 3), 2.0)
     """
     n, kh = check_qk(q, k, fn="dot_product")
+    check_scale(scale, fn="dot_product")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     qg = _group(q, kh)  # [..., T, K, G, H]
@@ -220,9 +241,12 @@ def as_score(score, scale: float | None = None, *, fn: str = "attention") -> Sco
         ValueError: an unknown string, ``"additive"`` without weights, a non-callable, or ``scale``
             given with a score other than the dot product.
     """
+    check_scale(scale, fn=fn)
+    if scale is not None and not hasattr(scale, "shape"):
+        scale = float(scale)
     if isinstance(score, str):
         if score in ("dot", "dot_product"):
-            return Dot(None if scale is None else float(scale))
+            return Dot(scale)
         if score == "additive":
             raise ValueError(
                 f"{fn}: score='additive' needs its weights: pass score=attnlab.scores.Additive(w) "
@@ -230,9 +254,9 @@ def as_score(score, scale: float | None = None, *, fn: str = "attention") -> Sco
             )
         raise ValueError(f"{fn}: score must be 'dot' or a callable score(q, k) -> [..., N, T, S], got {score!r}")
     if isinstance(score, Dot) and scale is not None:
-        if score.scale is not None and float(score.scale) != float(scale):
+        if isinstance(score.scale, float) and isinstance(scale, float) and score.scale != scale:
             raise ValueError(f"{fn}: scale={scale} conflicts with score=Dot(scale={score.scale})")
-        return Dot(float(scale))
+        return Dot(scale)
     if scale is not None:
         raise ValueError(f"{fn}: scale applies to score='dot' only; fold it into your score function")
     if isinstance(score, Score):

@@ -7,8 +7,8 @@ evaluated on that block only, with ``mask(q_idx, k_idx)``). For each query block
 an online softmax (Milakov & Gimelshein 2018, arXiv 1805.02867) over its non-empty key blocks,
 keeping a running max ``m``, a running sum ``l`` and an fp32 accumulator, as in FlashAttention
 (Dao et al. 2022, arXiv 2205.14135). Only the output and the log-sum-exp ``L = m + log l`` per
-row are stored; the backward pass (a ``jax.custom_vjp``) recomputes each block's probabilities
-from ``L`` instead of storing ``[T, S]`` of them, so memory is O(T + S) in both directions.
+row (kept as the pair m, log l) are stored; the backward pass (a ``jax.custom_vjp``) recomputes
+each block's probabilities from ``L`` instead of storing ``[T, S]`` of them, so memory is O(T + S) in both directions.
 
 Shape legend (as ``jax.nn.dot_product_attention``):
     B    batch (all leading dims flattened)   T, S  query / key length
@@ -31,14 +31,15 @@ import math
 from collections.abc import Callable
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
+from attnlab import scores as scores_lib
 
-__all__ = ["BlockSizes", "default_block_sizes", "blockwise_attention", "block_schedule"]
+__all__ = ["BlockSizes", "default_block_sizes", "blockwise_attention", "block_schedule", "dropout_keep"]
 
-_NEG = -0.7 * float(np.finfo(np.float32).max)  # large finite negative, as in masked_softmax
 
 BiasFn = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -134,6 +135,7 @@ def compute_dtype(dtype, backend: str | None = None) -> jnp.dtype:
 
 def default_scale(H: int, scale) -> float:
     """The logit scale: ``scale`` as a float, or ``1/sqrt(H)`` when it is None."""
+    scores_lib.check_scale(scale, fn="blockwise_attention")
     return 1.0 / math.sqrt(H) if scale is None else float(scale)
 
 
@@ -150,6 +152,49 @@ def zero_cotangents(tree):
         return np.zeros(x.shape, jax.dtypes.float0)
 
     return jax.tree_util.tree_map(zero, tree)
+
+
+# ------------------------------------------------------------------------------------------
+# Attention dropout: one keep/drop decision per (batch, head, query, key), from the key alone
+
+
+def check_dropout(rate, key, fn="attention"):
+    """Validates ``dropout_rate`` / ``dropout_key``; returns (rate as float, seed uint32 [2] or None)."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{fn}: dropout_rate must be a Python float in [0, 1), got {type(rate).__name__} {rate!r}")
+    rate = float(rate)
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"{fn}: dropout_rate must be in [0, 1), got {rate}")
+    if rate == 0.0:
+        return 0.0, None
+    if key is None:
+        raise ValueError(f"{fn}: dropout_rate={rate} needs an explicit dropout_key (a jax.random key)")
+    if not hasattr(key, "dtype"):
+        raise ValueError(f"{fn}: dropout_key must be a jax.random key, got {type(key).__name__}")
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.dtype != jnp.uint32 or key.shape != (2,):
+            raise ValueError(
+                f"{fn}: dropout_key must be a jax.random.key(...) or a raw uint32 [2] PRNGKey, "
+                f"got dtype {key.dtype} shape {key.shape}"
+            )
+        key = jax.random.wrap_key_data(key)
+    if key.shape != ():
+        raise ValueError(f"{fn}: dropout_key must be a single key (shape ()), got shape {key.shape}")
+    return rate, jax.random.bits(key, (2,), jnp.uint32)  # two words: the seed of the hash below
+
+
+def dropout_keep(seed, rate: float, rows, cols):
+    """bool: keep the weight at (row, col) with probability 1 - rate (broadcasts rows with cols).
+
+    ``rows`` = ``(b * N + n) * T + t`` (flat batch index b, query head n, query t) and ``cols`` =
+    key position s. The decision is a counter-based hash (threefry-2x32 of (row, col) under the
+    seed), so it depends only on the position, never on how the work is tiled: the dense
+    reference, each blockwise tile and the backward pass draw exactly the same mask.
+    """
+    rows, cols = jnp.broadcast_arrays(jnp.asarray(rows).astype(jnp.uint32), jnp.asarray(cols).astype(jnp.uint32))
+    bits = jax.extend.random.threefry2x32_p.bind(seed[0], seed[1], rows, cols)[0]
+    threshold = min(int(round((1.0 - rate) * 2.0**32)), 2**32 - 1)
+    return bits < jnp.uint32(threshold)
 
 
 # ------------------------------------------------------------------------------------------
@@ -211,6 +256,7 @@ class _Static:
     kinds_used_t: tuple  # the same for the transposed schedule (key block -> query blocks)
     compute_dtype: str
     backward: str
+    dropout_rate: float = 0.0
 
     @property
     def lead_size(self) -> int:
@@ -251,6 +297,24 @@ def _allowed(mask, i, j, st: _Static):
     return _to_tile(ok, st)
 
 
+def _tile_keep(seed, i, j, st: _Static):
+    """bool [B*K, G*bq, bk]: the dropout decisions on tile (i, j), as ``dropout_keep`` draws them densely."""
+    G = st.N // st.K
+    bk_ = jnp.arange(st.lead_size * st.K, dtype=jnp.uint32)[:, None, None]  # tile batch row = b * K + kh
+    r = jnp.arange(G * st.bq, dtype=jnp.uint32)[None, :, None]  # tile row = g * bq + q
+    n = (bk_ % st.K) * G + r // st.bq  # query head
+    rows = ((bk_ // st.K) * st.N + n) * st.T + (i * st.bq + r % st.bq).astype(jnp.uint32)
+    cols = (j * st.bk + jnp.arange(st.bk, dtype=jnp.int32)).astype(jnp.uint32)[None, None, :]
+    return dropout_keep(seed, st.dropout_rate, rows, cols)
+
+
+def _drop(x, keep, st: _Static):
+    """Dropped and rescaled: ``where(keep, x / (1 - rate), 0)``; x unchanged without dropout."""
+    if keep is None:
+        return x
+    return jnp.where(keep, x * jnp.float32(1.0 / (1.0 - st.dropout_rate)), 0.0)
+
+
 def _logits(qi, kj, bias_fn, consts, i, j, st: _Static):
     """fp32 [B*K, G*bq, bk]: (pre-scaled q) . k + bias(q_pos, k_pos)."""
     s = jnp.einsum("nqh,nsh->nqs", qi, kj, preferred_element_type=jnp.float32)
@@ -265,37 +329,63 @@ def _logits(qi, kj, bias_fn, consts, i, j, st: _Static):
 # Forward: lax.map over query blocks, lax.scan over that block's non-empty key blocks
 
 
-def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn):
+def _forward(q, k, v, mask, consts, index, kind, *, st: _Static, bias_fn, seed=None):
     """q [nq, B*K, G*bq, H] (pre-scaled), k [nk, B*K, bk, H], v [nk, B*K, bk, Hv].
 
-    Returns out [nq, B*K, G*bq, Hv] (compute dtype) and lse [nq, B*K, G*bq] (fp32).
+    Returns out [nq, B*K, G*bq, Hv] (compute dtype) and lse = (m, log l), each [nq, B*K, G*bq] (fp32).
     """
     return finalize(
-        *forward_carry(q, k, v, mask, consts, index, kind, init_carry(q, v.shape[-1]), st=st, bias_fn=bias_fn)
+        *forward_carry(
+            q, k, v, mask, consts, index, kind, init_carry(q, v.shape[-1]), st=st, bias_fn=bias_fn, seed=seed
+        )
     )
 
 
 def init_carry(q, Hv):
-    """Empty online-softmax state for tiled queries q [nq, B*K, G*bq, H]: (m, l, acc), fp32."""
+    """Empty online-softmax state for tiled queries q [nq, B*K, G*bq, H]: (m, l, acc), fp32.
+
+    The running max starts at -inf, not at a finite "very negative" value: finite logits, however
+    negative (a bias of finfo.min), are part of the softmax; only masked and -inf entries are not.
+    """
     shape = q.shape[:-1]
-    return jnp.full(shape, _NEG, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros((*shape, Hv), jnp.float32)
+    return jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros((*shape, Hv), jnp.float32)
 
 
 def finalize(m, l, acc):
-    """Online-softmax state -> (out = acc / l, lse = m + log l); rows with nothing allowed -> 0, 0."""
+    """Online-softmax state -> (out = acc / l, lse = (m, log l)); rows with nothing allowed -> 0, (0, inf).
+
+    The log-sum-exp is kept as the pair (m, log l), not the sum m + log l: for logits near
+    finfo.min, m + log l rounds back to m (its ulp is ~2e31) and the backward's
+    ``exp(s - lse)`` would lose the 1/l. ``exp((s - m) - log l)`` keeps it (``tile_probs``). An
+    empty row has log l = +inf, so its recomputed probabilities are 0 in any tile.
+    """
     nonempty = l > 0
     out = acc / jnp.where(nonempty, l, 1.0)[..., None]
-    lse = jnp.where(nonempty, m + jnp.log(jnp.where(nonempty, l, 1.0)), 0.0)
-    return out, lse
+    m = jnp.where(nonempty, m, 0.0)
+    log_l = jnp.where(nonempty, jnp.log(jnp.where(nonempty, l, 1.0)), jnp.inf)
+    return out, (m, log_l)
 
 
-def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: _Static, bias_fn):
+def lse_value(lse):
+    """The pair (m, log l) -> log-sum-exp m + log l, -inf on rows with nothing allowed (fp32)."""
+    m, log_l = lse
+    return jnp.where(log_l == jnp.inf, -jnp.inf, m + log_l)
+
+
+def tile_probs(s, m, log_l):
+    """Softmax probabilities of logits ``s`` from the row statistics (broadcast to s by the caller)."""
+    return jnp.exp((s - m) - log_l)
+
+
+def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: _Static, bias_fn, seed=None):
     """The block step: folds the key blocks of the schedule into the running (m, l, acc).
 
     ``carry`` is ``(m [nq, B*K, G*bq], l [same], acc [nq, B*K, G*bq, Hv])`` (fp32) from
     ``init_carry`` or a previous call, so a caller can stream key/value blocks that arrive one
     after another (ring attention) and ``finalize`` once at the end. ``mask(q_idx, k_idx)`` sees
     local block positions; a caller with sharded sequences passes a mask that adds its offsets.
+    With ``st.dropout_rate > 0``, ``seed`` (uint32 [2]) draws the dropout mask per tile; the
+    running sum ``l`` is of the undropped probabilities (dropout acts after normalisation).
     """
 
     def one_query_block(args):
@@ -311,14 +401,17 @@ def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: _Static, bia
                 m, l, acc = carry
                 s = _logits(qi, k[j], bias_fn, consts, i, j, st)
                 if partial:
-                    s = jnp.where(ok, s, _NEG)
+                    s = jnp.where(ok, s, -jnp.inf)
                 m_new = jnp.maximum(m, s.max(-1))
-                p = jnp.exp(s - m_new[..., None])
-                if partial:
-                    p = jnp.where(ok, p, 0.0)
-                alpha = jnp.exp(m - m_new)
+                # nothing allowed yet (m_new = -inf): shift by 0, so exp(-inf - 0) = 0, never NaN;
+                # the carried max stays -inf, so a later finite (however negative) logit still counts
+                shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+                p = jnp.exp(s - shift[..., None])
+                alpha = jnp.exp(m - shift)
                 l = l * alpha + p.sum(-1)
-                pv = jnp.einsum("nqs,nsh->nqh", p.astype(v.dtype), v[j], preferred_element_type=jnp.float32)
+                keep = _tile_keep(seed, i, j, st) if st.dropout_rate else None
+                pd = _drop(p, keep, st)
+                pv = jnp.einsum("nqs,nsh->nqh", pd.astype(v.dtype), v[j], preferred_element_type=jnp.float32)
                 return m_new, l, acc * alpha[..., None] + pv
 
             branches = {
@@ -340,7 +433,25 @@ def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: _Static, bia
 # Backward: recompute each tile's probabilities from the stored log-sum-exp
 
 
-def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static, bias_fn, dk0=None, dv0=None):
+def _backward(
+    q,
+    k,
+    v,
+    mask,
+    consts,
+    index,
+    kind,
+    out,
+    lse,
+    dout,
+    *,
+    st: _Static,
+    bias_fn,
+    dk0=None,
+    dv0=None,
+    seed=None,
+    dlse=None,
+):
     """FlashAttention-2-style backward: scan over query blocks; dk, dv are carried full-size.
 
     ``dk0``/``dv0`` (fp32, k's/v's tile shapes) are added to: a caller streaming key/value shards
@@ -350,9 +461,13 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
     output-gradient tiles (``q_i^T``, ``do_i^T``: small, made once per query block): then all five
     tile matmuls are plain products (``do^T p``, not ``p^T do``); XLA:CPU runs a product whose
     left operand is contracted over its rows at about half speed.
+
+    ``dlse`` (fp32 ``[nq, B*K, G*bq]`` or None) is the cotangent of the returned log-sum-exp:
+    d lse / d logit = p, so it only shifts ``delta``. With dropout (``seed``), the recomputed tile
+    mask scales p in dv and dp, as in the forward.
     """
     nq, BK, R, H = q.shape
-    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [nq, B*K, G*bq]
+    delta = _delta(out, dout, dlse)  # [nq, B*K, G*bq]
 
     def one_query_block(carry, args):
         dk, dv, dconsts = carry  # transposed: [nk, B*K, H, bk], [nk, B*K, Hv, bk]
@@ -379,11 +494,13 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
                     ok = _allowed(mask, i, j, st)
                     return jax.lax.cond(ok.any(), functools.partial(visit, True, ok), zeros)
                 s = _logits(qi, kj, bias_fn, consts, i, j, st)
-                p = jnp.exp(s - lse_i[..., None])
+                p = tile_probs(s, lse_i[0][..., None], lse_i[1][..., None])
                 if partial:
                     p = jnp.where(ok, p, 0.0)
-                dv_j = jnp.einsum("nhq,nqs->nhs", dot_i, p.astype(doi.dtype), preferred_element_type=jnp.float32)
-                dp = jnp.einsum("nqh,nsh->nqs", doi, vj, preferred_element_type=jnp.float32)
+                keep = _tile_keep(seed, i, j, st) if st.dropout_rate else None
+                pd = _drop(p, keep, st)
+                dv_j = jnp.einsum("nhq,nqs->nhs", dot_i, pd.astype(doi.dtype), preferred_element_type=jnp.float32)
+                dp = _drop(jnp.einsum("nqh,nsh->nqs", doi, vj, preferred_element_type=jnp.float32), keep, st)
                 ds = p * (dp - delta_i[..., None])  # d(logit) [B*K, G*bq, bk]
                 dq_c = jnp.einsum("nqs,nsh->nqh", ds.astype(k.dtype), kj, preferred_element_type=jnp.float32)
                 dk_j = jnp.einsum("nhq,nqs->nhs", qt_i, ds.astype(qi.dtype), preferred_element_type=jnp.float32)
@@ -425,22 +542,36 @@ def _backward(q, k, v, mask, consts, index, kind, out, lse, dout, *, st: _Static
     return dq, jnp.swapaxes(dk, -1, -2), jnp.swapaxes(dv, -1, -2), dconsts
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _flash(q, k, v, mask, consts, sched, st, bias_fn):
-    """sched = (index, kind, index_t, kind_t): the schedule and its transpose, int32 arrays."""
-    return _forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn)[0]
+def _delta(out, dout, dlse):
+    """rowsum(dout * out) [nq, B*K, G*bq], less the log-sum-exp's cotangent when it has one."""
+    delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), -1)
+    return delta if dlse is None else delta - dlse.astype(jnp.float32)
 
 
-def _flash_fwd(q, k, v, mask, consts, sched, st, bias_fn):
-    out, lse = _forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn)
-    return out, (q, k, v, mask, consts, sched, out, lse)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _flash(q, k, v, mask, consts, seed, sched, st, bias_fn):
+    """sched = (index, kind, index_t, kind_t): the schedule and its transpose, int32 arrays.
+
+    seed: uint32 [2], the dropout seed (unused when ``st.dropout_rate == 0``).
+    Returns (out [nq, B*K, G*bq, Hv], lse [nq, B*K, G*bq] fp32, -inf on empty rows).
+    """
+    out, lse = _forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn, seed=seed)
+    return out, lse_value(lse)
 
 
-def _flash_bwd(st, bias_fn, res, dout):
-    q, k, v, mask, consts, sched, out, lse = res
-    dq, dk, dv, dconsts = _backward(q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn)
+def _flash_fwd(q, k, v, mask, consts, seed, sched, st, bias_fn):
+    out, lse = _forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn, seed=seed)
+    return (out, lse_value(lse)), (q, k, v, mask, consts, seed, sched, out, lse)
+
+
+def _flash_bwd(st, bias_fn, res, cts):
+    q, k, v, mask, consts, seed, sched, out, lse = res
+    dout, dlse = cts
+    dq, dk, dv, dconsts = _backward(
+        q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn, seed=seed, dlse=dlse
+    )
     grads = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
-    return (*grads, zero_cotangents(mask), dconsts, zero_cotangents(sched))
+    return (*grads, zero_cotangents(mask), dconsts, zero_cotangents(seed), zero_cotangents(sched))
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -450,15 +581,40 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 # Public entry point
 
 
-def _as_bias_fn(bias, T, S, bq, bk):
-    """Callable bias -> (closure-converted fn(q_idx, k_idx, *consts), consts); None -> (None, ())."""
+def _array_bias(q_idx, k_idx, b):
+    """The tile of an array bias b [..., N|1, T|1, S|1] at positions q_idx [bq], k_idx [bk]."""
+    q_idx = q_idx if b.shape[-2] != 1 else jnp.zeros_like(q_idx)
+    k_idx = k_idx if b.shape[-1] != 1 else jnp.zeros_like(k_idx)
+    return jnp.take(jnp.take(b, q_idx, axis=-2), k_idx, axis=-1)
+
+
+def _as_bias_fn(bias, T, S, bq, bk, target=None):
+    """Bias -> (fn(q_idx, k_idx, *consts), consts); None -> (None, ()).
+
+    A callable is closure-converted (arrays it closes over become the consts and get gradients);
+    an array ``[..., N|1, T|1, S|1]`` becomes the const of ``_array_bias``, sliced per tile.
+    """
     if bias is None:
         return None, ()
+    if hasattr(bias, "shape") and not callable(bias):
+        if not jnp.issubdtype(bias.dtype, jnp.floating):
+            raise ValueError(f"bias must be floating point, got dtype {bias.dtype}")
+        b = jnp.asarray(bias)
+        b = b.reshape((1,) * max(0, 2 - b.ndim) + tuple(b.shape))  # rank 0/1 broadcasts like numpy
+        try:
+            ok = jnp.broadcast_shapes(tuple(b.shape), tuple(target)) == tuple(target)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"bias of shape {tuple(bias.shape)} does not broadcast to the logits' shape "
+                f"[..., N, T, S] = {tuple(target)}"
+            )
+        return _array_bias, (b,)
     if not callable(bias):
         raise ValueError(
-            "bias: implementation='blockwise' takes a callable bias(q_idx, k_idx) -> "
-            "[..., N, len(q_idx), len(k_idx)] (e.g. ALiBi), not an array; an array bias "
-            "is already O(T*S): use implementation='xla' or 'reference'"
+            "bias must be an array broadcastable to [..., N, T, S] or a callable bias(q_idx, k_idx) -> "
+            f"[..., N, len(q_idx), len(k_idx)] (e.g. ALiBi), got {type(bias).__name__}"
         )
     ex_q, ex_k = jnp.zeros((bq,), jnp.int32), jnp.zeros((bk,), jnp.int32)
     # (a lambda: closure_convert caches on its argument, and a pytree bias holding tracers is unhashable)
@@ -466,7 +622,19 @@ def _as_bias_fn(bias, T, S, bq, bk):
     return fn, tuple(consts)
 
 
-def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_sizes=None):
+def blockwise_attention(
+    q,
+    k,
+    v,
+    *,
+    mask=None,
+    bias=None,
+    scale=None,
+    block_sizes=None,
+    dropout_rate=0.0,
+    dropout_key=None,
+    return_lse=False,
+):
     """Flash-style attention visiting only the non-empty blocks of ``mask``; O(T + S) memory.
 
     Args:
@@ -477,16 +645,24 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
             ``block_layout`` decides which tiles are skipped; traced leaves (padding lengths
             under jit) make tiles PARTIAL, evaluated per tile, and tiles found empty at run time
             are skipped with ``lax.cond``-style branching. Changing only lengths never recompiles.
-        bias: None, or a callable ``bias(q_idx, k_idx) -> float [..., N, len(q_idx), len(k_idx)]``
-            of integer positions (ALiBi, relative bias), evaluated one tile at a time; arrays it
-            closes over receive gradients.
+        bias: None, a float array broadcastable to ``[..., N, T, S]`` (sliced one tile at a time;
+            it stays fp32 and receives gradients), or a callable
+            ``bias(q_idx, k_idx) -> float [..., N, len(q_idx), len(k_idx)]`` of integer positions
+            (ALiBi, relative bias), evaluated one tile at a time; arrays it closes over receive
+            gradients.
         scale: logit scale; default ``1/sqrt(H)``.
         block_sizes: a ``BlockSizes``; default: the backend's dense or sparse tiles
             (``default_block_sizes``), whichever visits fewer (query, key) pairs for this mask.
+        dropout_rate: attention dropout on the weights (kept ones scaled by ``1/(1 - rate)``).
+        dropout_key: a ``jax.random`` key, required when ``dropout_rate > 0``. Each tile draws its
+            mask from the key and its positions (``dropout_keep``), the backward the same one; the
+            dense reference with the same key draws the same mask.
+        return_lse: also return the log-sum-exp of each row, fp32 ``[..., T, N]`` (-inf on rows
+            with nothing allowed), differentiable.
 
     Returns:
-        ``[..., T, N, Hv]`` in q's dtype; softmax statistics and accumulation in fp32. Rows with
-        no allowed key are zeros, with zero gradients.
+        ``[..., T, N, Hv]`` in q's dtype (and ``lse`` with ``return_lse``); softmax statistics and
+        accumulation in fp32. Rows with no allowed key are zeros, with zero gradients.
 
     Example:
         >>> q = k = v = jnp.ones((1000, 2, 8))                   # [T, N, H]
@@ -496,8 +672,10 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
     *lead, T, N, H = q.shape
     S, K, Hv = v.shape[-3:]
     lead = tuple(lead)
+    rate, seed = check_dropout(dropout_rate, dropout_key, "blockwise_attention")
     if T == 0 or S == 0:
-        return jnp.zeros((*lead, T, N, Hv), q.dtype)
+        out = jnp.zeros((*lead, T, N, Hv), q.dtype)
+        return (out, jnp.full((*lead, T, N), -jnp.inf, jnp.float32)) if return_lse else out
     m = masks_lib.as_mask(mask, "mask")
     if isinstance(m, masks_lib.Full):
         m = None
@@ -519,16 +697,19 @@ def blockwise_attention(q, k, v, *, mask=None, bias=None, scale=None, block_size
     plans = {}
     for platform in _PLATFORMS:
         bs = _pick_block_sizes(m, T, S, platform, layout_fn) if block_sizes is None else block_sizes
-        plans[platform] = _plan(layout_fn, bias, T, S, lead, N, K, H, q.dtype, scale, bs, platform)
+        plans[platform] = _plan(layout_fn, bias, T, S, lead, N, K, H, q.dtype, scale, bs, platform, rate)
     branches = {}
     for platform, plan in plans.items():
         same = next((p for p in branches if plans[p] == plan), None)
         branches[platform] = branches[same] if same is not None else plan.branch()
+    seed = jnp.zeros((2,), jnp.uint32) if seed is None else seed
     if len({id(b) for b in branches.values()}) == 1:
-        return branches["cpu"](q, k, v, m)
-    return jax.lax.platform_dependent(
-        q, k, v, m, cpu=branches["cpu"], cuda=branches["gpu"], rocm=branches["gpu"], tpu=branches["tpu"]
-    )
+        out, lse = branches["cpu"](q, k, v, m, seed)
+    else:
+        out, lse = jax.lax.platform_dependent(
+            q, k, v, m, seed, cpu=branches["cpu"], cuda=branches["gpu"], rocm=branches["gpu"], tpu=branches["tpu"]
+        )
+    return (out, lse) if return_lse else out
 
 
 _PLATFORMS = ("cpu", "gpu", "tpu")
@@ -549,19 +730,19 @@ class _Plan:
     __hash__ = None
 
     def branch(self):
-        def run(q, k, v, m):
+        def run(q, k, v, m, seed):
             sched = tuple(jnp.asarray(x) for x in self.sched)
-            return _blockwise(q, k, v, m, self.consts, sched, self.st, self.bias_fn)
+            return _blockwise(q, k, v, m, self.consts, seed, sched, self.st, self.bias_fn)
 
         return run
 
 
-def _plan(layout_fn, bias, T, S, lead, N, K, H, dtype, scale, block_sizes, platform) -> _Plan:
+def _plan(layout_fn, bias, T, S, lead, N, K, H, dtype, scale, block_sizes, platform, rate) -> _Plan:
     bq, bk = min(block_sizes.block_q, T), min(block_sizes.block_k, S)
     layout = _adjusted(layout_fn(bq, bk), S, bk)
     index, kind = _rows(layout)
     index_t, kind_t = _rows(layout.T)  # key block -> the query blocks that see it
-    bias_fn, consts = _as_bias_fn(bias, T, S, bq, bk)
+    bias_fn, consts = _as_bias_fn(bias, T, S, bq, bk, target=(*lead, N, T, S))
     st = _Static(
         T=T,
         S=S,
@@ -576,19 +757,24 @@ def _plan(layout_fn, bias, T, S, lead, N, K, H, dtype, scale, block_sizes, platf
         kinds_used_t=tuple(np.unique(kind_t).tolist()),
         compute_dtype=compute_dtype(dtype, platform).name,
         backward=block_sizes.backward,
+        dropout_rate=rate,
     )
     return _Plan(st, (index, kind, index_t, kind_t), bias_fn, consts)
 
 
-@functools.partial(jax.jit, static_argnums=(6, 7))
-def _blockwise(q, k, v, m, consts, sched, st: _Static, bias_fn):
-    """Layout in, layout out: [..., T, N, H] -> heads-first tiles -> kernel -> [..., T, N, Hv]."""
+@functools.partial(jax.jit, static_argnums=(7, 8))
+def _blockwise(q, k, v, m, consts, seed, sched, st: _Static, bias_fn):
+    """Layout in, layout out: [..., T, N, H] -> heads-first tiles -> kernel -> [..., T, N, Hv].
+
+    Also returns the log-sum-exp [..., T, N] (fp32; dead code for XLA when the caller drops it).
+    """
     lead, T, N, Hv = st.lead, st.T, st.N, v.shape[-1]
     B = st.lead_size
     qs = tile_q(q.reshape(B, T, N, -1), st)
     ks, vs = tile_kv(k.reshape(B, st.S, st.K, -1), st), tile_kv(v.reshape(B, st.S, st.K, Hv), st)
-    out = _flash(qs, ks, vs, m, consts, sched, st, bias_fn)
-    return untile(out, st, T).reshape(*lead, T, N, Hv).astype(q.dtype)
+    out, lse = _flash(qs, ks, vs, m, consts, seed, sched, st, bias_fn)
+    out = untile(out, st, T).reshape(*lead, T, N, Hv).astype(q.dtype)
+    return out, untile(lse[..., None], st, T).reshape(*lead, T, N)  # [nq, B*K, G*bq] -> [..., T, N]
 
 
 def tile_q(q, st: _Static):

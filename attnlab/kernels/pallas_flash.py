@@ -90,7 +90,7 @@ def supports(q, k, v, *, mask=None, bias=None, score="dot", backend=None) -> str
         return "pallas: the Triton kernel is for GPUs; on TPU use 'splash'"
     if backend not in ("gpu", "cuda", "rocm", "cpu"):
         return f"pallas: unknown backend {backend!r}"
-    if not (isinstance(score, str) and score in ("dot", "dot_product")):
+    if not (getattr(score, "is_dot", False) or (isinstance(score, str) and score in ("dot", "dot_product"))):
         return "pallas: dot-product score only"
     if bias is not None:
         return "pallas: no bias (use 'blockwise' for a callable bias)"

@@ -38,7 +38,7 @@ def edge_score(score, scale, fn="sparse_attention"):
     Asks the score for its edge form (``attnlab.scores.Score.edge``): ``"dot"`` / ``scores.Dot``
     (with ``scale``) and ``scores.Additive(w)`` (or ``functools.partial(scores.additive, w=w)``) have one.
     """
-    s = scores_lib.as_score(score, scale, fn=fn)
+    s = scores_lib.as_score(score, scale, fn=fn)  # also checks that scale is one real number
     if not s.has_edge_form:
         raise ValueError(
             f"{fn}: score must be 'dot', scores.Dot, scores.Additive(w) or functools.partial(attnlab.scores.additive, "
@@ -130,24 +130,46 @@ _dot_graph.defvjp(_dot_graph_fwd, _dot_graph_bwd)
 def _one_graph(q, k, v, senders, receivers, *, score_e, scale_dot=None):
     """q [T, N, H], k [S, K, H], v [S, K, Hv]; senders/receivers [E] -> [T, N, Hv] fp32."""
     T, N, H = q.shape
-    K = k.shape[1]
+    S, K = k.shape[0], k.shape[1]
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))  # fp32 throughout (XLA:CPU has no half dots)
     if score_e is None:  # the dot product, with its own backward
         scale = 1.0 / math.sqrt(H) if scale_dot is None else float(scale_dot)
         chunk = min(EDGE_CHUNK, max(1, senders.shape[0]))
         out = _dot_graph(q.reshape(T, K, N // K, H), k, v, senders, receivers, scale, chunk)
         return out.reshape(T, N, -1)  # [T, K, G, Hv] -> [T, N, Hv]
-    q_e = q[receivers].reshape(-1, K, N // K, H)  # [E, N, H] -> [E, K, G, H]
-    k_e = k[senders]  # [E, K, H]
+    # dropped edges carry the ids (S, T): segment ops ignore them, gathers use clipped ids
+    valid = (receivers < T)[:, None, None]  # [E, 1, 1]
+    r_c, s_c = jnp.minimum(receivers, T - 1), jnp.minimum(senders, S - 1)
+    q_e = q[r_c].reshape(-1, K, N // K, H)  # [E, N, H] -> [E, K, G, H]
+    k_e = k[s_c]  # [E, K, H]
     logits = score_e(q_e, k_e, H)  # [E, K, G] fp32
     m = jax.ops.segment_max(logits, receivers, num_segments=T)  # [T, K, G]; -inf where no edge
     m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-    p = jnp.exp(logits - m[receivers])  # [E, K, G]
+    p = jnp.where(valid, jnp.exp(logits - m[r_c]), 0.0)  # [E, K, G]
     denom = jax.ops.segment_sum(p, receivers, num_segments=T)  # [T, K, G]
-    alpha = p / denom[receivers]  # each receiver's weights sum to 1 (denom > 0 on any edge)
-    msg = alpha[..., None] * v[senders][:, :, None, :]  # [E, K, G, Hv]
+    alpha = p / jnp.where(valid, denom[r_c], 1.0)  # each receiver's weights sum to 1 (denom > 0 on any edge)
+    msg = alpha[..., None] * v[s_c][:, :, None, :]  # [E, K, G, Hv]
     out = jax.ops.segment_sum(msg, receivers, num_segments=T)  # [T, K, G, Hv]
     return out.reshape(T, N, -1)  # [T, K, G, Hv] -> [T, N, Hv]
+
+
+def _drop_out_of_range(mask, T, S):
+    """int32 senders, receivers [E] with every edge outside [0, S) x [0, T) sent to (S, T).
+
+    (S, T) is the padding edge of ``_chunks``: segment sums drop it and its weight is 0, so an
+    out-of-range edge is dropped, as the dense adjacency (reference, blockwise) drops it. Concrete
+    indices out of range are an error instead (``graph_edges`` checks them; a hand-made
+    ``GraphEdges`` is checked here).
+    """
+    s = jnp.asarray(mask.senders, jnp.int32)
+    r = jnp.asarray(mask.receivers, jnp.int32)
+    for name, x, n in (("senders", mask.senders, S), ("receivers", mask.receivers, T)):
+        if masks_lib._is_concrete(x) and np.size(x):
+            vals = np.asarray(x)
+            if vals.min() < 0 or vals.max() >= n:
+                raise ValueError(f"mask: {name} has node indices outside [0, {n}): min {vals.min()}, max {vals.max()}")
+    ok = (s >= 0) & (s < S) & (r >= 0) & (r < T)
+    return jnp.where(ok, s, S), jnp.where(ok, r, T)
 
 
 def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
@@ -199,13 +221,8 @@ def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
     if score_obj.is_dot:  # the dot product: the chunked custom-vjp path
         score_e, scale = None, score_obj.scale
     K, Hv = v.shape[-2], v.shape[-1]
-    one = functools.partial(
-        _one_graph,
-        senders=jnp.asarray(mask.senders, jnp.int32),
-        receivers=jnp.asarray(mask.receivers, jnp.int32),
-        score_e=score_e,
-        scale_dot=scale,
-    )
+    senders, receivers = _drop_out_of_range(mask, T, S)
+    one = functools.partial(_one_graph, senders=senders, receivers=receivers, score_e=score_e, scale_dot=scale)
     # [..., T, N, H] -> [B, T, N, H]; vmap adds the batch (the edge list is shared)
     qb, kb, vb = q.reshape(-1, T, N, H), k.reshape(-1, S, K, H), v.reshape(-1, S, K, Hv)
     out = jax.vmap(one)(qb, kb, vb)

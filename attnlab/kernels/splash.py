@@ -163,7 +163,7 @@ def supports(q, k, v, *, mask=None, bias=None, score="dot", backend=None) -> str
     backend = jax.default_backend() if backend is None else backend
     if backend not in ("tpu", "cpu"):
         return f"splash: a TPU kernel (backend {backend!r}; use 'cudnn' or 'pallas' on GPUs)"
-    if not (isinstance(score, str) and score in ("dot", "dot_product")):
+    if not (getattr(score, "is_dot", False) or (isinstance(score, str) and score in ("dot", "dot_product"))):
         return "splash: dot-product score only"
     if bias is not None:
         return "splash: no bias"
