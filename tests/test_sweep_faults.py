@@ -173,8 +173,10 @@ def test_hard_timeout_flags_run_cells_in_fresh_subprocesses(tmp_path):
     cmd = [sys.executable, "-m", "experiments.sweep", "--config=experiments/configs/sweep.py:smoke"]
     cmd += ["--seq_lens=8", "--num_heads=1", "--masks=full", "--implementations=reference", "--repeats=1"]
     cmd += ["--cell_hard_timeout_s=120", "--fresh_process_per_cell", "--noplot", f"--out={tmp_path}"]
+    cmd += ["--mesh=heads=1"]  # and the mesh advice for this backend is printed first
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = plot.load_results(str(tmp_path / "results.jsonl"))
-    assert row["status"] == "ok" and row["cell_process"] == "fresh subprocess"
+    assert row["status"] == "ok" and row["cell_process"] == "fresh subprocess" and row["mesh"] == "heads=1"
+    assert "mesh heads=1 on CPU: 1 host devices" in proc.stdout
     assert json.loads((tmp_path / "config.json").read_text())["cell_hard_timeout_s"] == 120
