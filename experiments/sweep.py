@@ -565,6 +565,8 @@ class CellWorker:
     def run(self, cell: Cell, *, hard_timeout_s: float, **kwargs) -> dict:
         """The cell's record; status "timeout" if it ran past ``hard_timeout_s`` (counted from when
         the process is ready: building, compiling and timing the cell), "error" if its process died."""
+        if self.proc is not None and not self.proc.is_alive():  # died while idle: start anew
+            self.close(kill=True)
         if self.proc is None and (why := self._start()):
             return dict(status="error", error=why)
         self.conn.send((cell, kwargs))

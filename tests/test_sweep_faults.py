@@ -180,3 +180,17 @@ def test_hard_timeout_flags_run_cells_in_fresh_subprocesses(tmp_path):
     assert row["status"] == "ok" and row["cell_process"] == "fresh subprocess" and row["mesh"] == "heads=1"
     assert "mesh heads=1 on CPU: 1 host devices" in proc.stdout
     assert json.loads((tmp_path / "config.json").read_text())["cell_hard_timeout_s"] == 120
+
+
+def test_a_worker_killed_between_cells_is_replaced():
+    worker = sweep.CellWorker(hang_or_die)
+    cell = sweep.Cell("reference", "full", 8, 1, 8, 1, "fwd", "float32")
+    try:
+        first = worker.run(cell, hard_timeout_s=120, repeats=1)
+        os.kill(worker.proc.pid, signal.SIGKILL)  # e.g. the out-of-memory killer, while it waits
+        worker.proc.join()
+        second = worker.run(cell, hard_timeout_s=120, repeats=1)
+    finally:
+        worker.close()
+    assert first["status"] == second["status"] == "ok" and first["runner_pid"] != second["runner_pid"]
+    assert worker.proc is None
