@@ -17,6 +17,18 @@ FLOPs (only the (t, s) pairs the mask allows) and GFLOP/s, steps/s, memory (``me
 whether it is XLA's memory analysis of the compiled program or the device's own peak), backend,
 device kind, jax/jaxlib versions and host CPU count. Running the same command again skips cells
 already done (resume); ``--force`` redoes them. A cell that fails is recorded and the sweep goes on.
+
+Faults (docs/harness.md): a line of results.jsonl that is not a JSON record stops the rerun with
+its file and line named; ``--skip_bad_lines`` sets such lines aside into ``results.jsonl.bad`` and
+reruns their cells. One sweep at a time writes into an ``--out`` (a second one is refused, naming
+the first's pid and command). ``--cell_hard_timeout_s=S`` runs the cells in a subprocess and kills
+it when a cell passes S seconds (status ``timeout``; the next cell gets a new subprocess), so a hung
+call cannot stall the sweep; the soft ``cell_timeout_s`` of the config only skips the repeats of a
+slow cell. ``--fresh_process_per_cell`` starts a new subprocess for every cell.
+
+Backends: ``--dtypes=auto`` is bfloat16 on GPU/TPU and float32 on CPU. ``memory_bytes`` is the
+device's own peak where it belongs to the cell (always with ``--fresh_process_per_cell``), XLA's
+analysis of the compiled program otherwise (CPU keeps no device statistics).
 ``experiments/plot.py`` then draws the figures and a markdown summary from the JSONL alone (the
 sweep calls it at the end).
 
@@ -103,6 +115,12 @@ def define_flags():
         None,
         "Run each cell in its own subprocess and kill it after this many seconds (a hung cell is "
         "recorded as timeout and the sweep goes on); 0 = in this process (default: the config's).",
+    )
+    flags.DEFINE_bool(
+        "fresh_process_per_cell",
+        False,
+        "With --cell_hard_timeout_s: a new subprocess for every cell (JAX starts each time) instead of "
+        "one reused until a cell is killed; the device's peak memory is then each cell's own.",
     )
     flags.DEFINE_string("mesh", None, "Device mesh, e.g. sp=8, heads=4 or heads=4,sp=2; overrides the config.")
 
@@ -344,7 +362,7 @@ def memory_record(compiled, before: dict | None = None, after: dict | None = Non
             memory_source="device_peak (reached during this cell, above the bytes in use before it)",
         )
     else:  # an earlier cell peaked higher: this cell's own peak is not visible in process-wide stats
-        rec["memory_source"] += " (device peak not attributable: use --cell_hard_timeout_s for a process per cell)"
+        rec["memory_source"] += " (device peak not attributable: --fresh_process_per_cell gives every cell its own)"
     return rec
 
 
@@ -490,67 +508,107 @@ def failure_record(e: BaseException) -> dict:
     return dict(status="oom" if oom else "error", error=msg[:2000])
 
 
-def _cell_child(conn, runner, cell, kwargs, host_devices):
-    """Body of a cell's subprocess: says it is ready (imports done), runs the cell, sends the record."""
+def _worker_main(conn, runner, host_devices, isolated):
+    """Body of a cell subprocess: says it is ready (imports done), then runs cells until told to stop."""
     if host_devices > 1:
         parallel.use_host_devices(host_devices)
     conn.send(("ready", None))
-    try:
-        rec = runner(cell, isolated=True, **kwargs)
+    while (msg := conn.recv()) is not None:
+        cell, kwargs = msg
+        try:
+            rec = runner(cell, isolated=isolated, **kwargs)
+        except Exception as e:  # noqa: BLE001  (sent to the parent, which records it)
+            rec = failure_record(e)
         conn.send(("done", rec))
-    except Exception as e:  # noqa: BLE001  (sent to the parent, which records it)
-        conn.send(("done", failure_record(e)))
     conn.close()
 
 
-def run_cell_in_subprocess(
-    cell: Cell, *, hard_timeout_s: float, runner=None, startup_timeout_s: float = 300.0, **kwargs
-) -> dict:
-    """Runs `runner(cell, **kwargs)` (default `time_cell`) in a fresh process; kills it at the deadline.
+class CellWorker:
+    """Runs cells in a subprocess and kills it when a cell passes its deadline.
 
-    The deadline counts from when the subprocess has imported JAX and attnlab (start-up is not the
-    cell's fault; it has its own `startup_timeout_s`), so it covers building, compiling and timing
-    the cell. A killed cell gives status "timeout" with no times; a subprocess that dies on its own
-    (a crash in XLA, the kernel's out-of-memory killer) gives status "error" naming the signal or
-    exit code. `runner` must be importable (a module-level function): the subprocess is spawned.
+    The subprocess (spawned: a fresh interpreter) is reused from cell to cell, so JAX starts once,
+    and replaced after a cell that was killed or crashed. With ``fresh=True`` every cell gets a
+    new process: slower (JAX starts each time) but the device's peak memory is then the cell's own.
+    ``runner(cell, isolated=..., **kwargs) -> record`` must be importable (a module-level
+    function); it defaults to ``time_cell``.
     """
-    runner = runner or time_cell
-    host_devices = 1
-    if cell.mesh and jax.default_backend() == "cpu":
-        host_devices = math.prod(parallel.parse_mesh(cell.mesh).values())
-    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked JAX runtime
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_cell_child, args=(send, runner, cell, kwargs, host_devices), daemon=True)
-    proc.start()
-    send.close()  # the child holds the other end; EOF when it dies
-    rec, phase = None, "start-up"
-    try:
-        if recv.poll(startup_timeout_s) and recv.recv()[0] == "ready":
-            phase = "cell"
-            t0 = time.perf_counter()
-            if recv.poll(hard_timeout_s):
-                rec = recv.recv()[1]
+
+    def __init__(self, runner=None, *, host_devices: int = 1, fresh: bool = False, startup_timeout_s: float = 300.0):
+        self.runner = runner or time_cell
+        self.host_devices, self.fresh, self.startup_timeout_s = host_devices, fresh, startup_timeout_s
+        self.proc = self.conn = None
+
+    def _start(self) -> str | None:
+        """Starts the subprocess; -> None when ready, else why not."""
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked JAX runtime
+        self.conn, child = ctx.Pipe()
+        args = (child, self.runner, self.host_devices, self.fresh)
+        self.proc = ctx.Process(target=_worker_main, args=args, daemon=True)
+        self.proc.start()
+        child.close()  # the child holds the other end; EOF here when it dies
+        try:
+            if self.conn.poll(self.startup_timeout_s) and self.conn.recv()[0] == "ready":
+                return None
+        except EOFError:
+            pass
+        why = f"did not start within {self.startup_timeout_s:g} s" if self.proc.is_alive() else self._death()
+        self.close(kill=True)
+        return f"cell process {why}"
+
+    def _death(self) -> str:
+        self.proc.join(5)
+        code = self.proc.exitcode
+        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        hint = " (the kernel's out-of-memory killer sends SIGKILL)" if code == -signal.SIGKILL else ""
+        return f"died: {how}{hint}"
+
+    def run(self, cell: Cell, *, hard_timeout_s: float, **kwargs) -> dict:
+        """The cell's record; status "timeout" if it ran past ``hard_timeout_s`` (counted from when
+        the process is ready: building, compiling and timing the cell), "error" if its process died."""
+        if self.proc is not None and not self.proc.is_alive():  # died while idle: start anew
+            self.close(kill=True)
+        if self.proc is None and (why := self._start()):
+            return dict(status="error", error=why)
+        self.conn.send((cell, kwargs))
+        t0 = time.perf_counter()
+        rec = None
+        try:
+            if self.conn.poll(hard_timeout_s):
+                rec = self.conn.recv()[1]
             else:
                 rec = dict(
                     status="timeout",
                     error=f"hard timeout: cell process killed after {time.perf_counter() - t0:.1f} s "
                     f"(cell_hard_timeout_s={hard_timeout_s:g})",
                 )
-        elif proc.is_alive():
-            rec = dict(status="error", error=f"cell process did not start within {startup_timeout_s:g} s")
-    except EOFError:  # the child died before sending its record
-        pass
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
-        recv.close()
-    if rec is None:
-        code = proc.exitcode
-        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        hint = " (the kernel's out-of-memory killer sends SIGKILL)" if code == -signal.SIGKILL else ""
-        rec = dict(status="error", error=f"cell process died during {phase}: {how}{hint}")
-    return rec
+                self.close(kill=True)
+        except EOFError:  # the process died before sending its record
+            rec = dict(status="error", error=f"cell process {self._death()}")
+            self.close(kill=True)
+        if self.fresh:
+            self.close()
+        return rec
+
+    def close(self, *, kill: bool = False) -> None:
+        """Stops the subprocess: asks it to finish (or kills it at once with ``kill``)."""
+        if self.proc is None:
+            return
+        if self.proc.is_alive() and not kill:
+            with contextlib.suppress(OSError):
+                self.conn.send(None)  # ask it to stop; killed below if it does not
+            self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+        self.proc = self.conn = None
+
+
+def _host_devices(cell: Cell) -> int:
+    """CPU host devices a cell's subprocess needs (its mesh size on CPU; 1 otherwise)."""
+    if cell.mesh and jax.default_backend() == "cpu":
+        return math.prod(parallel.parse_mesh(cell.mesh).values())
+    return 1
 
 
 def run_sweep(config, out: str, *, force: bool = False, plot: bool = True, skip_bad_lines: bool = False) -> list[dict]:
@@ -581,6 +639,7 @@ def _run_locked(config, cells, out, *, force, plot, skip_bad_lines):
         json.dump(config.to_dict() if hasattr(config, "to_dict") else dict(config), f, indent=2)
     env = environment()
     hard_timeout_s = float(config.get("cell_hard_timeout_s", 0) or 0)
+    fresh, worker = bool(config.get("fresh_process_per_cell", False)), None
     todo = [c for c in cells if force or by_key.get(c.key(), {}).get("status") in (None, "error")]
     print(
         f"sweep: {len(cells)} cells, {len(cells) - len(todo)} already done, {len(todo)} to run "
@@ -588,31 +647,38 @@ def _run_locked(config, cells, out, *, force, plot, skip_bad_lines):
         flush=True,
     )
     start = time.perf_counter()
-    for i, cell in enumerate(todo, 1):
-        kwargs = dict(repeats=config.repeats, timeout_s=config.cell_timeout_s, seed=config.seed)
-        if hard_timeout_s > 0:
-            rec = run_cell_in_subprocess(cell, hard_timeout_s=hard_timeout_s, runner=time_cell, **kwargs)
-        else:
-            try:
-                rec = time_cell(cell, **kwargs)
-            except Exception as e:  # record and go on: one bad cell must not end the sweep
-                rec = failure_record(e)
-        rec = {**dataclasses.asdict(cell), **rec, **env, "variant": config.get("variant", "custom")}
-        rec["cell_process"] = "subprocess" if hard_timeout_s > 0 else "in-process"
-        by_key[cell.key()] = rec
-        write_results(path, list(by_key.values()))
-        elapsed = time.perf_counter() - start
-        eta = elapsed / i * (len(todo) - i)
-        what = (
-            f"{rec['min_ms']:9.2f} ms {rec['useful_gflops']:7.1f} GF/s"
-            if rec.get("min_ms") is not None
-            else rec["status"].upper() + (f" ({rec['error'][:80]})" if rec.get("error") else "")
-        )
-        print(
-            f"[{i}/{len(todo)}] {cell.implementation:>9s} {cell.mask:>14s} {cell.mode:>7s} N={cell.seq_len:<6d} "
-            f"heads={cell.num_heads:<3d} {what}  (elapsed {elapsed:.0f}s, ETA {eta:.0f}s)",
-            flush=True,
-        )
+    try:
+        for i, cell in enumerate(todo, 1):
+            kwargs = dict(repeats=config.repeats, timeout_s=config.cell_timeout_s, seed=config.seed)
+            if hard_timeout_s > 0:
+                if worker is None:
+                    worker = CellWorker(time_cell, host_devices=_host_devices(cell), fresh=fresh)
+                rec = worker.run(cell, hard_timeout_s=hard_timeout_s, **kwargs)
+            else:
+                try:
+                    rec = time_cell(cell, **kwargs)
+                except Exception as e:  # record and go on: one bad cell must not end the sweep
+                    rec = failure_record(e)
+            rec = {**dataclasses.asdict(cell), **rec, **env, "variant": config.get("variant", "custom")}
+            process = ("fresh subprocess" if fresh else "subprocess") if hard_timeout_s > 0 else "in-process"
+            rec["cell_process"] = process
+            by_key[cell.key()] = rec
+            write_results(path, list(by_key.values()))
+            elapsed = time.perf_counter() - start
+            eta = elapsed / i * (len(todo) - i)
+            what = (
+                f"{rec['min_ms']:9.2f} ms {rec['useful_gflops']:7.1f} GF/s"
+                if rec.get("min_ms") is not None
+                else rec["status"].upper() + (f" ({rec['error'][:80]})" if rec.get("error") else "")
+            )
+            print(
+                f"[{i}/{len(todo)}] {cell.implementation:>9s} {cell.mask:>14s} {cell.mode:>7s} N={cell.seq_len:<6d} "
+                f"heads={cell.num_heads:<3d} {what}  (elapsed {elapsed:.0f}s, ETA {eta:.0f}s)",
+                flush=True,
+            )
+    finally:
+        if worker is not None:
+            worker.close()
     records = [by_key[c.key()] for c in cells]
     print_table(records)
     if plot:
@@ -662,9 +728,11 @@ def config_from_flags():
     for name in ("head_dim", "batch", "repeats", "mesh"):
         if FLAGS[name].value is not None:
             c[name] = FLAGS[name].value
-    if FLAGS.cell_hard_timeout_s is not None:
-        with c.unlocked():
+    with c.unlocked():
+        if FLAGS.cell_hard_timeout_s is not None:
             c.cell_hard_timeout_s = FLAGS.cell_hard_timeout_s
+        if FLAGS.fresh_process_per_cell:
+            c.fresh_process_per_cell = True
     return c
 
 

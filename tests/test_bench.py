@@ -97,3 +97,23 @@ def test_torch_inputs_keep_the_dtype_and_layout():
     (t,) = bench_attention._to_torch(torch, [x], device="cpu")
     assert t.dtype == torch.bfloat16 and tuple(t.shape) == (2, 4, 3, 5)  # [B, N, T, H]
     np.testing.assert_array_equal(t.float().numpy(), np.asarray(x, np.float32).transpose(0, 2, 1, 3))
+
+
+def test_memory_suite_reads_the_device_peak_where_the_backend_keeps_one(monkeypatch):
+    from absl import flags
+    from absl.testing import flagsaver
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    # GPU-like statistics: nothing in use before, a 3 MiB peak while the fwd+bwd runs
+    idle, busy = {"bytes_in_use": 0, "peak_bytes_in_use": 0}, {"bytes_in_use": 0, "peak_bytes_in_use": 3 << 20}
+    stats = iter([idle, idle, busy])  # read: is there any, before the run, after it
+    monkeypatch.setattr(bench_attention, "_memory_stats", lambda: next(stats))
+    with flagsaver.flagsaver(memory_lengths=["64"], heads=2, head_dim=8, dtype="float32"):
+        (rec,) = bench_attention.suite_memory(None)
+    assert rec["device_peak_mb"] == 3.0 and rec["memory_source"].startswith("device_peak")
+    assert rec["temp_mb"] >= 0 and rec["N"] == 64
+    monkeypatch.setattr(bench_attention, "_memory_stats", lambda: None)  # XLA:CPU: the analysis only
+    with flagsaver.flagsaver(memory_lengths=["64"], heads=2, head_dim=8, dtype="float32"):
+        (rec,) = bench_attention.suite_memory(None)
+    assert "device_peak_mb" not in rec and rec["memory_source"] == "xla_memory_analysis"

@@ -140,19 +140,22 @@ def hang_or_die(cell, **kw):
         time.sleep(3600)  # a call that never returns (the soft timeout cannot stop it)
     if cell.seq_len == 24:
         os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would
-    return sweep.time_cell(cell, **kw)
+    return dict(sweep.time_cell(cell, **kw), runner_pid=os.getpid(), isolated=kw["isolated"])
 
 
 def test_hard_timeout_kills_a_hung_cell_and_the_sweep_goes_on(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "time_cell", hang_or_die)
-    config = tiny_config(seq_lens=[8, 16, 24])
+    config = tiny_config(seq_lens=[8, 12, 16, 24, 32])
     with config.unlocked():
         config.cell_hard_timeout_s = 6.0
     t0 = time.perf_counter()
     records = sweep.run_sweep(config, str(tmp_path), plot=False)
     took = time.perf_counter() - t0
     by_n = {r["seq_len"]: r for r in records}
-    assert by_n[8]["status"] == "ok" and by_n[8]["min_ms"] > 0 and by_n[8]["cell_process"] == "subprocess"
+    for n in (8, 12, 32):
+        assert by_n[n]["status"] == "ok" and by_n[n]["min_ms"] > 0 and by_n[n]["cell_process"] == "subprocess"
+        assert by_n[n]["runner_pid"] != os.getpid() and not by_n[n]["isolated"]
+    assert by_n[8]["runner_pid"] == by_n[12]["runner_pid"] != by_n[32]["runner_pid"]  # reused until a kill
     assert by_n[16]["status"] == "timeout" and "hard timeout" in by_n[16]["error"]
     assert "min_ms" not in by_n[16]
     assert by_n[24]["status"] == "error" and "SIGKILL" in by_n[24]["error"]
@@ -166,12 +169,28 @@ def test_hard_timeout_kills_a_hung_cell_and_the_sweep_goes_on(tmp_path, monkeypa
     assert [c.seq_len for c in ran] == [24]
 
 
-def test_hard_timeout_flag_runs_cells_in_subprocesses(tmp_path):
+def test_hard_timeout_flags_run_cells_in_fresh_subprocesses(tmp_path):
     cmd = [sys.executable, "-m", "experiments.sweep", "--config=experiments/configs/sweep.py:smoke"]
     cmd += ["--seq_lens=8", "--num_heads=1", "--masks=full", "--implementations=reference", "--repeats=1"]
-    cmd += ["--cell_hard_timeout_s=120", "--noplot", f"--out={tmp_path}"]
+    cmd += ["--cell_hard_timeout_s=120", "--fresh_process_per_cell", "--noplot", f"--out={tmp_path}"]
+    cmd += ["--mesh=heads=1"]  # and the mesh advice for this backend is printed first
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = plot.load_results(str(tmp_path / "results.jsonl"))
-    assert row["status"] == "ok" and row["cell_process"] == "subprocess"
+    assert row["status"] == "ok" and row["cell_process"] == "fresh subprocess" and row["mesh"] == "heads=1"
+    assert "mesh heads=1 on CPU: 1 host devices" in proc.stdout
     assert json.loads((tmp_path / "config.json").read_text())["cell_hard_timeout_s"] == 120
+
+
+def test_a_worker_killed_between_cells_is_replaced():
+    worker = sweep.CellWorker(hang_or_die)
+    cell = sweep.Cell("reference", "full", 8, 1, 8, 1, "fwd", "float32")
+    try:
+        first = worker.run(cell, hard_timeout_s=120, repeats=1)
+        os.kill(worker.proc.pid, signal.SIGKILL)  # e.g. the out-of-memory killer, while it waits
+        worker.proc.join()
+        second = worker.run(cell, hard_timeout_s=120, repeats=1)
+    finally:
+        worker.close()
+    assert first["status"] == second["status"] == "ok" and first["runner_pid"] != second["runner_pid"]
+    assert worker.proc is None
