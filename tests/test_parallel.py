@@ -259,3 +259,38 @@ def test_one_device_zigzag_matches_reference():
     )
     out = jax.jit(f)(q, k, v)
     np.testing.assert_allclose(out, attnlab.attention_reference(q, k, v, mask=mask), **tol(jnp.float32))
+
+
+def test_irregular_mask_compiles_few_pair_classes_and_drops_no_tile():
+    # A random dense mask gives nearly every (device, key shard) pair its own tile layout; past
+    # MAX_PAIR_CLASSES the ring coarsens them (all FULL or all PARTIAL) instead of compiling 64
+    # branches, and no tile that may attend is dropped.
+    T, D, bs = 64, 8, attnlab.kernels.BlockSizes(4, 4)
+    kinds = np.random.default_rng(0).integers(0, 3, (T // 4, T // 4))  # per 4 x 4 tile: EMPTY, PARTIAL, FULL
+    one = np.zeros((4, 4), bool)
+    one[0, 0] = True
+    dense = np.kron(kinds == masks.FULL, np.ones((4, 4), bool)) | np.kron(kinds == masks.PARTIAL, one)
+    m = masks.as_mask(dense)
+    exact, _, _ = ring.pair_layouts(m, T, T, D, bs)
+    distinct = {exact[d, s].tobytes() for d in range(D) for s in range(D) if exact[d, s].any()}
+    assert len(distinct) > ring.MAX_PAIR_CLASSES  # the case being tested
+    rs = ring.make_static(
+        m, axis="sp", D=D, T=T, S=T, lead=(1,), N=1, K=1, H=4, scale=1.0, compute_dtype=jnp.float32, block_sizes=bs
+    )
+    assert len(rs.classes) <= 2
+    for d in range(D):
+        for s in range(D):
+            c = rs.table[d][s]
+            if c == 0:
+                assert not exact[d, s].any()
+                continue
+            # rebuild the class's tile layout from its schedule: visited tiles must cover the exact ones
+            index, kind = np.array(rs.classes[c - 1].index), np.array(rs.classes[c - 1].kind)
+            visited = np.zeros_like(exact[d, s], bool)
+            for i in range(index.shape[0]):
+                visited[i, index[i][kind[i] > 0]] = True
+            assert (visited | (exact[d, s] == masks.EMPTY)).all()
+            full_tiles = np.zeros_like(visited)
+            for i in range(index.shape[0]):
+                full_tiles[i, index[i][kind[i] == masks.FULL]] = True
+            assert (exact[d, s][full_tiles] == masks.FULL).all()  # FULL only where every pair attends

@@ -62,7 +62,8 @@ def shard_layout(mask, T: int, S: int, D: int) -> np.ndarray:
 
     ``T`` and ``S`` are the true lengths; shards have ``ceil(T / D)`` and ``ceil(S / D)`` positions
     (the last ones padded). A shard that holds padded keys is at most PARTIAL so that the padding
-    is masked; shards entirely past the end are EMPTY.
+    is masked; shards entirely past the end are EMPTY. A coarse summary of a contiguous ring (one
+    kind per pair); the ring program itself works from the tile-level ``pair_layouts``.
     """
     Tl, Sl = -(-T // D), -(-S // D)
     layout = np.full((D, D), masks_lib.EMPTY, np.int8)
@@ -134,6 +135,24 @@ def pair_layouts(mask, T: int, S: int, D: int, block_sizes, layout: str = "conti
     return glob[qt[:, None, :, None], kt[None, :, None, :]], (Cq, bq), (Ck, bk)
 
 
+MAX_PAIR_CLASSES = 8  # distinct pair layouts compiled as branches; beyond, pairs are coarsened
+
+
+def _coarsen_if_many(layouts: np.ndarray) -> np.ndarray:
+    """[D, D, nq, nk] -> the same, or, when more than MAX_PAIR_CLASSES distinct non-empty pair
+    layouts would each compile a forward and a backward branch (an irregular mask: Dense, Graph),
+    every non-empty pair made all FULL (when it is) or all PARTIAL (empty tiles then skipped at
+    run time after evaluating the mask): at most 2 branches, at some cost per visited tile."""
+    D = layouts.shape[0]
+    distinct = {layouts[d, s].tobytes() for d in range(D) for s in range(D) if layouts[d, s].any()}
+    if len(distinct) <= MAX_PAIR_CLASSES:
+        return layouts
+    nonempty = layouts.any((2, 3), keepdims=True)
+    full = (layouts == masks_lib.FULL).all((2, 3), keepdims=True)
+    kind = np.where(full, masks_lib.FULL, np.where(nonempty, masks_lib.PARTIAL, masks_lib.EMPTY))
+    return np.broadcast_to(kind, layouts.shape).astype(np.int8)
+
+
 @dataclasses.dataclass(frozen=True)
 class RingClass:
     """One distinct tile layout of a (query shard, key shard) pair, with its blockwise schedule."""
@@ -171,6 +190,7 @@ def make_static(
     def as_tuple(a):
         return tuple(map(tuple, a.tolist()))
 
+    layouts = _coarsen_if_many(layouts)
     classes, ids = [], {}
     table = np.zeros((D, D), np.int32)
     for d in range(D):
