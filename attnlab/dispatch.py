@@ -172,7 +172,8 @@ def _run_blockwise(q, k, v, *, mask, bias, score, **extras):
 
 def _supports_sparse(q, k, v, *, mask, bias, score, backend):
     if not isinstance(mask, masks_lib.GraphEdges):
-        return f"needs mask=masks.graph_edges(...) (an edge list), got mask {type(mask).__name__}"
+        got = "None" if mask is None else type(mask).__name__
+        return f"needs mask=masks.graph_edges(...) (an edge list), got mask {got}"
     if bias is not None:
         return "takes no bias (per-edge biases are not supported yet)"
     if not score.has_edge_form:
@@ -376,3 +377,29 @@ def explain(
     return _explain(
         q, k, v, mask=m, bias=bias, score=score, backend=normalize_backend(backend), implementation=implementation
     )
+
+
+def _demo() -> str:
+    """The explain tables of docs/backends.md: ``python -m attnlab.dispatch``."""
+    bf16 = jax.ShapeDtypeStruct((2, 4096, 16, 64), "bfloat16")  # [B, T, N, H]
+    f32 = jax.ShapeDtypeStruct((1, 32768, 16, 64), "float32")
+    small = jax.ShapeDtypeStruct((1, 256, 8, 64), "float32")
+    calls = [
+        ("bf16 [2, 4096, 16, 64], causal", bf16, dict(mask=masks_lib.causal())),
+        ("bf16 [2, 4096, 16, 64], window(128, 128)", bf16, dict(mask=masks_lib.window(128, 128))),
+        ("fp32 [1, 32768, 16, 64], no mask", f32, dict()),
+        (
+            "fp32 [1, 256, 8, 64], causal & padding",
+            small,
+            dict(mask=masks_lib.causal() & masks_lib.padding(kv_lengths=[200])),
+        ),
+    ]
+    out = []
+    for title, x, kw in calls:
+        for backend in ("cpu", "gpu", "tpu"):
+            out.append(f"# {title}\n{explain(x, x, x, backend=backend, **kw)}\n")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(_demo())

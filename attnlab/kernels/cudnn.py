@@ -72,14 +72,14 @@ def cudnn_flags(mask) -> CudnnFlags | str:
         elif isinstance(p, masks_lib.Padding) and padding is None:
             padding = p
         else:
-            return f"mask part {_describe(p)} has no cuDNN flag (cuDNN: causal, left windows, padding lengths)"
+            return f"has no flag for mask part {_describe(p)} (cuDNN: causal, left windows, padding lengths)"
     if window is not None:
         if window[1] < 0 or window[0] < 0:
-            return f"window{window} excludes the diagonal; cuDNN's sliding window needs left, right >= 0"
+            return f"needs a window with left, right >= 0 (window{window} excludes the diagonal)"
         if causal or window[1] == 0:
             # causal & window(l, r) = window(l, 0) & causal; a left window alone is the same thing
             return CudnnFlags(True, (window[0], 0), padding)
-        return f"window(left={window[0]}, right={window[1]}) without causal: cuDNN covers left windows only"
+        return f"covers left windows only, not window(left={window[0]}, right={window[1]}) without causal"
     return CudnnFlags(causal, None, padding)
 
 
@@ -92,18 +92,18 @@ def _describe(p) -> str:
 def supports(q, k, v, *, mask, bias, score, backend) -> str | None:
     """None when cuDNN's fused attention can run this call on ``backend``, else the reason (shapes only)."""
     if backend != "gpu":
-        return f"cuDNN needs a GPU backend (this is {backend})"
+        return f"needs a GPU backend (this is {backend})"
     if not getattr(score, "is_dot", False):
-        return f"score {type(score).__name__} is not the dot product"
+        return f"supports score='dot' only (got score {type(score).__name__})"
     if bias is not None:
-        return "bias is not mapped to cuDNN here (xla/blockwise take it)"
+        return "takes no bias here (not mapped to cuDNN; xla and blockwise take one)"
     if jnp.dtype(q.dtype).name not in CUDNN_DTYPES:
-        return f"dtype {jnp.dtype(q.dtype).name}: cuDNN flash attention takes bf16/fp16"
+        return f"takes bf16/fp16 (cuDNN flash attention), got dtype {jnp.dtype(q.dtype).name}"
     H, Hv = q.shape[-1], v.shape[-1]
     if H % 8 or H > CUDNN_MAX_HEAD_DIM:
-        return f"head dim H={H}: cuDNN needs a multiple of 8 up to {CUDNN_MAX_HEAD_DIM}"
+        return f"needs a head dim that is a multiple of 8 up to {CUDNN_MAX_HEAD_DIM}, got H={H}"
     if Hv != H:
-        return f"Hv={Hv} != H={H}"
+        return f"needs Hv == H, got Hv={Hv}, H={H}"
     flags = cudnn_flags(mask)
     return flags if isinstance(flags, str) else None
 
@@ -140,7 +140,7 @@ def cudnn_attention(q, k, v, *, mask=None, scale=None, implementation="cudnn"):
     """
     flags = cudnn_flags(mask)
     if isinstance(flags, str):
-        raise ValueError(f"mask: {flags}")
+        raise ValueError(f"mask: cudnn_attention {flags}")
     *lead, T, N, H = q.shape
     lead = tuple(lead)
     S = k.shape[-3]

@@ -1,0 +1,397 @@
+r"""A GPU check in one go: correctness of every GPU implementation, bf16 speed against cuDNN, peak memory.
+
+Needs only jax (with CUDA), flax, optax, chex and absl-py; run from the repository root:
+
+    PYTHONPATH=. python -m benchmarks.gpu_check --out results/gpu_check.json
+
+(``make gpu-check``). On an H200 it is sized to finish in under 5 minutes (``--max_minutes``
+skips the remaining cells, recorded as skipped, if it would not). ``--smoke`` runs the same code
+at toy sizes on any backend (the test suite runs it on CPU).
+
+Sections:
+
+a. **correctness**: each implementation in ``--implementations`` (cudnn, pallas, xla, blockwise,
+   sparse) against ``attention_reference`` in fp32 with matmul precision "highest": outputs and
+   ``jax.vjp`` gradients, bf16 and fp32, masks full / causal / window(128, 0) / window(64, 64) /
+   traced padding with an empty row / a 1% random graph (``graph_edges`` for sparse, ``graph``
+   otherwise); B=2, T=1000, N=8, K=2, H=64 and 128. An implementation that does not support a
+   cell is recorded with ``attnlab.explain``'s reason, not run. Empty rows must be exactly zero.
+b. **speed**: bf16, B=1, N=16, H=64 and 128, T = 4K, 8K, 16K, 32K, forward and forward+backward,
+   full attention through cudnn, pallas, xla (where its dense logits fit, the dispatcher's rule)
+   and blockwise (to 8K): ms (best of ``--repeats`` after a warm-up), useful TFLOP/s (4·N·H per
+   allowed pair forward, 3.5x that forward+backward) and the ratio to cuDNN (cuDNN time / time:
+   > 1 is faster than cuDNN). Then causal through pallas vs cuDNN, and window ±128 through
+   pallas vs cuDNN's causal window(128, 0) (what cuDNN covers).
+c. **memory**: the compiled forward+backward's memory (``memory_analysis``: arguments + outputs +
+   temporaries) at the largest length, per implementation.
+
+Writes one JSON file and prints a table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+import attnlab
+from attnlab import dispatch, masks
+
+IMPLEMENTATIONS = ("cudnn", "pallas", "xla", "blockwise", "sparse")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The command line (flags are defined only when this file runs as a script)."""
+
+    implementations: tuple = IMPLEMENTATIONS
+    repeats: int = 5
+    max_minutes: float = 4.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """What each section runs at (the issue's sizes, or toy ones for --smoke)."""
+
+    corr_shape: tuple  # (B, T, N, K)
+    corr_heads: tuple  # H values
+    window: int  # window(window, 0)
+    window2: int  # window(window2, window2)
+    speed_lengths: tuple
+    speed_heads: tuple
+    speed_n: int
+    blockwise_max: int  # blockwise timed up to this length
+    speed_window: int  # window ±speed_window through pallas vs cuDNN's causal window
+
+
+FULL = Sizes((2, 1000, 8, 2), (64, 128), 128, 64, (4096, 8192, 16384, 32768), (64, 128), 16, 8192, 128)
+SMOKE = Sizes((2, 40, 4, 2), (8,), 6, 3, (64,), (8,), 2, 64, 8)
+
+# Tolerances against the fp32 "highest" reference, relative to the reference's largest magnitude.
+TOL = {"float32": 5e-3, "bfloat16": 4e-2}
+
+
+def _budget_left(t0, opts: Options) -> bool:
+    return (time.perf_counter() - t0) / 60 < opts.max_minutes
+
+
+# ------------------------------------------------------------------------------------------
+# (a) correctness
+
+
+def _correctness_masks(sz: Sizes, rng):
+    B, T, _, _ = sz.corr_shape
+    # traced padding: batch 0 pads queries and keys, batch 1 has no keys at all (every row empty)
+    q_len = np.array([T - T // 7, T], np.int32)[:B]
+    kv_len = np.array([T - T // 5, 0], np.int32)[:B]
+    adj = rng.random((T, T)) < 0.01
+    adj[3] = False  # an isolated query: an empty row
+    r, s = np.nonzero(adj)
+    return {
+        "full": (None, None),
+        "causal": (masks.causal(), None),
+        f"window({sz.window},0)": (masks.window(sz.window, 0), None),
+        f"window({sz.window2},{sz.window2})": (masks.window(sz.window2, sz.window2), None),
+        "traced_padding": ("padding", (q_len, kv_len)),
+        "graph_1pct": ((masks.graph(adj), masks.graph_edges(s, r, T)), None),
+    }
+
+
+def _rel_err(a, b) -> float:
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return float(np.max(np.abs(a - b)) / max(1e-6, float(np.max(np.abs(b)))))
+
+
+def correctness(sz: Sizes, t0, opts: Options) -> list[dict]:
+    rng = np.random.default_rng(0)
+    B, T, N, K = sz.corr_shape
+    rows = []
+    for H in sz.corr_heads:
+        keys = jax.random.split(jax.random.key(H), 4)
+        q32 = jax.random.normal(keys[0], (B, T, N, H), jnp.float32)
+        k32 = jax.random.normal(keys[1], (B, T, K, H), jnp.float32)
+        v32 = jax.random.normal(keys[2], (B, T, K, H), jnp.float32)
+        cot32 = jax.random.normal(keys[3], (B, T, N, H), jnp.float32)
+        for mask_name, (spec, lengths) in _correctness_masks(sz, rng).items():
+            for dtype in (jnp.bfloat16, jnp.float32):
+                q, k, v, cot = (x.astype(dtype) for x in (q32, k32, v32, cot32))
+                ref_out, ref_grads, empty = _reference(q, k, v, cot, spec, lengths)
+                for impl in opts.implementations:
+                    row = dict(H=H, mask=mask_name, dtype=jnp.dtype(dtype).name, implementation=impl)
+                    mask = _mask_for(spec, lengths, impl)
+                    if not _budget_left(t0, opts):
+                        rows.append(row | dict(status="skipped", reason="time budget"))
+                        continue
+                    why = _why_not(q, k, v, mask, lengths, impl)
+                    if why is not None:
+                        rows.append(row | dict(status="unsupported", reason=why))
+                        continue
+                    try:
+                        out, grads = _run(q, k, v, cot, spec, lengths, impl)
+                    except Exception as e:  # report and go on: one broken kernel must not hide the others
+                        rows.append(row | dict(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}"))
+                        continue
+                    err = _rel_err(out, ref_out)
+                    gerr = max(_rel_err(g, r) for g, r in zip(grads, ref_grads, strict=True))
+                    zero_rows = bool(np.all(np.asarray(out, np.float32)[empty] == 0)) if empty is not None else True
+                    finite = all(bool(np.isfinite(np.asarray(g, np.float32)).all()) for g in grads)
+                    tol = TOL[jnp.dtype(dtype).name]
+                    ok = err <= tol and gerr <= 2 * tol and zero_rows and finite
+                    rows.append(
+                        row
+                        | dict(
+                            status="ok" if ok else "FAIL",
+                            out_rel_err=round(err, 6),
+                            grad_rel_err=round(gerr, 6),
+                            empty_rows_zero=zero_rows,
+                            grads_finite=finite,
+                        )
+                    )
+    return rows
+
+
+def _mask_for(spec, lengths, impl, traced_lengths=None):
+    if spec == "padding":
+        q_len, kv_len = lengths if traced_lengths is None else traced_lengths
+        return masks.padding(q_lengths=q_len, kv_lengths=kv_len)
+    if isinstance(spec, tuple):  # (dense graph, edge list)
+        return spec[1] if impl == "sparse" else spec[0]
+    return spec
+
+
+def _why_not(q, k, v, mask, lengths, impl):
+    sds = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+    ex = attnlab.explain(*sds, mask=mask, backend=None, implementation=(impl,))
+    return ex.reason(impl)
+
+
+def _call(impl, spec):
+    def f(q, k, v, q_len, kv_len):
+        mask = _mask_for(spec, None, impl, traced_lengths=(q_len, kv_len))
+        return attnlab.attention(q, k, v, mask=mask, implementation=impl)
+
+    return f
+
+
+def _run(q, k, v, cot, spec, lengths, impl):
+    q_len, kv_len = (None, None) if lengths is None else (jnp.asarray(x) for x in lengths)
+    f = _call(impl, spec)
+
+    @jax.jit
+    def fwd_bwd(q, k, v, cot, q_len, kv_len):
+        out, vjp = jax.vjp(lambda q, k, v: f(q, k, v, q_len, kv_len), q, k, v)
+        return out, vjp(cot)
+
+    out, grads = fwd_bwd(q, k, v, cot, q_len, kv_len)
+    return jax.block_until_ready((out, grads))
+
+
+def _reference(q, k, v, cot, spec, lengths):
+    """fp32, precision "highest"; also the boolean [B, T, N] of empty rows (or None)."""
+    q, k, v, cot = (x.astype(jnp.float32) for x in (q, k, v, cot))
+    mask = _mask_for(spec, lengths, "reference")
+    with jax.default_matmul_precision("highest"):
+        out, vjp = jax.vjp(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=mask), q, k, v)
+        grads = vjp(cot)
+    empty = None
+    if mask is not None:
+        B, T, N, _ = q.shape
+        dense = np.broadcast_to(np.asarray(mask.dense(T, k.shape[1])), (B, 1, T, k.shape[1]))
+        empty = np.broadcast_to(~dense.any(-1).transpose(0, 2, 1), (B, T, N))  # [B, 1, T] -> [B, T, N]
+    return out, grads, empty
+
+
+# ------------------------------------------------------------------------------------------
+# (b) speed and (c) memory
+
+
+def _allowed_pairs(kind, T, w):
+    if kind == "full":
+        return T * T
+    if kind == "causal":
+        return T * (T + 1) // 2
+    left, right = w
+    t = np.arange(T)
+    return int(np.sum(np.minimum(T - 1, t + right) - np.maximum(0, t - left) + 1))
+
+
+def _speed_fn(impl, mask, direction):
+    def fwd(q, k, v):
+        return attnlab.attention(q, k, v, mask=mask, implementation=impl)
+
+    if direction == "fwd":
+        return jax.jit(fwd)
+    return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fwd(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2)))
+
+
+def _time(f, args, repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    compile_s = time.perf_counter() - t
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3, compile_s
+
+
+def _speed_cells(sz: Sizes):
+    """(kind, mask, window, T, H, impl, direction) in the order they run; cuDNN first in each group."""
+    w = sz.speed_window
+    for T in sz.speed_lengths:
+        for H in sz.speed_heads:
+            for direction in ("fwd", "fwd+bwd"):
+                for impl in ("cudnn", "pallas", "xla", "blockwise"):
+                    if impl == "blockwise" and T > sz.blockwise_max:
+                        continue
+                    yield "full", None, None, T, H, impl, direction
+                for impl in ("cudnn", "pallas"):
+                    yield "causal", masks.causal(), None, T, H, impl, direction
+                # window ±w through pallas against what cuDNN covers: the causal window (w, 0)
+                yield f"window({w},0)", masks.window(w, 0), (w, 0), T, H, "cudnn", direction
+                yield f"window({w},{w})", masks.window(w, w), (w, w), T, H, "pallas", direction
+
+
+def speed(sz: Sizes, t0, opts: Options) -> list[dict]:
+    rows, cudnn_ms = [], {}
+    for kind, mask, w, T, H, impl, direction in _speed_cells(sz):
+        if impl not in opts.implementations:
+            continue
+        N = sz.speed_n
+        row = dict(mask=kind, T=T, H=H, N=N, B=1, dtype="bfloat16", implementation=impl, direction=direction)
+        sds = jax.ShapeDtypeStruct((1, T, N, H), jnp.bfloat16)
+        why = attnlab.explain(sds, sds, sds, mask=mask, implementation=(impl,)).reason(impl)
+        if why is None and impl == "xla":
+            why = dispatch._xla_pays_off(sds, sds, sds, mask=mask, bias=None, score=None, backend="gpu")
+        if why is not None:
+            rows.append(row | dict(status="unsupported", reason=why))
+            continue
+        if not _budget_left(t0, opts):
+            rows.append(row | dict(status="skipped", reason="time budget"))
+            continue
+        keys = jax.random.split(jax.random.key(T + H), 3)
+        q, k, v = (jax.random.normal(kk, (1, T, N, H), jnp.bfloat16) for kk in keys)
+        try:
+            ms, compile_s = _time(_speed_fn(impl, mask, direction), (q, k, v), opts.repeats)
+        except Exception as e:
+            rows.append(row | dict(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}"))
+            continue
+        flops = 4 * N * H * _allowed_pairs("window" if w else kind, T, w) * (3.5 if direction == "fwd+bwd" else 1.0)
+        group = (kind if w is None else "window", T, H, direction)
+        if impl == "cudnn":
+            cudnn_ms[group] = ms
+        ratio = cudnn_ms.get(group)
+        rows.append(
+            row
+            | dict(
+                status="ok",
+                ms=round(ms, 3),
+                tflops=float(f"{flops / ms / 1e9:.3g}"),
+                vs_cudnn=None if ratio is None else round(ratio / ms, 3),
+                compile_s=round(compile_s, 2),
+            )
+        )
+    return rows
+
+
+def memory(sz: Sizes, t0, opts: Options) -> list[dict]:
+    T, H, N = sz.speed_lengths[-1], sz.speed_heads[0], sz.speed_n
+    rows = []
+    for impl in opts.implementations:
+        if impl == "sparse":
+            continue
+        row = dict(T=T, H=H, N=N, B=1, dtype="bfloat16", implementation=impl, direction="fwd+bwd", mask="full")
+        sds = jax.ShapeDtypeStruct((1, T, N, H), jnp.bfloat16)
+        why = attnlab.explain(sds, sds, sds, implementation=(impl,)).reason(impl)
+        if why is None and impl == "xla":
+            why = dispatch._xla_pays_off(sds, sds, sds, mask=None, bias=None, score=None, backend="gpu")
+        if why is None and impl == "blockwise" and T > sz.blockwise_max:
+            why = f"blockwise is timed up to T={sz.blockwise_max}"
+        if why is not None or not _budget_left(t0, opts):
+            rows.append(row | dict(status="unsupported" if why else "skipped", reason=why or "time budget"))
+            continue
+        try:
+            compiled = _speed_fn(impl, None, "fwd+bwd").lower(sds, sds, sds).compile()
+            ma = compiled.memory_analysis()
+            total = ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+            temp = ma.temp_size_in_bytes
+            rows.append(row | dict(status="ok", temp_bytes=temp, total_bytes=total, total_mib=round(total / 2**20, 1)))
+        except Exception as e:
+            rows.append(row | dict(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}"))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def _table(title, rows, cols) -> str:
+    lines = [f"## {title}", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def run(smoke: bool, sections, out: str | None, opts: Options = Options()) -> dict:
+    sz = SMOKE if smoke else FULL
+    t0 = time.perf_counter()
+    result = {
+        "meta": dict(
+            jax=jax.__version__,
+            backend=jax.default_backend(),
+            devices=[str(d) for d in jax.devices()],
+            device_kind=jax.devices()[0].device_kind,
+            python=sys.version.split()[0],
+            machine=platform.machine(),
+            smoke=smoke,
+            sizes=dataclasses.asdict(sz),
+            implementations=list(opts.implementations),
+            repeats=opts.repeats,
+        )
+    }
+    for name, fn in (("correctness", correctness), ("speed", speed), ("memory", memory)):
+        if name in sections:
+            s = time.perf_counter()
+            result[name] = fn(sz, t0, opts)
+            result["meta"][f"{name}_s"] = round(time.perf_counter() - s, 1)
+    result["meta"]["total_s"] = round(time.perf_counter() - t0, 1)
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def main(_):
+    opts = Options(tuple(_IMPLS.value), _REPEATS.value, _MAX_MINUTES.value)
+    result = run(_SMOKE.value, _SECTIONS.value, _OUT.value, opts)
+    cols = {
+        "correctness": ["H", "mask", "dtype", "implementation", "status", "out_rel_err", "grad_rel_err", "reason"],
+        "speed": ["mask", "T", "H", "direction", "implementation", "status", "ms", "tflops", "vs_cudnn", "reason"],
+        "memory": ["T", "H", "implementation", "status", "temp_bytes", "total_mib", "reason"],
+    }
+    print(json.dumps(result["meta"], indent=1))
+    for name in ("correctness", "speed", "memory"):
+        if name in result:
+            print(_table(name, result[name], cols[name]))
+    fails = [r for name in ("correctness",) for r in result.get(name, []) if r["status"] in ("FAIL", "error")]
+    print(f"\n{len(fails)} correctness failures; wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+    _OUT = flags.DEFINE_string("out", "results/gpu_check.json", "JSON file to write.")
+    _SMOKE = flags.DEFINE_bool("smoke", False, "Toy sizes (runs on CPU in seconds): the same code path.")
+    _SECTIONS = flags.DEFINE_list("sections", ["correctness", "speed", "memory"], "Sections to run.")
+    _IMPLS = flags.DEFINE_list("implementations", list(IMPLEMENTATIONS), "Implementations to check.")
+    _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per speed cell (best is reported).")
+    _MAX_MINUTES = flags.DEFINE_float("max_minutes", 4.5, "Skip remaining cells after this long (recorded as skipped).")
+    app.run(main)

@@ -1,0 +1,341 @@
+"""The implementation registry and explain(); the cuDNN flag mapping; traced padding keeps a mask's tiles."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import grad_tol, np_attention, qkv, tol
+
+import attnlab
+from attnlab import dispatch, masks, scores
+from attnlab import masks as masks_mod
+from attnlab.attention import _choose
+from attnlab.kernels import blockwise as bw
+from attnlab.kernels import cudnn
+
+
+def _sds(shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _available(module):
+    return importlib.util.find_spec(f"attnlab.kernels.{module}") is not None
+
+
+# ------------------------------------------------------------------------------------------
+# explain() on shapes only, for backends this process does not have
+
+
+def test_explain_gpu_picks_cudnn_for_what_cudnn_covers():
+    x = _sds((2, 4096, 16, 64))  # [B, T, N, H] bf16
+    for mask in (None, masks.causal(), masks.window(128, 0), masks.causal() & masks.padding(kv_lengths=[4000, 10])):
+        ex = attnlab.explain(x, x, x, mask=mask, backend="gpu")
+        assert ex.implementation == "cudnn", str(ex)
+        assert ex.reason("sparse").startswith("needs mask=masks.graph_edges")
+        assert [n for n, _ in ex.candidates] == list(dispatch.ORDER["gpu"])
+    # "cuda" is the platform name for the same backend
+    assert attnlab.explain(x, x, x, mask=masks.causal(), backend="cuda").implementation == "cudnn"
+
+
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        (dict(dtype=jnp.float32), r"takes bf16/fp16 \(cuDNN flash attention\), got dtype float32"),
+        (dict(H=12), r"multiple of 8 up to 256, got H=12"),
+        (dict(H=512), r"got H=512"),
+        (dict(mask=masks.window(64, 64)), r"left windows only"),
+        (dict(mask=masks.causal(3)), r"flag for mask part Causal\(offset=3\)"),
+        (dict(mask=masks.chunks(64)), r"has no flag for mask part Chunks"),
+        (dict(score=scores.Additive(jnp.ones(64))), r"supports score='dot' only"),
+        (dict(bias=_sds((4096, 4096), jnp.float32)), r"takes no bias"),
+    ],
+)
+def test_explain_gpu_says_why_cudnn_was_skipped(kwargs, reason):
+    H = kwargs.pop("H", 64)
+    dtype = kwargs.pop("dtype", jnp.bfloat16)
+    x = _sds((1, 4096, 8, H), dtype)
+    ex = attnlab.explain(x, x, x, backend="gpu", **kwargs)
+    assert ex.implementation != "cudnn"
+    assert re.search(reason, ex.reason("cudnn")), ex.reason("cudnn")
+
+
+def test_explain_gpu_dense_xla_only_where_the_logits_fit():
+    small = _sds((1, 2048, 8, 64), jnp.float32)  # 4 * 8 * 2048^2 = 128 MiB of logits
+    big = _sds((1, 32768, 16, 64), jnp.float32)  # 64 GiB of logits
+    ex_small = attnlab.explain(small, small, small, mask=masks.window(64, 64), backend="gpu")
+    ex_big = attnlab.explain(big, big, big, mask=masks.window(64, 64), backend="gpu")
+    assert ex_small.reason("xla") is None
+    assert "64.0 GiB > XLA_MAX_LOGITS_BYTES" in ex_big.reason("xla")
+    if not _available("pallas_flash"):
+        assert ex_small.implementation == "xla"
+        assert ex_big.implementation == "blockwise"
+        assert ex_big.reason("pallas") == "attnlab.kernels.pallas_flash not available"
+    else:
+        assert ex_big.implementation in ("pallas", "blockwise")
+
+
+def test_explain_tpu_and_cpu_orders():
+    x = _sds((1, 4096, 8, 128))
+    ex = attnlab.explain(x, x, x, mask=masks.causal(), backend="tpu")
+    assert [n for n, _ in ex.candidates] == list(dispatch.ORDER["tpu"])
+    assert ex.implementation == ("splash" if _available("splash") and ex.reason("splash") is None else "xla")
+    # cpu: today's rule
+    f32 = _sds((1024, 8, 64), jnp.float32)
+    assert attnlab.explain(f32, f32, f32, mask=masks.window(128, 0), backend="cpu").implementation == "blockwise"
+    small = _sds((64, 2, 8), jnp.float32)
+    ex = attnlab.explain(small, small, small, mask=masks.causal(), backend="cpu")
+    assert ex.implementation == "xla"
+    assert "pays off on cpu from 262144" in ex.reason("blockwise")
+    ex = attnlab.explain(small, small, small, score=lambda q, k: scores.dot_product(q, k), backend="cpu")
+    assert ex.implementation == "reference" and "score='dot' only" in ex.reason("xla")
+    edges = masks.graph_edges(senders=[0, 1], receivers=[1, 0], num_nodes=64)
+    assert attnlab.explain(small, small, small, mask=edges, backend="gpu").implementation == "sparse"
+
+
+def test_explain_table_reads():
+    x = _sds((1, 1024, 8, 64))
+    table = str(attnlab.explain(x, x, x, mask=masks.causal(), backend="gpu"))
+    lines = table.splitlines()
+    assert lines[0] == "backend gpu: cudnn"
+    assert re.match(r"\s+cudnn\s+<- chosen", lines[2])
+    assert "supported, not reached" in table  # xla also supports it, after cudnn
+    assert all(name in table for name in dispatch.ORDER["gpu"])
+
+
+def test_explain_rejects_bad_backend_and_names():
+    x = _sds((8, 1, 8), jnp.float32)
+    with pytest.raises(ValueError, match="backend must be"):
+        attnlab.explain(x, x, x, backend="npu")
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        attnlab.explain(x, x, x, implementation=("xla", "flash"))
+
+
+# ------------------------------------------------------------------------------------------
+# implementation= as a sequence
+
+
+def test_implementation_sequence_takes_first_supporting():
+    q, k, v = qkv((2, 16, 4, 8), kv_heads=2)
+    mask = masks.causal()
+    out = attnlab.attention(q, k, v, mask=mask, implementation=("cudnn", "sparse", "xla", "blockwise"))
+    ref, _ = np_attention(q, k, v, mask=np.tril(np.ones((16, 16), bool)))
+    np.testing.assert_allclose(out, ref, **tol(jnp.float32))
+    assert _choose(q, k, v, mask=mask, bias=None, score="dot") == "xla"
+    with pytest.raises(ValueError, match=r"implementation='cudnn' needs a GPU backend \(this is cpu\); "):
+        attnlab.attention(q, k, v, mask=mask, implementation=("cudnn", "sparse"))
+
+
+# ------------------------------------------------------------------------------------------
+# Score objects
+
+
+def test_score_objects_match_strings_and_partials():
+    q, k, v = qkv((2, 12, 4, 8), kv_heads=2)
+    w = jax.random.normal(jax.random.key(5), (4, 8))
+    for impl in ("reference", "xla", "blockwise"):
+        a = attnlab.attention(q, k, v, mask=masks.causal(), score=scores.Dot(0.3), implementation=impl)
+        b = attnlab.attention(q, k, v, mask=masks.causal(), scale=0.3, implementation=impl)
+        np.testing.assert_allclose(a, b, **tol(jnp.float32))
+    ref, _ = np_attention(q, k, v, scale=0.3)
+    np.testing.assert_allclose(attnlab.attention(q, k, v, score=scores.Dot(0.3)), ref, **tol(jnp.float32))
+    a = attnlab.attention(q, k, v, score=scores.Additive(w))
+    b = attnlab.attention(q, k, v, score=functools.partial(scores.additive, w=w))
+    np.testing.assert_allclose(a, b, **tol(jnp.float32))
+    with pytest.raises(ValueError, match=r"scale=2.0 conflicts with score=Dot\(scale=0.3\)"):
+        attnlab.attention(q, k, v, score=scores.Dot(0.3), scale=2.0)
+    with pytest.raises(ValueError, match="scale applies to score='dot' only"):
+        attnlab.attention(q, k, v, score=scores.Additive(w), scale=2.0)
+
+
+def test_score_edge_form_matches_dense_and_reaches_w():
+    """The sparse kernel asks the score for its edge form: Additive(w) along edges == dense + graph mask."""
+    n = 10
+    q, k, v = qkv((n, 4, 8), kv_heads=2)
+    rng = np.random.default_rng(0)
+    adj = rng.random((n, n)) < 0.3
+    r, s = np.nonzero(adj)
+    edges = masks.graph_edges(senders=s, receivers=r, num_nodes=n)
+    w = jax.random.normal(jax.random.key(1), (8,))
+
+    def loss(w, impl, mask):
+        return jnp.sum(attnlab.attention(q, k, v, mask=mask, score=scores.Additive(w), implementation=impl) ** 2)
+
+    assert attnlab.explain(q, k, v, mask=edges, score=scores.Additive(w)).implementation == "sparse"
+    np.testing.assert_allclose(loss(w, "sparse", edges), loss(w, "reference", masks.graph(adj)), rtol=1e-5)
+    g_sparse = jax.grad(loss)(w, "sparse", edges)
+    g_ref = jax.grad(loss)(w, "reference", masks.graph(adj))
+    np.testing.assert_allclose(g_sparse, g_ref, **grad_tol(jnp.float32))
+    # a custom callable has no edge form: the reason says so
+    ex = attnlab.explain(q, k, v, mask=edges, score=lambda q, k: scores.dot_product(q, k))
+    assert "per-edge form" in ex.reason("sparse") and ex.implementation == "reference"
+
+
+def test_score_objects_are_pytrees_under_jit():
+    q, k, v = qkv((6, 2, 4))
+    f = jax.jit(lambda q, k, v, s: attnlab.attention(q, k, v, score=s))
+    w = jnp.ones((4,))
+    np.testing.assert_allclose(
+        f(q, k, v, scores.Additive(w)), attnlab.attention_reference(q, k, v, score=scores.Additive(w)), rtol=1e-5
+    )
+    assert jax.tree_util.tree_leaves(scores.Dot(0.5)) == []  # the scale is static: changing it recompiles
+
+
+# ------------------------------------------------------------------------------------------
+# The cuDNN flag mapping, checked through jax.nn's own XLA path given the same flags
+
+
+CUDNN_MASKS = {
+    "none": lambda B: None,
+    "causal": lambda B: masks.causal(),
+    "left_window": lambda B: masks.window(3, 0),
+    "causal_and_window": lambda B: masks.causal() & masks.window(4, 2),
+    "padding": lambda B: masks.padding(q_lengths=jnp.array([9, 5])[:B], kv_lengths=jnp.array([7, 0])[:B]),
+    "causal_padding": lambda B: masks.causal() & masks.padding(kv_lengths=jnp.array([6, 11])[:B]),
+    "window_padding": lambda B: (
+        masks.window(2, 0) & masks.padding(q_lengths=jnp.array([11, 8])[:B], kv_lengths=jnp.array([4, 13])[:B])
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CUDNN_MASKS))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_cudnn_mapping_through_jax_nn_xla(kind, dtype):
+    B, T, S = 2, 11, 13
+    q, k, v = qkv((B, T, 4, 8), s=S, kv_heads=2, dtype=dtype)  # GQA
+    mask = CUDNN_MASKS[kind](B)
+    assert not isinstance(cudnn.cudnn_flags(mask), str)
+
+    def ours(q, k, v):
+        return cudnn.cudnn_attention(q, k, v, mask=mask, scale=0.4, implementation="xla")
+
+    def ref(q, k, v):
+        return attnlab.attention_reference(q, k, v, mask=mask, scale=0.4)
+
+    out = jax.jit(ours)(q, k, v)
+    dense = None if mask is None else np.asarray(mask.dense(T, S))
+    expected, _ = np_attention(q, k, v, mask=dense, scale=0.4)
+    np.testing.assert_allclose(np.asarray(out, np.float32), expected, **tol(dtype))
+    if dtype == jnp.float32:
+        cot = jax.random.normal(jax.random.key(9), out.shape)
+        g = jax.vjp(ours, q, k, v)[1](cot)
+        g_ref = jax.vjp(ref, q, k, v)[1](cot)
+        for a, b in zip(g, g_ref, strict=True):
+            assert np.isfinite(np.asarray(a)).all()
+            np.testing.assert_allclose(a, b, **grad_tol(dtype))
+
+
+def test_cudnn_mapping_flags_and_reasons():
+    assert cudnn.cudnn_flags(masks.window(5, 0)) == cudnn.CudnnFlags(True, (5, 0), None)
+    assert cudnn.cudnn_flags(masks.causal() & masks.window(5, 9)) == cudnn.CudnnFlags(True, (5, 0), None)
+    assert cudnn.cudnn_flags(masks.full() & masks.causal()) == cudnn.CudnnFlags(True, None, None)
+    assert "left windows only" in cudnn.cudnn_flags(masks.window(5, 1))
+    assert "excludes the diagonal" in cudnn.cudnn_flags(masks.causal() & masks.Window(5, -1))
+    assert "mask part Graph" in cudnn.cudnn_flags(masks.graph(np.eye(4, dtype=bool)))
+    assert "mask part Or" in cudnn.cudnn_flags(masks.causal() | masks.window(1, 1))
+    with pytest.raises(ValueError, match="mask: cudnn_attention covers left windows only"):
+        cudnn.cudnn_attention(*qkv((4, 1, 8)), mask=masks.window(1, 1), implementation="xla")
+
+
+# ------------------------------------------------------------------------------------------
+# Traced padding keeps the structural part's sparsity
+
+
+def test_traced_padding_keeps_the_tiles_of_concrete_padding():
+    T = 1024
+    bigbird = masks.bigbird(T, block_size=64)
+    lengths = np.array([900, 500], np.int32)
+    concrete = bw._pick_block_sizes(bigbird & masks.padding(kv_lengths=lengths), T, T, "cpu")
+    seen = {}
+
+    def f(lengths):
+        m = bigbird & masks.padding(kv_lengths=lengths)
+        assert not m.is_static
+        seen["tiles"] = bw._pick_block_sizes(m, T, T, "cpu")
+        x = jax.ShapeDtypeStruct((2, T, 2, 8), jnp.float32)
+        seen["choice"] = _choose(x, x, x, mask=m, bias=None, score="dot", backend="cpu")
+        return lengths
+
+    jax.eval_shape(f, jnp.asarray(lengths))
+    assert seen["tiles"] == concrete == bw.default_block_sizes("cpu", sparse=True)
+    # at a size below BLOCKWISE_MIN_PAIRS the choice follows the EMPTY tiles, traced or not
+    small = {}
+
+    def g(lengths):
+        x = jax.ShapeDtypeStruct((256, 2, 8), jnp.float32)
+        m = masks.window(16, 0) & masks.padding(kv_lengths=lengths)
+        small["choice"] = _choose(x, x, x, mask=m, bias=None, score="dot", backend="cpu")
+        return lengths
+
+    jax.eval_shape(g, jnp.int32(200))
+    assert small["choice"] == "blockwise"
+
+
+def test_traced_padding_is_correct_and_does_not_retrace():
+    T = 256
+    q, k, v = qkv((2, T, 2, 8))
+    mask_of = lambda n: masks.window(16, 0) & masks.padding(kv_lengths=n)  # noqa: E731
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def f(q, k, v, n):
+        return attnlab.attention(q, k, v, mask=mask_of(n))
+
+    for n in ([200, 0], [256, 3]):
+        n = jnp.asarray(n, jnp.int32)
+        out = f(q, k, v, n)
+        expected, _ = np_attention(q, k, v, mask=np.asarray(mask_of(np.asarray(n)).dense(T, T)))
+        np.testing.assert_allclose(out, expected, **tol(jnp.float32))
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        masks.bigbird(200, block_size=16),
+        masks.window(7, 3) | masks.chunks(24),
+        masks.causal(2) & masks.padding(q_lengths=np.array([150, 40]), kv_lengths=np.array([3, 190])),
+        masks.graph(np.random.default_rng(0).random((2, 150, 190)) < 0.02),
+    ],
+    ids=["bigbird", "window_or_chunks", "causal_padding_batched", "graph_batched"],
+)
+def test_dense_layout_evaluation_equals_row_by_row(mask, monkeypatch):
+    """The one-shot dense evaluation of a layout gives the same blocks as the row-by-row one."""
+    T, S = 150, 190
+    for bq, bk in ((16, 16), (32, 48), (64, 25)):
+        fast = masks_mod._layout_by_evaluation(mask, T, S, bq, bk)
+        monkeypatch.setattr(masks_mod, "_DENSE_EVAL_MAX", 0)
+        slow = masks_mod._layout_by_evaluation(mask, T, S, bq, bk)
+        monkeypatch.undo()
+        np.testing.assert_array_equal(fast, slow)
+        # and both agree with the definition: EMPTY / FULL from the dense mask
+        dense = np.broadcast_to(np.asarray(mask.dense(T, S)), np.asarray(mask.dense(T, S)).shape)
+        block = dense.reshape(-1, T, S)[:, :bq, :bk]
+        assert fast[0, 0] == (0 if not block.any() else 2 if block.all() else 1)
+
+
+# ------------------------------------------------------------------------------------------
+# Tiles and compute dtype per lowering platform, not per trace-time backend
+
+
+def test_blockwise_compute_dtype_follows_the_lowering_platform():
+    q, k, v = (x.astype(jnp.bfloat16) for x in qkv((256, 2, 16)))
+    f = jax.jit(lambda q, k, v: bw.blockwise_attention(q, k, v, mask=masks.window(32, 0)))
+    bf16_dot = re.compile(r"dot_general[^\n]*tensor<[^>]*bf16>, tensor<[^>]*bf16>")
+    cuda = jax.export.export(f, platforms=["cuda"])(q, k, v).mlir_module()
+    cpu = jax.export.export(f, platforms=["cpu"])(q, k, v).mlir_module()
+    assert bf16_dot.search(cuda)  # bf16 tiles with fp32 accumulation on a GPU
+    assert not bf16_dot.search(cpu)  # fp32 tiles on XLA:CPU
+    # the GPU plan uses 128-row tiles ([nq, B*K, G*bq, H] = [2, 2, 128, 16]), the CPU plan 64-row ones
+    assert "tensor<2x2x128x16xbf16>" in cuda
+    assert "tensor<4x2x64x16xf32>" in cpu
+    np.testing.assert_allclose(
+        np.asarray(f(q, k, v), np.float32),
+        np.asarray(attnlab.attention_reference(q, k, v, mask=masks.window(32, 0)), np.float32),
+        **tol(jnp.bfloat16),
+    )

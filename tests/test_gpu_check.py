@@ -1,0 +1,54 @@
+"""benchmarks/gpu_check.py --smoke: the GPU check's own code at toy sizes on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+from benchmarks import gpu_check
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_smoke_runs_every_section_and_writes_json(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    opts = gpu_check.Options(repeats=1)
+    result = gpu_check.run(smoke=True, sections=["correctness", "speed", "memory"], out=str(out), opts=opts)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    corr = result["correctness"]
+    # 6 masks x 2 dtypes x the implementations, every cell accounted for
+    assert len(corr) == 6 * 2 * len(gpu_check.SMOKE.corr_heads) * len(opts.implementations)
+    assert not [r for r in corr if r["status"] in ("FAIL", "error")], [r for r in corr if r["status"] != "ok"]
+    ran = {(r["implementation"], r["mask"]) for r in corr if r["status"] == "ok"}
+    # on a CPU: xla and blockwise run every mask, sparse the graph, cuDNN none (with its reason)
+    assert {("xla", "traced_padding"), ("blockwise", "traced_padding"), ("sparse", "graph_1pct")} <= ran
+    cudnn = [r for r in corr if r["implementation"] == "cudnn"]
+    assert all(r["status"] == "unsupported" and "needs a GPU backend" in r["reason"] for r in cudnn)
+    assert all(r["empty_rows_zero"] and r["grads_finite"] for r in corr if r["status"] == "ok")
+    speed = [r for r in result["speed"] if r["status"] == "ok"]
+    assert {r["implementation"] for r in speed} >= {"xla", "blockwise"}
+    assert all(r["ms"] > 0 and r["tflops"] > 0 for r in speed)
+    mem = [r for r in result["memory"] if r["status"] == "ok"]
+    assert mem and all(r["total_bytes"] >= r["temp_bytes"] > 0 for r in mem)
+
+
+def test_command_line_smoke_prints_a_table(tmp_path):
+    """The script entry point (flags, table, JSON), memory section only to stay quick."""
+    out = tmp_path / "g.json"
+    cmd = [sys.executable, "-m", "benchmarks.gpu_check", "--smoke", "--sections=memory", f"--out={out}"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "## memory" in proc.stdout and "| xla | ok |" in proc.stdout
+    assert json.loads(out.read_text())["meta"]["smoke"] is True
+
+
+def test_allowed_pairs_by_hand():
+    # T = 4: full 16, causal 4 + 3 + 2 + 1 = 10, window(1, 0): 1 + 2 + 2 + 2 = 7, window(1, 1): 2 + 3 + 3 + 2 = 10
+    assert gpu_check._allowed_pairs("full", 4, None) == 16
+    assert gpu_check._allowed_pairs("causal", 4, None) == 10
+    assert gpu_check._allowed_pairs("window", 4, (1, 0)) == 7
+    assert gpu_check._allowed_pairs("window", 4, (1, 1)) == 10
