@@ -166,6 +166,10 @@ def test_pallas_supports_and_errors():
         pallas_flash.pallas_attention(x, x, x, block_q=24)
     with pytest.raises(ValueError, match="kv heads"):
         pallas_flash.pallas_attention(jnp.zeros((20, 3, 16)), x, x)
+    with pytest.raises(ValueError, match="does not broadcast"):  # a [T, S] mask of the wrong size
+        pallas_flash.pallas_attention(x, x, x, mask=np.ones((20, 19), bool))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        splash.splash_attention(x, x, x, mask=np.ones((20, 19), bool))
 
 
 # ------------------------------------------------------------------------------------------

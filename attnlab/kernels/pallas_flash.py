@@ -414,7 +414,7 @@ def _params(st, interpret):
     return {"compiler_params": plgpu.CompilerParams(num_warps=st.num_warps, num_stages=st.num_stages)}
 
 
-def _bm_spec(st, J, which):
+def _bm_spec(st, J):
     """BlockSpec of the bitmaps [Bm, Nm, n_rows, J, bq, bk] for grid (b, n, row)."""
     Bm, Nm = st.bm_shape
     return pl.BlockSpec(
@@ -437,7 +437,7 @@ def _fwd_call(q, k, v, sched, lens, bm, *, st: _Static, interpret: bool):
     ]
     args = [q, k, v, sched, lens]
     if st.has_bitmap:
-        in_specs.append(_bm_spec(st, J, "fwd"))
+        in_specs.append(_bm_spec(st, J))
         args.append(bm)
     return pl.pallas_call(
         functools.partial(_fwd_kernel, st=st),
@@ -474,7 +474,7 @@ def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, *, st: _Static, interpret
     ]
     args = [q, k, v, do, lse, delta, sched, lens]
     if st.has_bitmap:
-        in_specs.append(_bm_spec(st, J, "dq"))
+        in_specs.append(_bm_spec(st, J))
         args.append(bm)
     return pl.pallas_call(
         functools.partial(_dq_kernel, st=st),
@@ -595,6 +595,20 @@ def _check(q, k, v):
         raise ValueError(reason)
 
 
+def check_mask_shape(m, lead, N, T, S, fn):
+    """ValueError unless mask ``m`` (or None) broadcasts to the logits' shape ``[*lead, N, T, S]``."""
+    if m is None:
+        return
+    target = (*lead, N, T, S)
+    shape = tuple(jax.eval_shape(lambda: m.dense(T, S)).shape)
+    try:
+        ok = jnp.broadcast_shapes(shape, target) == target
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{fn}: mask of shape {shape} does not broadcast to the logits' [..., N, T, S] = {target}")
+
+
 def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None, block_k=None):
     """Block-sparse flash attention in one Pallas kernel per (batch, head, query block).
 
@@ -629,6 +643,7 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None,
     if T == 0 or S == 0:
         return jnp.zeros((*lead, T, N, Hv), q.dtype)
     m = masks_lib.as_mask(mask, "mask")
+    check_mask_shape(m, lead, N, T, S, "pallas_attention")
     bq = _block(block_q, T, "block_q")
     bk = _block(block_k, S, "block_k")
     nq, nk = -(-T // bq), -(-S // bk)
