@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -409,7 +410,9 @@ def _on_platform(call, *args):
 def _params(st, interpret):
     if interpret:
         return {}
-    from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (only for the GPU lowering)
+    with warnings.catch_warnings():  # jax 0.11 deprecates the Triton backend: a known, documented choice
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (only for the GPU lowering)
 
     return {"compiler_params": plgpu.CompilerParams(num_warps=st.num_warps, num_stages=st.num_stages)}
 
