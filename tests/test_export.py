@@ -63,6 +63,17 @@ def test_pallas_exports_the_triton_kernel_for_cuda(mask_name, dtype):
         assert "stablehlo.while" not in text  # no interpreter loop: the grid runs on the GPU
 
 
+def test_pallas_exports_gqa_with_per_head_bitmaps_for_cuda():
+    # G = 3 query heads per kv head and a mask that differs per head: the dk/dv kernel loops over G
+    per_head = np.random.default_rng(1).random((6, 100, 90)) < 0.5
+    fwd, grad = _fwd_and_grad(pallas_flash.pallas_attention, lambda lens: masks.as_mask(per_head))
+    no_check = [export.DisabledSafetyCheck.custom_call(TRITON)]
+    text = export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=no_check)(
+        *_specs(2, 100, 90, 6, 2, 32, jnp.bfloat16)
+    ).mlir_module()
+    assert text.count(f"@{TRITON}(") == 3 and "stablehlo.while" not in text
+
+
 def test_pallas_exports_the_interpreter_for_cpu():
     fwd, _ = _fwd_and_grad(pallas_flash.pallas_attention, PALLAS_MASKS["causal_traced_padding"])
     text = export.export(jax.jit(fwd), platforms=["cpu"])(*_specs(1, 40, 40, 2, 1, 16, jnp.float32)).mlir_module()

@@ -15,7 +15,11 @@ from attnlab import masks
 from attnlab.attention import attention_reference
 from attnlab.kernels import pallas_flash, splash
 
-TOL = {jnp.float32: dict(atol=2e-5, rtol=2e-5), jnp.bfloat16: dict(atol=3e-2, rtol=3e-2)}
+TOL = {
+    jnp.float32: dict(atol=2e-5, rtol=2e-5),
+    jnp.bfloat16: dict(atol=3e-2, rtol=3e-2),
+    jnp.float16: dict(atol=5e-3, rtol=5e-3),
+}
 
 
 def _inputs(B, T, S, N, K, H, dtype, seed=0):
@@ -70,14 +74,8 @@ CASES = {
         lambda ql, kl: masks.padding(ql, kl) & masks.causal(),
         (jnp.array([40, 25]), jnp.array([0, 30])),  # example 0: no key at all -> every row empty
     ),
-    "chunks_or_global_fp32": (
-        1,
-        64,
-        64,
-        2,
-        2,
-        16,
-        jnp.float32,
+    "chunks_or_global_fp16": (
+        *(1, 64, 64, 2, 2, 16, jnp.float16),
         lambda: masks.chunks(12) | masks.global_tokens([0]),
         (),
     ),
@@ -166,6 +164,10 @@ def test_pallas_supports_and_errors():
         pallas_flash.pallas_attention(x, x, x, block_q=24)
     with pytest.raises(ValueError, match="kv heads"):
         pallas_flash.pallas_attention(jnp.zeros((20, 3, 16)), x, x)
+    with pytest.raises(ValueError, match="does not broadcast"):  # a [T, S] mask of the wrong size
+        pallas_flash.pallas_attention(x, x, x, mask=np.ones((20, 19), bool))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        splash.splash_attention(x, x, x, mask=np.ones((20, 19), bool))
 
 
 # ------------------------------------------------------------------------------------------

@@ -20,8 +20,9 @@ query block) is one kernel program that loops over *its own list* of non-empty k
   allowed key returns zeros, with zero gradients;
 * backward (``jax.custom_vjp``): a dq kernel over query blocks (same schedule) and a dk/dv kernel
   over key blocks (the transposed schedule), both recomputing probabilities from the stored
-  log-sum-exp. GQA: the dk/dv kernel runs per query head and the G heads sharing a key head are
-  summed afterwards (simple; costs G x the dk/dv buffer in fp32).
+  log-sum-exp. GQA: query head n reads kv head n // G through the index maps; the dk/dv kernel
+  runs per (batch, kv head, key block) and loops over its G query heads, so dk/dv are accumulated
+  in registers once per kv head (no G x buffer, no reduction afterwards).
 
 Kernel or interpreter is chosen per *lowering platform* with ``jax.lax.platform_dependent``: on
 CPU the kernel runs in Pallas interpret mode (so the tests check the kernel's own logic), on CUDA
@@ -39,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -235,7 +237,7 @@ def _dot(a, b, st, *, ta=False, tb=False):
     return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
 
 
-def _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot, with_mask=True):
+def _allowed(st, q_pos, k_pos, lens_ref, bm_ref, bm_idx, with_mask=True):
     """bool [bq, bk] for a PARTIAL tile: in range, within the lengths, the mask, the bitmap.
 
     ``with_mask=False`` (a LENGTHS tile: the mask is FULL there, only padding may cut it) checks the
@@ -246,7 +248,7 @@ def _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot, with_mask=True):
     if with_mask and st.struct is not None:
         ok = ok & st.struct(q_pos, k_pos)
     if with_mask and st.has_bitmap:
-        ok = ok & (bm_ref[slot] != 0)
+        ok = ok & (bm_ref[bm_idx] != 0)
     return ok
 
 
@@ -304,7 +306,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: _Static):
             return m_new, l * alpha + jnp.sum(p, axis=1), acc
 
         k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
-        return _visit(st, st.kinds, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot, w))
+        return _visit(st, st.kinds, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w))
 
     init = (
         jnp.full((bq,), _NEG, jnp.float32),
@@ -340,37 +342,53 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_
             return dq + _dot(ds.astype(k.dtype), k, st)
 
         k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
-        return _visit(st, st.kinds, kd, tile, dq, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot, w))
+        return _visit(st, st.kinds, kd, tile, dq, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w))
 
     dq = jax.lax.fori_loop(0, _count(sched_ref), body, jnp.zeros(q.shape, jnp.float32))
     dq_ref[...] = dq * st.scale
 
 
 def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_ref, *rest, st: _Static):
+    """One (batch, kv head, key block): dk, dv summed over the G query heads that share the kv head.
+
+    q_ref [Tp, G, Hp], do_ref [Tp, G, Hvp], lse_ref / delta_ref [G, Tp], k_ref [bk, Hp],
+    v_ref [bk, Hvp]; bitmaps [I, bq, bk] (one for all heads) or [G, I, bq, bk] (per head).
+    """
     bm_ref = rest[0] if st.has_bitmap else None
     dk_ref, dv_ref = rest[-2:]
     j = pl.program_id(2)
     k, v = k_ref[...], v_ref[...]  # [bk, Hp], [bk, Hvp]
     k_pos = j * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
+    per_head_bitmap = st.bm_shape[1] > 1
 
     def body(slot, carry):
         qb, kd = sched_ref[0, slot], sched_ref[1, slot]
         rows = pl.ds(qb * st.bq, st.bq)
-
-        def tile(c, ok):
-            dk, dv = c
-            q, do = q_ref[rows, :], do_ref[rows, :]
-            lse, delta = lse_ref[rows], delta_ref[rows]
-            s = _dot(q, k, st, tb=True) * st.scale  # [bq, bk]
-            p = jnp.exp(s - lse[:, None])
-            if ok is not None:
-                p = jnp.where(ok, p, 0.0)
-            dv = dv + _dot(p.astype(do.dtype), do, st, ta=True)  # [bk, Hvp]
-            ds = p * (_dot(do, v, st, tb=True) - delta[:, None])
-            return dk + _dot(ds.astype(q.dtype), q, st, ta=True), dv
-
         q_pos = qb * st.bq + jnp.arange(st.bq, dtype=jnp.int32)
-        return _visit(st, st.kinds_t, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, slot, w))
+        for g in range(st.groups):  # static: the query heads of this kv head
+
+            def tile(c, ok, g=g):
+                dk, dv = c
+                q, do = q_ref[rows, g, :], do_ref[rows, g, :]
+                lse, delta = lse_ref[g, rows], delta_ref[g, rows]
+                s = _dot(q, k, st, tb=True) * st.scale  # [bq, bk]
+                p = jnp.exp(s - lse[:, None])
+                if ok is not None:
+                    p = jnp.where(ok, p, 0.0)
+                dv = dv + _dot(p.astype(do.dtype), do, st, ta=True)  # [bk, Hvp]
+                ds = p * (_dot(do, v, st, tb=True) - delta[:, None])
+                return dk + _dot(ds.astype(q.dtype), q, st, ta=True), dv
+
+            bm_idx = (g, slot) if per_head_bitmap else (slot,)
+            carry = _visit(
+                st,
+                st.kinds_t,
+                kd,
+                tile,
+                carry,
+                lambda w, bm_idx=bm_idx: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, bm_idx, w),
+            )
+        return carry
 
     init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
     dk, dv = jax.lax.fori_loop(0, _count(sched_ref), body, init)
@@ -392,12 +410,14 @@ def _on_platform(call, *args):
 def _params(st, interpret):
     if interpret:
         return {}
-    from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (only for the GPU lowering)
+    with warnings.catch_warnings():  # jax 0.11 deprecates the Triton backend: a known, documented choice
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (only for the GPU lowering)
 
     return {"compiler_params": plgpu.CompilerParams(num_warps=st.num_warps, num_stages=st.num_stages)}
 
 
-def _bm_spec(st, J, which):
+def _bm_spec(st, J):
     """BlockSpec of the bitmaps [Bm, Nm, n_rows, J, bq, bk] for grid (b, n, row)."""
     Bm, Nm = st.bm_shape
     return pl.BlockSpec(
@@ -420,7 +440,7 @@ def _fwd_call(q, k, v, sched, lens, bm, *, st: _Static, interpret: bool):
     ]
     args = [q, k, v, sched, lens]
     if st.has_bitmap:
-        in_specs.append(_bm_spec(st, J, "fwd"))
+        in_specs.append(_bm_spec(st, J))
         args.append(bm)
     return pl.pallas_call(
         functools.partial(_fwd_kernel, st=st),
@@ -457,7 +477,7 @@ def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, *, st: _Static, interpret
     ]
     args = [q, k, v, do, lse, delta, sched, lens]
     if st.has_bitmap:
-        in_specs.append(_bm_spec(st, J, "dq"))
+        in_specs.append(_bm_spec(st, J))
         args.append(bm)
     return pl.pallas_call(
         functools.partial(_dq_kernel, st=st),
@@ -473,34 +493,52 @@ def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, *, st: _Static, interpret
 
 def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, *, st: _Static, interpret: bool):
     B, Tp, N, Hp = q.shape
-    Sp, Hvp = k.shape[1], v.shape[-1]
+    Sp, K, Hvp = k.shape[1], st.K, v.shape[-1]
     nk, I = sched_t.shape[0], sched_t.shape[-1]
     G = st.groups
     in_specs = [
-        pl.BlockSpec((None, Tp, None, Hp), lambda b, n, j: (b, 0, n, 0)),
-        pl.BlockSpec((None, st.bk, None, Hp), lambda b, n, j: (b, j, n // G, 0)),
-        pl.BlockSpec((None, st.bk, None, Hvp), lambda b, n, j: (b, j, n // G, 0)),
-        pl.BlockSpec((None, Tp, None, Hvp), lambda b, n, j: (b, 0, n, 0)),
-        pl.BlockSpec((None, None, Tp), lambda b, n, j: (b, n, 0)),
-        pl.BlockSpec((None, None, Tp), lambda b, n, j: (b, n, 0)),
-        pl.BlockSpec((None, 2, I), lambda b, n, j: (j, 0, 0)),
-        pl.BlockSpec((None, 2), lambda b, n, j: (b, 0)),
+        pl.BlockSpec((None, Tp, None, G, Hp), lambda b, h, j: (b, 0, h, 0, 0)),
+        pl.BlockSpec((None, st.bk, None, Hp), lambda b, h, j: (b, j, h, 0)),
+        pl.BlockSpec((None, st.bk, None, Hvp), lambda b, h, j: (b, j, h, 0)),
+        pl.BlockSpec((None, Tp, None, G, Hvp), lambda b, h, j: (b, 0, h, 0, 0)),
+        pl.BlockSpec((None, None, G, Tp), lambda b, h, j: (b, h, 0, 0)),
+        pl.BlockSpec((None, None, G, Tp), lambda b, h, j: (b, h, 0, 0)),
+        pl.BlockSpec((None, 2, I), lambda b, h, j: (j, 0, 0)),
+        pl.BlockSpec((None, 2), lambda b, h, j: (b, 0)),
     ]
-    args = [q, k, v, do, lse, delta, sched_t, lens]
+    # [B, Tp, N, D] -> [B, Tp, K, G, D]; [B, N, Tp] -> [B, K, G, Tp] (free reshapes)
+    args = [
+        q.reshape(B, Tp, K, G, Hp),
+        k,
+        v,
+        do.reshape(B, Tp, K, G, Hvp),
+        lse.reshape(B, K, G, Tp),
+        delta.reshape(B, K, G, Tp),
+        sched_t,
+        lens,
+    ]
     if st.has_bitmap:
-        in_specs.append(_bm_spec(st, I, "dkv"))
-        args.append(bm_t)
+        Bm, Nm = st.bm_shape
+        bmb = (lambda b: b) if Bm > 1 else (lambda b: 0)
+        if Nm > 1:  # [Bm, N, nk, I, bq, bk] -> [Bm, K, G, nk, I, bq, bk]
+            in_specs.append(
+                pl.BlockSpec((None, None, G, None, I, st.bq, st.bk), lambda b, h, j: (bmb(b), h, 0, j, 0, 0, 0))
+            )
+            args.append(bm_t.reshape(Bm, K, G, nk, I, st.bq, st.bk))
+        else:
+            in_specs.append(pl.BlockSpec((None, None, None, I, st.bq, st.bk), lambda b, h, j: (bmb(b), 0, j, 0, 0, 0)))
+            args.append(bm_t)
     return pl.pallas_call(
         functools.partial(_dkv_kernel, st=st),
-        grid=(B, N, nk),
+        grid=(B, K, nk),
         in_specs=in_specs,
         out_specs=[
-            pl.BlockSpec((None, st.bk, None, Hp), lambda b, n, j: (b, j, n, 0)),
-            pl.BlockSpec((None, st.bk, None, Hvp), lambda b, n, j: (b, j, n, 0)),
+            pl.BlockSpec((None, st.bk, None, Hp), lambda b, h, j: (b, j, h, 0)),
+            pl.BlockSpec((None, st.bk, None, Hvp), lambda b, h, j: (b, j, h, 0)),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct((B, Sp, N, Hp), jnp.float32),
-            jax.ShapeDtypeStruct((B, Sp, N, Hvp), jnp.float32),
+            jax.ShapeDtypeStruct((B, Sp, K, Hp), jnp.float32),
+            jax.ShapeDtypeStruct((B, Sp, K, Hvp), jnp.float32),
         ],
         interpret=interpret,
         name="attnlab_flash_dkv",
@@ -533,10 +571,6 @@ def _flash_bwd(st, res, do):
     do = do.astype(q.dtype)
     dq = _on_platform(functools.partial(_dq_call, st=st), q, k, v, do, lse, delta, sched, lens, bm)
     dk, dv = _on_platform(functools.partial(_dkv_call, st=st), q, k, v, do, lse, delta, sched_t, lens, bm_t)
-    B, Sp = k.shape[:2]
-    # per query head -> per kv head: [B, Sp, N, D] -> [B, Sp, K, G, D] -> sum over G
-    dk = dk.reshape(B, Sp, st.K, st.groups, -1).sum(3)
-    dv = dv.reshape(B, Sp, st.K, st.groups, -1).sum(3)
     zeros = jax.tree_util.tree_map(_float0_like, (lens, sched, sched_t, bm, bm_t))
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), *zeros)
 
@@ -562,6 +596,20 @@ def _check(q, k, v):
     reason = supports(q, k, v, backend="cpu")
     if reason is not None:
         raise ValueError(reason)
+
+
+def check_mask_shape(m, lead, N, T, S, fn):
+    """ValueError unless mask ``m`` (or None) broadcasts to the logits' shape ``[*lead, N, T, S]``."""
+    if m is None:
+        return
+    target = (*lead, N, T, S)
+    shape = tuple(jax.eval_shape(lambda: m.dense(T, S)).shape)
+    try:
+        ok = jnp.broadcast_shapes(shape, target) == target
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{fn}: mask of shape {shape} does not broadcast to the logits' [..., N, T, S] = {target}")
 
 
 def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None, block_k=None):
@@ -598,6 +646,7 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None,
     if T == 0 or S == 0:
         return jnp.zeros((*lead, T, N, Hv), q.dtype)
     m = masks_lib.as_mask(mask, "mask")
+    check_mask_shape(m, lead, N, T, S, "pallas_attention")
     bq = _block(block_q, T, "block_q")
     bk = _block(block_k, S, "block_k")
     nq, nk = -(-T // bq), -(-S // bk)

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
-from attnlab.kernels import blockwise
+from attnlab.kernels import blockwise, pallas_flash
 
 __all__ = ["supports", "splash_attention", "DEFAULT_BLOCK"]
 
@@ -254,7 +254,9 @@ def splash_attention(q, k, v, *, mask=None, bias=None, scale=None, block=None):
     B, G = math.prod(lead), N // K
     Tp, Sp = -(-T // block) * block, -(-S // block) * block
 
-    pads, rest = _split(masks_lib.as_mask(mask, "mask"))
+    m = masks_lib.as_mask(mask, "mask")
+    pallas_flash.check_mask_shape(m, lead, N, T, S, "splash_attention")
+    pads, rest = _split(m)
     head_dep = (
         rest is not None and len(jax.eval_shape(rest, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32)).shape) == 3
     )
