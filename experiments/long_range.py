@@ -335,61 +335,50 @@ def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
     parts = []
     acc = common.read_jsonl(folder / "listops.jsonl")
     if acc:
-        lines = [
+        caption = (
             f"ListOps (`{acc[0]['data']}` variant, max length {acc[0]['max_len']}); LRA's vanilla Transformer on "
             f"LRA's ListOps: {LRA_TRANSFORMER_LISTOPS}%; majority class of this test split: "
-            f"{100 * acc[0]['majority_class']:.1f}%",
-            "",
-            "| model | test acc % | dev acc % | steps | train time (s) | params |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in acc:
-            lines.append(
-                f"| {LABELS.get(r['model'], r['model'])} | {100 * r['test_accuracy']:.2f} | "
-                f"{100 * r['dev_accuracy']:.2f} | {r['steps']} | {r['train_time_s']:.0f} | {r['params']:,} |"
-            )
-        parts.append("\n".join(lines))
+            f"{100 * acc[0]['majority_class']:.1f}%"
+        )
+        header = ["model", "test acc %", "dev acc %", "steps", "train time (s)", "params"]
+        rows = [
+            [LABELS.get(r["model"], r["model"]), f"{100 * r['test_accuracy']:.2f}", f"{100 * r['dev_accuracy']:.2f}",
+             r["steps"], f"{r['train_time_s']:.0f}", f"{r['params']:,}"]
+            for r in acc
+        ]  # fmt: skip
+        parts.append(caption + "\n\n" + common.markdown_table(header, rows))
     eff = [r for r in common.read_jsonl(folder / "efficiency.jsonl") if r.get("status") == "ok"]
     if eff:
         by = {(r["model"], r["seq_len"]): r for r in eff}
-        models = list(dict.fromkeys(r["model"] for r in eff))
         lens = [n for n in table_lens if any(k[1] == n for k in by)] or sorted({k[1] for k in by})
-        head = " | ".join([f"steps/s {_fmt_n(n)}" for n in lens] + [f"MiB {_fmt_n(n)}" for n in lens])
-        lines = [
+        caption = (
             f"Training step (fwd + bwd + AdamW), batch {eff[0]['batch_size']}: steps/s (speed-up vs full "
-            f"attention) and peak memory (MiB, XLA memory analysis of the compiled step)",
-            "",
-            f"| model | {head} |",
-            "|---|" + "---|" * (2 * len(lens)),
-        ]
-        for mname in models:
+            f"attention) and peak memory (MiB, XLA memory analysis of the compiled step)"
+        )
+        header = ["model"] + [f"steps/s {_fmt_n(n)}" for n in lens] + [f"MiB {_fmt_n(n)}" for n in lens]
+        rows = []
+        for mname in dict.fromkeys(r["model"] for r in eff):
             speed, mem = [], []
             for n in lens:
                 r, f = by.get((mname, n)), by.get(("full", n))
-                if r is None:
-                    speed.append("-")
-                    mem.append("-")
-                    continue
-                rel = f" ({r['steps_per_s'] / f['steps_per_s']:.1f}x)" if f and mname != "full" else ""
-                speed.append(f"{r['steps_per_s']:.2f}{rel}")
-                mem.append(f"{r['peak_bytes'] / 2**20:.1f}")
-            lines.append(f"| {LABELS.get(mname, mname)} | " + " | ".join(speed + mem) + " |")
-        parts.append("\n".join(lines))
+                rel = f" ({r['steps_per_s'] / f['steps_per_s']:.1f}x)" if r and f and mname != "full" else ""
+                speed.append(f"{r['steps_per_s']:.2f}{rel}" if r else "-")
+                mem.append(f"{r['peak_bytes'] / 2**20:.1f}" if r else "-")
+            rows.append([LABELS.get(mname, mname), *speed, *mem])
+        parts.append(caption + "\n\n" + common.markdown_table(header, rows))
     rec = common.read_jsonl(folder / "recall.jsonl")
     if rec:
         dists = sorted({r["distance"] for r in rec})
         by = {(r["model"], r["distance"]): r for r in rec}
-        lines = [
+        caption = (
             f"Recall at a distance (key at 0, query at d; chance {100 * rec[0]['chance']:.1f}%, "
-            f"{rec[0]['steps']} steps each); test accuracy %",
-            "",
-            "| model | " + " | ".join(f"d={d}" for d in dists) + " |",
-            "|---|" + "---|" * len(dists),
+            f"{rec[0]['steps']} steps each); test accuracy %"
+        )
+        rows = [
+            [LABELS.get(m, m)] + [f"{100 * by[(m, d)]['accuracy']:.1f}" if (m, d) in by else "-" for d in dists]
+            for m in dict.fromkeys(r["model"] for r in rec)
         ]
-        for mname in dict.fromkeys(r["model"] for r in rec):
-            cells = [f"{100 * by[(mname, d)]['accuracy']:.1f}" if (mname, d) in by else "-" for d in dists]
-            lines.append(f"| {LABELS.get(mname, mname)} | " + " | ".join(cells) + " |")
-        parts.append("\n".join(lines))
+        parts.append(caption + "\n\n" + common.markdown_table(["model"] + [f"d={d}" for d in dists], rows))
     if not parts:
         raise FileNotFoundError(f"no listops/efficiency/recall JSONL under {folder}: run the experiment first")
     return "\n\n".join(parts)

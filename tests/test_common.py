@@ -1,6 +1,10 @@
 """experiments/common.py: resume by key, torn JSONL lines, summaries, the config loader, no recompiles."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import chex
 import jax
@@ -164,3 +168,21 @@ def test_measure_train_step_uses_the_trainers_step():
 
 def _plain_loss(m, b, key):
     return ((m(b["x"]) - b["y"]) ** 2).mean(), {}
+
+
+def test_launch_report_only_from_the_command_line(tmp_path):
+    records = [
+        {"scheme": "rope", "seed": s, "acc@8": a, "acc@16": a / 2, "acc_beyond_L@16": a / 4, "train_time_s": 1.0}
+        for s, a in ((0, 0.5), (1, 0.75))
+    ]
+    for r in records:
+        common.append_jsonl(tmp_path / "results.jsonl", r)
+    root = Path(__file__).resolve().parents[1]
+    kw = dict(capture_output=True, text=True, timeout=300, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    cmd = [sys.executable, "-m", "experiments.posenc", "--report", str(tmp_path)]
+    done = subprocess.run(cmd, check=True, **kw)
+    # mean and population std of 0.5 and 0.75, by hand: 0.625 ± 0.125
+    assert "| rope | 62.5 ± 12.5 | 31.2 ± 6.2 | 15.6 ± 3.1 | 2 | 1 |" in done.stdout
+    assert (tmp_path / "summary.md").exists() and (tmp_path / "length.png").exists()
+    bad = subprocess.run([*cmd, "stray"], **kw)
+    assert bad.returncode != 0 and "unexpected arguments ['stray']" in bad.stderr
