@@ -1,5 +1,7 @@
 """Flax NNX modules: thin owners of parameters that call attnlab's pure functions."""
 
+from attnlab.nn import attention
+from attnlab.nn.attention import AttentionFn, Linear, Performer, Softmax
 from attnlab.nn.baselines import CNN, BiRNN, TokenMLP
 from attnlab.nn.graph import GIN, GraphEncoder, distance_bias, gin_layer
 from attnlab.nn.layers import (
@@ -17,6 +19,11 @@ from attnlab.nn.layers import (
 )
 
 __all__ = [
+    "AttentionFn",
+    "Linear",
+    "Performer",
+    "Softmax",
+    "attention",
     "CNN",
     "BiRNN",
     "Chars",
