@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from attnlab import scores as scores_lib
 from attnlab.attention import attention, attention_weights
 
-__all__ = ["split_heads", "merge_heads", "init_multi_head_params", "multi_head_attention"]
+__all__ = ["split_heads", "merge_heads", "init_multi_head_params", "project_qkv", "multi_head_attention"]
 
 
 def split_heads(x: jax.Array, num_heads: int) -> jax.Array:
@@ -155,6 +155,32 @@ def _project(x, w, b, name):
     return split_heads(y, m)
 
 
+def project_qkv(params, x_q, x_kv=None):
+    """The matrix form's projections: ``Q = X_q Wq + bq``, ``K = X_kv Wk + bk``, ``V = X_kv Wv + bv``, per head.
+
+    Args:
+        params: ``wq [D, N, H]``, ``wk [Dkv, K, H]``, ``wv [Dkv, K, Hv]`` and optional ``bq, bk, bv``.
+        x_q: ``[..., T, D]``.
+        x_kv: ``[..., S, Dkv]``; default ``x_q``.
+
+    Returns:
+        ``(q [..., T, N, H], k [..., S, K, H], v [..., S, K, Hv])``.
+
+    Raises:
+        ValueError: an input's width does not match its weight.
+
+    Example:
+        >>> p = init_multi_head_params(jax.random.key(0), 16, 4, num_kv_heads=2)
+        >>> [a.shape for a in project_qkv(p, jnp.ones((7, 16)))]
+        [(7, 4, 4), (7, 2, 4), (7, 2, 4)]
+    """
+    x_kv = x_q if x_kv is None else x_kv
+    q = _project(x_q, params["wq"], params.get("bq"), "x_q")  # [..., T, N, H]
+    k = _project(x_kv, params["wk"], params.get("bk"), "x_kv")  # [..., S, K, H]
+    v = _project(x_kv, params["wv"], params.get("bv"), "x_kv")  # [..., S, K, Hv]
+    return q, k, v
+
+
 def multi_head_attention(
     params,
     x_q,
@@ -202,17 +228,15 @@ def multi_head_attention(
     if x_q.shape[:-2] != x_kv.shape[:-2]:
         raise ValueError(f"multi_head_attention: x_q {x_q.shape} and x_kv {x_kv.shape} must have the same batch dims")
     wq = _check_param(params, "wq", "[D, N, H]")
-    wk = _check_param(params, "wk", "[Dkv, K, H]")
     wv = _check_param(params, "wv", "[Dkv, K, Hv]")
+    _check_param(params, "wk", "[Dkv, K, H]")
     wo = _check_param(params, "wo", "[N, Hv, D]")
     if wo.shape[:2] != (wq.shape[1], wv.shape[2]):
         raise ValueError(
             f"multi_head_attention: params['wo'] must have shape [N, Hv, D] = [{wq.shape[1]}, {wv.shape[2]}, D] "
             f"(N from wq {wq.shape}, Hv from wv {wv.shape}), got {wo.shape}"
         )
-    q = _project(x_q, wq, params.get("bq"), "x_q")  # [..., T, N, H]
-    k = _project(x_kv, wk, params.get("bk"), "x_kv")  # [..., S, K, H]
-    v = _project(x_kv, wv, params.get("bv"), "x_kv")  # [..., S, K, Hv]
+    q, k, v = project_qkv(params, x_q, x_kv)  # [..., T, N, H], [..., S, K, H], [..., S, K, Hv]
     if rotary is not None:
         q, k = rotary(q), rotary(k)  # e.g. RoPE: rotate q and k by their positions
     if score == "additive":

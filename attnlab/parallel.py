@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from attnlab import masks as masks_lib
 from attnlab.attention import attention as _attention
-from attnlab.heads import _project, merge_heads
+from attnlab.heads import merge_heads, project_qkv
 from attnlab.kernels import blockwise as bw
 from attnlab.kernels import ring as ring_lib
 
@@ -381,9 +381,7 @@ def multi_head_attention(
     nlead = len(lead)
 
     def body(p, xq, xkv, m):
-        q = _project(xq, p["wq"], p.get("bq"), "x_q")  # [..., Tl, N/Dh, H]
-        k = _project(xkv, p["wk"], p.get("bk"), "x_kv")
-        v = _project(xkv, p["wv"], p.get("bv"), "x_kv")
+        q, k, v = project_qkv(p, xq, xkv)  # [..., Tl, N/Dh, H], [..., Sl, K/Dh, H], [..., Sl, K/Dh, Hv]
         if rs is None:
             o = _attention(q, k, v, mask=m, scale=scale, implementation=implementation)
         else:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,15 @@ __all__ = [
     "t5_bucket",
     "T5Bias",
     "init_t5_bias",
+    "Encoding",
+    "NoPosition",
+    "Sinusoidal",
+    "Learned",
+    "Rope",
+    "AlibiBias",
+    "T5",
+    "Sinusoidal2D",
+    "encoding",
 ]
 
 
@@ -353,3 +363,185 @@ def scheme(name: str) -> Scheme:
     if name not in SCHEMES:
         raise ValueError(f"posenc must be one of {sorted(SCHEMES)}, got {name!r}")
     return SCHEMES[name]
+
+
+# ------------------------------------------------------------------------------------------
+# Encodings as objects: how a scheme enters a model (the seam attnlab.nn.Encoder calls)
+
+
+class Encoding:
+    """How a positional scheme enters a model. ``attnlab.nn.Encoder(posenc=...)`` asks it four things.
+
+    * ``init(key, d_model=, num_heads=)``: its learned parameter (an array) or None; the Encoder keeps
+      it as an ``nnx.Param`` named ``param_name`` and passes it back as ``param`` below;
+    * ``inputs(T, d_model, param)``: a ``[T, D]`` array added to the token embeddings, or None;
+    * ``rotary()``: a function applied to the projected q ``[..., T, N, H]`` and k in every layer, or None;
+    * ``bias(num_heads, param)``: added to the logits of every layer, a callable
+      ``bias(q_idx [T'], k_idx [S']) -> [N, T', S']`` (evaluated per tile by the blockwise kernel) or None.
+
+    ``check(d_model=, num_heads=)`` raises ValueError for a model it cannot serve. Subclass it (a
+    frozen dataclass; fields are static hyperparameters) for a new scheme; see docs/seams.md.
+    """
+
+    param_name: ClassVar[str | None] = None
+
+    def check(self, *, d_model: int, num_heads: int) -> None:
+        del d_model, num_heads
+
+    def init(self, key, *, d_model: int, num_heads: int) -> jax.Array | None:
+        del key, d_model, num_heads
+        return None
+
+    def inputs(self, T: int, d_model: int, param=None) -> jax.Array | None:
+        del T, d_model, param
+        return None
+
+    def rotary(self) -> Callable[[jax.Array], jax.Array] | None:
+        return None
+
+    def bias(self, num_heads: int, param=None) -> Callable | None:
+        del num_heads, param
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class NoPosition(Encoding):
+    """No position information: attention is permutation-equivariant."""
+
+
+def _check_max_len(name, T, max_len):
+    if T > max_len:
+        raise ValueError(f"{name}: inputs length {T} exceeds max_len={max_len}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sinusoidal(Encoding):
+    """``sinusoidal(T, D)`` added to the inputs (Vaswani et al. 2017); sequences up to ``max_len``."""
+
+    max_len: int = 512
+    base: float = 10000.0
+
+    def inputs(self, T, d_model, param=None):
+        _check_max_len("Sinusoidal", T, self.max_len)
+        return sinusoidal(T, d_model, base=self.base)
+
+
+@dataclasses.dataclass(frozen=True)
+class Learned(Encoding):
+    """A learned ``[max_len, D]`` table (``init_learned``) added to the inputs (BERT, GPT-2)."""
+
+    max_len: int = 512
+    param_name: ClassVar[str] = "pos_table"
+
+    def init(self, key, *, d_model, num_heads):
+        return init_learned(key, self.max_len, d_model)
+
+    def inputs(self, T, d_model, param=None):
+        _check_max_len("Learned", T, self.max_len)
+        return param[:T]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rope(Encoding):
+    """RoPE (Su et al. 2021): ``rope`` rotates q and k by their positions in every layer."""
+
+    base: float = 10000.0
+
+    def check(self, *, d_model, num_heads):
+        if d_model % num_heads or (d_model // num_heads) % 2:
+            raise ValueError(f"Rope needs an even head dim d_model/num_heads, got {d_model}/{num_heads}")
+
+    def rotary(self):
+        return rope if self.base == 10000.0 else _RopeWithBase(self.base)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RopeWithBase:
+    base: float
+
+    def __call__(self, x):
+        return rope(x, base=self.base)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlibiBias(Encoding):
+    """ALiBi (Press et al. 2021): ``alibi(N)`` as a callable bias on the logits of every layer."""
+
+    def bias(self, num_heads, param=None):
+        return alibi(num_heads)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5(Encoding):
+    """T5 bucketed relative bias: a learned ``t5_table [num_buckets, N]`` shared by all layers (Raffel 2019)."""
+
+    num_buckets: int = 32
+    max_distance: int = 128
+    bidirectional: bool = True
+    param_name: ClassVar[str] = "t5_table"
+
+    def init(self, key, *, d_model, num_heads):
+        t5 = init_t5_bias(
+            key,
+            num_heads,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+            bidirectional=self.bidirectional,
+        )
+        return t5.table
+
+    def bias(self, num_heads, param=None):
+        return T5Bias(param, bidirectional=self.bidirectional, max_distance=self.max_distance)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sinusoidal2D(Encoding):
+    """``sinusoidal_2d`` over a ``(height, width)`` grid added to the inputs (cells row-major, T = height * width)."""
+
+    height: int
+    width: int
+
+    def __post_init__(self):
+        _positive_int("Sinusoidal2D", "height", self.height)
+        _positive_int("Sinusoidal2D", "width", self.width)
+
+    def inputs(self, T, d_model, param=None):
+        if T != self.height * self.width:
+            raise ValueError(f"Sinusoidal2D: inputs length {T} != grid {self.height} x {self.width}")
+        return sinusoidal_2d(self.height, self.width, d_model)
+
+
+def encoding(
+    name: str,
+    *,
+    max_len: int = 512,
+    t5_buckets: int = 32,
+    t5_max_distance: int = 128,
+    grid: tuple[int, int] | None = None,
+) -> Encoding:
+    """The ``Encoding`` for a ``--posenc`` flag value (``SCHEMES`` plus ``"sinusoidal_2d"``, which needs ``grid``).
+
+    Example:
+        >>> encoding("t5", t5_buckets=8)
+        T5(num_buckets=8, max_distance=128, bidirectional=True)
+    """
+    names = (*SCHEMES, "sinusoidal_2d")
+    if name not in names:
+        raise ValueError(f"posenc must be one of {names}, got {name!r}")
+    if (name == "sinusoidal_2d") != (grid is not None):
+        raise ValueError(f"grid=(height, width) goes with posenc='sinusoidal_2d', got grid={grid!r}")
+    match name:
+        case "none":
+            return NoPosition()
+        case "sinusoidal":
+            return Sinusoidal(max_len)
+        case "learned":
+            return Learned(max_len)
+        case "rope":
+            return Rope()
+        case "alibi":
+            return AlibiBias()
+        case "t5":
+            return T5(t5_buckets, t5_max_distance)
+        case _:
+            return Sinusoidal2D(*grid)

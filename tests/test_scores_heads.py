@@ -124,3 +124,16 @@ def test_multi_head_attention_grad_and_jit():
     g = jax.grad(loss)(p, x, lens)
     assert all(np.isfinite(np.asarray(a)).all() for a in jax.tree.leaves(g))
     assert float(jnp.abs(g["wq"]).sum()) > 0
+
+
+def test_project_qkv_is_the_matrix_form():
+    p = attnlab.init_multi_head_params(jax.random.key(0), 8, 4, num_kv_heads=2, kv_dim=6, head_dim=3)
+    p = jax.tree.map(lambda a: a + 0.1, p)  # non-zero biases
+    x_q, x_kv = jax.random.normal(jax.random.key(1), (2, 5, 8)), jax.random.normal(jax.random.key(2), (2, 7, 6))
+    q, k, v = attnlab.heads.project_qkv(p, x_q, x_kv)
+    P = {key: np.asarray(val, np.float64) for key, val in p.items()}
+    np.testing.assert_allclose(q, np.einsum("btd,dnh->btnh", x_q, P["wq"]) + P["bq"], atol=1e-5)
+    np.testing.assert_allclose(k, np.einsum("bsd,dnh->bsnh", x_kv, P["wk"]) + P["bk"], atol=1e-5)
+    np.testing.assert_allclose(v, np.einsum("bsd,dnh->bsnh", x_kv, P["wv"]) + P["bv"], atol=1e-5)
+    with pytest.raises(ValueError, match="x_kv has width 8 but params expect 6"):
+        attnlab.heads.project_qkv(p, x_q)  # self-attention with cross-attention params

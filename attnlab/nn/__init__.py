@@ -1,5 +1,7 @@
 """Flax NNX modules: thin owners of parameters that call attnlab's pure functions."""
 
+from attnlab.nn import attention
+from attnlab.nn.attention import AttentionFn, Linear, Performer, Softmax
 from attnlab.nn.baselines import CNN, BiRNN, TokenMLP
 from attnlab.nn.conv import conv_as_attention, conv_offsets
 from attnlab.nn.graph import GIN, GraphEncoder, distance_bias, gin_layer
@@ -19,6 +21,11 @@ from attnlab.nn.layers import (
 from attnlab.nn.seq2seq import DecoderBlock, EncoderDecoder, subsampled_lengths
 
 __all__ = [
+    "AttentionFn",
+    "Linear",
+    "Performer",
+    "Softmax",
+    "attention",
     "CNN",
     "DecoderBlock",
     "EncoderDecoder",

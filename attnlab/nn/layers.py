@@ -15,16 +15,16 @@ or F floats), C classes, L layers, N heads, K kv heads, H head dim.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnlab import efficient, positional
 from attnlab import masks as masks_lib
+from attnlab import positional
 from attnlab.heads import init_multi_head_params, multi_head_attention
+from attnlab.nn.attention import KINDS, AttentionFn, Softmax, as_attention
 
 __all__ = [
     "dropout",
@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 POSENCS = (*positional.SCHEMES, "sinusoidal_2d")  # none, sinusoidal, learned, rope, alibi, t5; 2-D grids
-ATTENTION_KINDS = ("softmax", "linear", "performer")  # softmax: attnlab.attention; others: attnlab.efficient
+ATTENTION_KINDS = KINDS  # softmax: attnlab.attention; linear, performer: attnlab.efficient
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -206,11 +206,14 @@ class MultiHeadAttention(nnx.Module):
     Args:
         d_model, num_heads, num_kv_heads, head_dim, kv_dim, use_bias, score: as
             ``attnlab.heads.init_multi_head_params`` (score ``"dot"`` or ``"additive"``).
-        implementation: passed to ``attnlab.attention`` (None, "reference", "xla").
-        kind: ``"softmax"`` (``attnlab.attention``, any mask), ``"linear"`` (elu+1 linear attention)
-            or ``"performer"`` (FAVOR+ with ``num_features`` random features, drawn once at init
-            from ``rngs`` and kept fixed: a non-trainable ``projection`` variable ``[M, H]``). The
-            O(N) kinds take padding as ``kv_lengths`` instead of a mask (see ``attnlab.efficient``).
+        kind: the attention between the projections, an ``attnlab.nn.attention`` object:
+            ``Softmax(implementation)`` (``attnlab.attention``, any mask; the default),
+            ``Linear()`` (elu+1 linear attention), ``Performer(M)`` (FAVOR+ with M random features,
+            drawn once at init from ``rngs`` and kept fixed: a non-trainable ``projection``
+            variable ``[M, H]``), any ``AttentionFn`` or a callable ``fn(q, k, v, *, mask, bias)``;
+            or a name ``"softmax" | "linear" | "performer"``, configured by ``implementation`` and
+            ``num_features``. The O(N) kinds take padding as ``kv_lengths`` instead of a mask
+            (see ``attnlab.efficient``).
 
     Example:
         >>> mha = MultiHeadAttention(16, 4, num_kv_heads=2, rngs=nnx.Rngs(0))
@@ -228,14 +231,16 @@ class MultiHeadAttention(nnx.Module):
         kv_dim: int | None = None,
         use_bias: bool = True,
         score: str = "dot",
+        kind: str | AttentionFn = "softmax",
         implementation: str | None = None,
-        kind: str = "softmax",
         num_features: int = 256,
         rngs: nnx.Rngs,
     ):
-        if kind not in ATTENTION_KINDS:
-            raise ValueError(f"MultiHeadAttention: kind must be one of {ATTENTION_KINDS}, got {kind!r}")
-        if kind != "softmax" and score != "dot":
+        try:
+            attn = as_attention(kind, implementation=implementation, num_features=num_features)
+        except ValueError as e:
+            raise ValueError(f"MultiHeadAttention: {e}") from None
+        if not isinstance(attn, Softmax) and score != "dot":
             raise ValueError(f"MultiHeadAttention: kind={kind!r} needs score='dot', got {score!r}")
         params = init_multi_head_params(
             rngs.params(),
@@ -251,11 +256,10 @@ class MultiHeadAttention(nnx.Module):
         for name in self.names:
             setattr(self, name, nnx.Param(params[name]))
         self.score = score
-        self.implementation = implementation
-        self.kind = kind
-        if kind == "performer":
-            h = params["wq"].shape[-1]
-            self.projection = nnx.Variable(efficient.performer_projection(rngs.params(), num_features, h))
+        self.kind = attn
+        state = attn.init(rngs.params(), head_dim=params["wq"].shape[-1]) if attn.state_name else None
+        if state is not None:
+            setattr(self, attn.state_name, nnx.Variable(state))
 
     def params(self) -> dict[str, jax.Array]:
         """The params pytree for ``attnlab.heads.multi_head_attention``."""
@@ -268,28 +272,11 @@ class MultiHeadAttention(nnx.Module):
         ``rotary`` (e.g. ``positional.rope``, applied to q and k) are as in ``multi_head_attention``.
         ``kv_lengths`` (int ``[...]``) is the padding of the O(N) kinds; softmax takes a mask instead.
         """
-        match self.kind:
-            case "softmax":
-                if kv_lengths is not None:
-                    raise ValueError("MultiHeadAttention: kind='softmax' takes padding as a mask, not kv_lengths")
-                fn = None
-            case "linear":
-                fn = functools.partial(efficient.linear_attention, kv_lengths=kv_lengths)
-            case "performer":
-                fn = functools.partial(
-                    efficient.performer_attention, projection=self.projection[...], kv_lengths=kv_lengths
-                )
+        name = self.kind.state_name
+        state = getattr(self, name)[...] if name else None
+        kw = self.kind.mha_kwargs(mask=mask, bias=bias, kv_lengths=kv_lengths, state=state)
         return multi_head_attention(
-            self.params(),
-            x_q,
-            x_kv,
-            mask=mask,
-            bias=bias,
-            score=self.score,
-            implementation=self.implementation,
-            return_weights=return_weights,
-            attention_fn=fn,
-            rotary=rotary,
+            self.params(), x_q, x_kv, score=self.score, return_weights=return_weights, rotary=rotary, **kw
         )
 
 
@@ -297,6 +284,8 @@ class TransformerBlock(nnx.Module):
     """Pre-norm block: ``x + drop(MHA(LN(x)))``, then ``x + drop(MLP(LN(x)))`` (MLP: D -> M -> D, GELU).
 
     Pre-norm as in Xiong et al. 2020 (arXiv 2002.04745): stable without learning-rate warmup.
+    ``attention`` is ``MultiHeadAttention``'s ``kind`` (an object or a name; ``implementation`` and
+    ``num_features`` configure the names only).
     """
 
     def __init__(
@@ -308,8 +297,8 @@ class TransformerBlock(nnx.Module):
         dropout_rate: float = 0.0,
         num_kv_heads: int | None = None,
         score: str = "dot",
+        attention: str | AttentionFn = "softmax",
         implementation: str | None = None,
-        attention: str = "softmax",
         num_features: int = 256,
         rngs: nnx.Rngs,
     ):
@@ -319,8 +308,8 @@ class TransformerBlock(nnx.Module):
             num_heads,
             num_kv_heads=num_kv_heads,
             score=score,
-            implementation=implementation,
             kind=attention,
+            implementation=implementation,
             num_features=num_features,
             rngs=rngs,
         )
@@ -344,46 +333,60 @@ class TransformerBlock(nnx.Module):
         return (x, w) if return_weights else x
 
 
+# The Encoder's keyword spellings from before the seams: each is folded into an object at init.
+_LEGACY = {
+    "max_len": "positional.Sinusoidal(max_len) / Learned(max_len)",
+    "t5_buckets": "positional.T5(num_buckets, ...)",
+    "t5_max_distance": "positional.T5(..., max_distance)",
+    "grid": "positional.Sinusoidal2D(height, width)",
+    "window": "attention_mask=masks.window(w, w)",
+    "implementation": "attention=nn.attention.Softmax(implementation)",
+    "num_features": "attention=nn.attention.Performer(num_features)",
+}
+
+
 class Encoder(nnx.Module):
     """Token embedding (or input projection) + positional encoding + L pre-norm blocks + final LayerNorm.
 
     Args:
         d_model: D.  num_layers: L.  num_heads: N.  mlp_dim: M (default 4 D).
         vocab_sizes / input_dim / chars: see ``TokenEmbedding``.
-        posenc: one of ``positional.SCHEMES``: ``"none"`` | ``"sinusoidal"`` (Vaswani 2017, added to
-            the embeddings) | ``"learned"`` (a ``[max_len, D]`` table, added) | ``"rope"`` (``positional.rope``
-            on q and k in every layer) | ``"alibi"`` (``positional.alibi(N)`` as a callable bias on the
-            logits of every layer) | ``"t5"`` (T5 bucketed relative bias, bidirectional, a learnable
-            ``t5_table [num_buckets, N]`` shared by all layers as in T5, as a callable bias). Callable
-            biases are evaluated per tile by the blockwise kernel: no ``[T, S]`` array is built there;
-            or ``"sinusoidal_2d"`` (``positional.sinusoidal_2d`` over ``grid``, added; inputs are the
-            grid's cells row-major, T = height * width: image patches or pixels).
-        max_len: longest sequence for the absolute schemes (sinusoidal, learned); the relative
-            schemes (rope, alibi, t5) take any length.
-        t5_buckets, t5_max_distance: the T5 bias's ``num_buckets`` and ``max_distance``.
-        window: None for full attention, or w: each token sees the w tokens on each side
-            (``masks.window(w, w)``), combined with the padding mask.
-        attention: ``"softmax"`` (default), or an O(N) kind ``"linear"`` / ``"performer"``
-            (``MultiHeadAttention``'s ``kind``; padding goes in as ``kv_lengths``).
-        attention_mask: a structural mask ANDed with padding (and window) for softmax attention,
-            e.g. ``masks.chunks(c)`` (LRA's local attention), ``masks.bigbird(max_len, ...)`` or
-            ``masks.window_2d(width, r)`` (2-D local attention on a grid);
-            it is static module structure, so it holds no arrays (not padding or a dense mask).
-        num_features: Performer's M.
-        grid: ``(height, width)`` of the token grid, for ``posenc="sinusoidal_2d"``.
-        dropout_rate, num_kv_heads, score, implementation: passed to each block.
+        posenc: an ``attnlab.positional.Encoding``, which says what to add to the inputs, how to
+            rotate q and k, and what bias to add to the logits of every layer:
+            ``NoPosition()``, ``Sinusoidal(max_len)`` (Vaswani 2017, added), ``Learned(max_len)`` (a
+            ``[max_len, D]`` table ``pos_table``, added), ``Rope()`` (``positional.rope`` on q and k),
+            ``AlibiBias()`` (``positional.alibi(N)``, a callable bias), ``T5(num_buckets,
+            max_distance)`` (bucketed relative bias, a learnable ``t5_table [num_buckets, N]`` shared
+            by all layers), ``Sinusoidal2D(height, width)`` (for grids of image patches or pixels,
+            T = height * width), or your own subclass. Callable biases are evaluated per tile by
+            the blockwise kernel: no ``[T, S]`` array is built there. Or a name from
+            ``positional.encoding`` (``"none" | "sinusoidal" | "learned" | "rope" | "alibi" | "t5" |
+            "sinusoidal_2d"``), configured by the legacy keywords ``max_len`` (default 512),
+            ``t5_buckets``, ``t5_max_distance``, ``grid``.
+        attention: an ``attnlab.nn.attention`` object (``Softmax(implementation)``, ``Linear()``,
+            ``Performer(num_features)``, any ``AttentionFn`` or a callable ``fn(q, k, v, *, mask,
+            bias)``) or a name ``"softmax" | "linear" | "performer"`` (legacy keywords
+            ``implementation``, ``num_features``). The O(N) kinds take padding as ``kv_lengths``.
+        attention_mask: a structural mask ANDed with padding for attention that takes masks, e.g.
+            ``masks.window(w, w)``, ``masks.chunks(c)`` (LRA's local attention),
+            ``masks.bigbird(max_len, ...)`` or ``masks.window_2d(width, r)``; it is static module
+            structure, so it holds no arrays (not padding or a dense mask). The legacy keyword
+            ``window=w`` is ``masks.window(w, w)`` ANDed into it.
+        dropout_rate, num_kv_heads, score: passed to each block.
 
     Call: ``encoder(inputs, lengths=None, *, dropout_key=None, return_weights=False)`` with inputs
     ``[B, T]`` / ``[B, T, F]`` and lengths int ``[B]`` -> ``[B, T, D]`` (, list of L weights
     ``[B, N, T, T]``). Positions t >= lengths[b] are padding: no real token attends to them.
     Optional ``mask=`` (an extra mask, e.g. ``masks.graph(adjacency)``, and-ed with the padding and
-    window masks) and ``bias=`` (added to the logits of every layer, e.g. a Graphormer distance bias
-    ``[B, N, T, T]``) let a caller restrict or bias attention per batch.
+    structural masks) and ``bias=`` (added to the logits of every layer, e.g. a Graphormer distance
+    bias ``[B, N, T, T]``) let a caller restrict or bias attention per batch.
 
     Example:
         >>> enc = Encoder(vocab_sizes=100, d_model=16, num_layers=2, num_heads=4, rngs=nnx.Rngs(0))
         >>> enc(jnp.zeros((2, 7), int), jnp.array([7, 3])).shape
         (2, 7, 16)
+        >>> enc = Encoder(vocab_sizes=100, d_model=16, num_layers=1, num_heads=4, posenc=positional.Rope(),
+        ...               attention_mask=masks_lib.window(2, 2), rngs=nnx.Rngs(0))
     """
 
     def __init__(
@@ -396,50 +399,34 @@ class Encoder(nnx.Module):
         vocab_sizes: int | Sequence[int] | None = None,
         input_dim: int | None = None,
         chars: Chars | None = None,
-        posenc: str = "sinusoidal",
-        max_len: int = 512,
-        window: int | None = None,
+        posenc: str | positional.Encoding = "sinusoidal",
+        attention: str | AttentionFn = "softmax",
+        attention_mask: masks_lib.Mask | None = None,
         dropout_rate: float = 0.0,
         num_kv_heads: int | None = None,
         score: str = "dot",
-        implementation: str | None = None,
-        attention: str = "softmax",
-        attention_mask: masks_lib.Mask | None = None,
-        num_features: int = 256,
-        t5_buckets: int = 32,
-        t5_max_distance: int = 128,
-        grid: tuple[int, int] | None = None,
         rngs: nnx.Rngs,
+        **legacy,
     ):
-        if posenc not in POSENCS:
-            raise ValueError(f"Encoder: posenc must be one of {POSENCS}, got {posenc!r}")
-        if window is not None and (not isinstance(window, int) or window < 0):
-            raise ValueError(f"Encoder: window must be None or an int >= 0, got {window!r}")
-        if (posenc == "sinusoidal_2d") != (grid is not None):
-            raise ValueError(f"Encoder: grid=(height, width) goes with posenc='sinusoidal_2d', got grid={grid!r}")
-        self.grid = None if grid is None else tuple(grid)
-        if attention not in ATTENTION_KINDS:
-            raise ValueError(f"Encoder: attention must be one of {ATTENTION_KINDS}, got {attention!r}")
-        if attention != "softmax" and (window is not None or attention_mask is not None):
-            raise ValueError(f"Encoder: attention={attention!r} takes no window or attention_mask (softmax only)")
-        if attention_mask is not None and not isinstance(attention_mask, masks_lib.Mask):
+        unknown = sorted(set(legacy) - set(_LEGACY))
+        if unknown:
+            raise ValueError(f"Encoder: unknown keyword arguments {unknown}")
+        posenc = self._encoding(posenc, legacy)
+        attention = as_attention(
+            attention, implementation=legacy.get("implementation"), num_features=legacy.get("num_features", 256)
+        )
+        attention_mask = self._structure(attention_mask, legacy.get("window"))
+        if not attention.takes_mask and attention_mask is not None:
             raise ValueError(
-                f"Encoder: attention_mask must be an attnlab.masks Mask, got {type(attention_mask).__name__}"
+                f"Encoder: attention={attention!r} takes no window or attention_mask (it takes padding as kv_lengths)"
             )
+        posenc.check(d_model=d_model, num_heads=num_heads)
         self.features = d_model
         self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, chars=chars, rngs=rngs)
         self.posenc = posenc
-        self.max_len = max_len
-        if posenc == "learned":
-            self.pos_table = nnx.Param(positional.init_learned(rngs.params(), max_len, d_model))
-        if posenc == "rope" and (d_model % num_heads or (d_model // num_heads) % 2):
-            raise ValueError(
-                f"Encoder: posenc='rope' needs an even head dim d_model/num_heads, got {d_model}/{num_heads}"
-            )
-        if posenc == "t5":
-            t5 = positional.init_t5_bias(rngs.params(), num_heads, num_buckets=t5_buckets, max_distance=t5_max_distance)
-            self.t5_table = nnx.Param(t5.table)  # [num_buckets, N]
-            self.t5_max_distance = t5_max_distance
+        if posenc.param_name:  # e.g. pos_table, t5_table: drawn here, after the embeddings, as before
+            init = posenc.init(rngs.params(), d_model=d_model, num_heads=num_heads)
+            setattr(self, posenc.param_name, nnx.Param(init))
         self.num_heads = num_heads
         self.blocks = nnx.List(
             [
@@ -450,65 +437,72 @@ class Encoder(nnx.Module):
                     dropout_rate=dropout_rate,
                     num_kv_heads=num_kv_heads,
                     score=score,
-                    implementation=implementation,
                     attention=attention,
-                    num_features=num_features,
                     rngs=rngs,
                 )
                 for _ in range(num_layers)
             ]
         )
         self.ln_f = nnx.LayerNorm(d_model, rngs=rngs)
-        self.window = window
         self.dropout_rate = dropout_rate
         self.attention = attention
         self.attention_mask = attention_mask
 
-    def mask(self, lengths, T):
-        """The attention mask for a batch: padding(lengths) & window(w, w) & attention_mask (None when none)."""
+    @staticmethod
+    def _encoding(posenc, legacy) -> positional.Encoding:
+        names = ("max_len", "t5_buckets", "t5_max_distance", "grid")
+        if isinstance(posenc, positional.Encoding):
+            given = [n for n in names if n in legacy]
+            if given:
+                raise ValueError(f"Encoder: {given} configure a posenc name; pass them to the encoding object")
+            return posenc
+        try:
+            return positional.encoding(posenc, **{n: legacy[n] for n in names if n in legacy})
+        except ValueError as e:
+            raise ValueError(f"Encoder: {e}") from None
+
+    @staticmethod
+    def _structure(attention_mask, window) -> masks_lib.Mask | None:
+        if attention_mask is not None and not isinstance(attention_mask, masks_lib.Mask):
+            raise ValueError(
+                f"Encoder: attention_mask must be an attnlab.masks Mask, got {type(attention_mask).__name__}"
+            )
+        if window is None:
+            return attention_mask
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"Encoder: window must be None or an int >= 0, got {window!r}")
+        w = masks_lib.window(window, window)
+        return w if attention_mask is None else w & attention_mask
+
+    def mask(self, lengths, T=None):
+        """The attention mask for a batch: padding(lengths) & attention_mask (None when neither)."""
         m = None if lengths is None else masks_lib.padding(lengths, lengths)
-        for extra in (
-            None if self.window is None else masks_lib.window(self.window, self.window),
-            self.attention_mask,
-        ):
-            if extra is not None:
-                m = extra if m is None else m & extra
-        return m
+        extra = self.attention_mask
+        return extra if m is None else (m if extra is None else m & extra)
 
     def __call__(self, inputs, lengths=None, *, mask=None, bias=None, dropout_key=None, return_weights=False):
         T = inputs.shape[1]
-        if self.grid is not None and T != self.grid[0] * self.grid[1]:
-            raise ValueError(f"Encoder: inputs length {T} != grid {self.grid[0]} x {self.grid[1]}")
-        if self.posenc in ("sinusoidal", "learned") and inputs.shape[1] > self.max_len:
-            raise ValueError(f"Encoder: inputs length {T} exceeds max_len={self.max_len}")
+        pe = self.posenc
+        param = getattr(self, pe.param_name)[...] if pe.param_name else None
+        added = pe.inputs(T, self.features, param)  # [T, D] or None; checks T against the scheme
         x = self.embed(inputs)  # [B, T, D]
-        rotary = None
-        if bias is not None and self.posenc in ("alibi", "t5"):
-            raise ValueError(
-                f"Encoder: bias= cannot be combined with posenc={self.posenc!r} (which is itself a bias); "
-                "use another posenc or fold the positional bias into yours"
-            )
-        match self.posenc:
-            case "sinusoidal":
-                x = x + positional.sinusoidal(T, self.features)
-            case "learned":
-                x = x + self.pos_table[...][:T]
-            case "rope":
-                rotary = positional.rope  # positions 0 .. T-1 of q and k
-            case "alibi":
-                bias = positional.alibi(self.num_heads)  # bias(q_idx, k_idx) -> [N, T', S']
-            case "t5":
-                bias = positional.T5Bias(self.t5_table[...], bidirectional=True, max_distance=self.t5_max_distance)
-            case "sinusoidal_2d":
-                x = x + positional.sinusoidal_2d(*self.grid, self.features)
-            case "none":
-                pass
+        if added is not None:
+            x = x + added
+        rotary = pe.rotary()  # applied to q and k in every layer
+        pos_bias = pe.bias(self.num_heads, param)  # bias(q_idx, k_idx) -> [N, T', S']
+        if pos_bias is not None:
+            if bias is not None:
+                raise ValueError(
+                    f"Encoder: bias= cannot be combined with posenc={pe!r} (which is itself a bias); "
+                    "use another posenc or fold the positional bias into yours"
+                )
+            bias = pos_bias
         keys = _split(dropout_key, len(self.blocks) + 1)
         x = dropout(x, self.dropout_rate, keys[0])
-        softmax = self.attention == "softmax"
-        own = self.mask(lengths, T) if softmax else None
+        takes_mask = self.attention.takes_mask
+        own = self.mask(lengths, T) if takes_mask else None
         mask = own if mask is None else (mask if own is None else own & mask)
-        kv_lengths = None if softmax else lengths
+        kv_lengths = None if takes_mask else lengths
         weights = []
         for block, k in zip(self.blocks, keys[1:], strict=True):
             x = block(
