@@ -39,10 +39,6 @@ class Cache(NamedTuple):
     index: jax.Array  # int32 scalar: the position the next token takes
 
 
-def _project(p, x, name):
-    return heads._project(x, p["w" + name], p.get("b" + name), "x")
-
-
 def _out(p, o):
     y = heads.merge_heads(o) @ p["wo"].reshape(-1, p["wo"].shape[-1])
     return y + p["bo"] if p.get("bo") is not None else y
@@ -59,8 +55,9 @@ def init_cache(model, memory: jax.Array, memory_lengths: jax.Array, max_len: int
         kh, h = sp["wk"].shape[1:]
         ks.append(jnp.zeros((B, max_len, kh, h), memory.dtype))
         vs.append(jnp.zeros((B, max_len, *sp["wv"].shape[1:]), memory.dtype))
-        cks.append(_project(cp, memory, "k"))
-        cvs.append(_project(cp, memory, "v"))
+        _, ck, cv = heads.project_qkv(cp, memory[:, :0], memory)  # K, V of the memory (no queries)
+        cks.append(ck)
+        cvs.append(cv)
     stack = jnp.stack
     return Cache(stack(ks), stack(vs), stack(cks), stack(cvs), memory_lengths, jnp.zeros((), jnp.int32))
 
@@ -75,13 +72,14 @@ def decode_step(model, cache: Cache, tokens: jax.Array) -> tuple[jax.Array, Cach
     new_k, new_v = [], []
     for layer, block in enumerate(model.blocks):
         sp, cp = block.self_attn.params(), block.cross_attn.params()
-        h = block.ln1(x)
-        k_all = jax.lax.dynamic_update_slice_in_dim(cache.k[layer], _project(sp, h, "k"), i, axis=1)
-        v_all = jax.lax.dynamic_update_slice_in_dim(cache.v[layer], _project(sp, h, "v"), i, axis=1)
+        q, k, v = heads.project_qkv(sp, block.ln1(x))  # the new token's query, key and value
+        k_all = jax.lax.dynamic_update_slice_in_dim(cache.k[layer], k, i, axis=1)
+        v_all = jax.lax.dynamic_update_slice_in_dim(cache.v[layer], v, i, axis=1)
         new_k.append(k_all)
         new_v.append(v_all)
-        x = x + _out(sp, attention(_project(sp, h, "q"), k_all, v_all, mask=self_mask))
-        q = _project(cp, block.ln2(x), "q")
+        x = x + _out(sp, attention(q, k_all, v_all, mask=self_mask))
+        h = block.ln2(x)
+        q, _, _ = heads.project_qkv(cp, h, h[:, :0])  # the query only: K, V of the memory are cached
         x = x + _out(cp, attention(q, cache.cross_k[layer], cache.cross_v[layer], mask=cross_mask))
         x = block.mlp(x)
     logits = model.logits(x)[:, 0]
