@@ -40,6 +40,7 @@ CASES = [
     "ring-zigzag-sp4-float32-T21-causal",
     "ring-zigzag-sp4-float32-T21-causal&padding",
     "ring-zigzag-sp8-bfloat16-T32-causal&padding",
+    "ring-zigzag-sp8-float32-T64-irregular",
     "heads-float32-T19-window&padding",
     "heads-bfloat16-T19-causal",
     "heads-blockwise-float32-T150-window&padding",
