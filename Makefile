@@ -34,6 +34,7 @@ MOLECULES_FLAGS ?=
 IMAGES_FLAGS ?=
 LISTOPS_FLAGS ?=
 SPEECH_FLAGS ?=
+GPU_CHECK_FLAGS ?=
 POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos learned
 POS_ZH_VARIANTS := attention mlp cnn gru
 
@@ -88,7 +89,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images molecules karate speech data-speech docs docs-check clean
+	bench ring-memory pos pos-zh posenc listops images molecules karate speech data-speech ring-balance traced-padding gpu-check docs docs-check clean
 
 ##@ Setup
 
@@ -237,6 +238,15 @@ karate: $(MOL_DEPS)  ## karate-club graph attention demo only (about a minute) -
 
 bench: $(BENCH_DEPS)  ## attnlab's kernels vs torch SDPA / flex_attention, jax.nn, PyG (bench extra) -> results/bench/
 	$(PY) -m benchmarks.bench_attention --out results/bench $(BENCH_FLAGS)
+
+ring-balance: $(DEPS)  ## causal ring on 8 host devices: tiles per device, critical path, fwd+bwd time, contiguous vs zig-zag -> benchmarks/results/cpu-2core-shared/ring_balance.json
+	$(PY) -m benchmarks.ring_balance --out benchmarks/results/cpu-2core-shared/ring_balance.json
+
+traced-padding: $(DEPS)  ## bigbird(2048, 64) & padding under jit: traced vs concrete lengths (tiles chosen from the layout) -> results/traced_padding.json
+	$(PY) -m benchmarks.traced_padding --out results/traced_padding.json
+
+gpu-check: $(DEPS)  ## on a GPU: every GPU implementation vs the reference, bf16 speed 4K-32K, peak memory at 32K (< 5 min) -> results/gpu_check.json
+	PYTHONPATH=. $(PY) -m benchmarks.gpu_check --out results/gpu_check.json $(GPU_CHECK_FLAGS)
 
 ring-memory: $(DEPS)  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
 	$(PY) -m benchmarks.ring_memory --out results/ring_memory
