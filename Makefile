@@ -35,6 +35,7 @@ IMAGES_FLAGS ?=
 LISTOPS_FLAGS ?=
 SPEECH_FLAGS ?=
 GPU_CHECK_FLAGS ?=
+COMPARE_FLAGS ?=
 POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos learned
 POS_ZH_VARIANTS := attention mlp cnn gru
 
@@ -89,7 +90,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images molecules karate speech data-speech ring-balance traced-padding gpu-check docs docs-check clean
+	bench ring-memory pos pos-zh posenc listops images molecules karate speech data-speech ring-balance traced-padding gpu-check compare-main docs docs-check clean
 
 ##@ Setup
 
@@ -247,6 +248,9 @@ traced-padding: $(DEPS)  ## bigbird(2048, 64) & padding under jit: traced vs con
 
 gpu-check: $(DEPS)  ## on a GPU: every GPU implementation vs the reference, bf16 speed 4K-32K, peak memory at 32K (< 5 min) -> results/gpu_check.json
 	PYTHONPATH=. $(PY) -m benchmarks.gpu_check --out results/gpu_check.json $(GPU_CHECK_FLAGS)
+
+compare-main: $(DEPS)  ## CPU before/after: the same attention calls on 160a7db and this tree, alternating, in one run -> results/compare/
+	$(PY) -m benchmarks.compare_commits --base 160a7db --out results/compare $(COMPARE_FLAGS)
 
 ring-memory: $(DEPS)  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
 	$(PY) -m benchmarks.ring_memory --out results/ring_memory

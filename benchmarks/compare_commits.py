@@ -1,0 +1,143 @@
+r"""CPU before/after: the same attention calls timed on two commits of attnlab in one run.
+
+A change to the dispatcher or a kernel must not slow the CPU paths down. This script checks out
+``--base`` (default: the commit before the GPU/TPU work, 160a7db) into a temporary git worktree and
+times a fixed set of ``attnlab.attention`` calls (the public API both commits have) from each tree
+in its own subprocess, alternating base and head for ``--rounds`` rounds so that machine load hits
+both alike; each cell reports the best time per tree and the ratio head / base (< 1: faster now).
+
+Command (what ``make compare-main`` runs; ~10 min on the shared 2-core CPU):
+
+    python -m benchmarks.compare_commits --base 160a7db --out results/compare
+
+Writes ``<out>/compare.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> (mask spec, T, batch, heads, head dim, fwd+bwd?); implementation=None: each commit's own choice
+CELLS = {
+    "full 1024 fwd": ("full", 1024, 1, 8, 64, False),
+    "full 1024 fwd+bwd": ("full", 1024, 1, 8, 64, True),
+    "causal 2048 fwd": ("causal", 2048, 1, 8, 64, False),
+    "causal 2048 fwd+bwd": ("causal", 2048, 1, 8, 64, True),
+    "window±128 4096 fwd": ("window", 4096, 1, 8, 64, False),
+    "window±128 4096 fwd+bwd": ("window", 4096, 1, 8, 64, True),
+    "padding 128 x8 fwd": ("padding", 128, 8, 4, 32, False),
+    "padding 128 x8 fwd+bwd": ("padding", 128, 8, 4, 32, True),
+    "full 256 fwd": ("full", 256, 4, 8, 64, False),
+}
+
+_BASE = flags.DEFINE_string("base", "160a7db", "The commit to compare against.")
+_HEAD = flags.DEFINE_string("head", ".", "The tree to compare ('.' = this working tree) or a commit.")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds (each tree times every cell once per round).")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per cell per round (best kept).")
+_CELLS = flags.DEFINE_list("cells", list(CELLS), "Cells to time.")
+_OUT = flags.DEFINE_string("out", "results/compare", "Output folder for compare.json.")
+_WORKER = flags.DEFINE_string("worker", None, "Internal: time the cells with the attnlab on PYTHONPATH, print JSON.")
+
+
+def _worker(cells: list[str], repeats: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    import attnlab
+    from attnlab import masks
+
+    out = {}
+    for name in cells:
+        kind, T, B, N, H, bwd = CELLS[name]
+        ks = jax.random.split(jax.random.key(0), 3)
+        q, k, v = (jax.random.normal(kk, (B, T, N, H), jnp.float32) for kk in ks)
+        lengths = jnp.asarray([T - 7 * i for i in range(B)], jnp.int32)
+        mask = {
+            "full": None,
+            "causal": masks.causal(),
+            "window": masks.window(128, 128),
+            "padding": masks.padding(lengths, lengths),
+        }[kind]
+        if bwd:
+            f = jax.jit(jax.grad(lambda q, k, v, m: attnlab.attention(q, k, v, mask=m).sum(), argnums=(0, 1, 2)))
+        else:
+            f = jax.jit(lambda q, k, v, m: attnlab.attention(q, k, v, mask=m))
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(q, k, v, mask))
+        compile_s = time.perf_counter() - t0
+        jax.block_until_ready(f(q, k, v, mask))  # an untimed call: thread pools awake
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(q, k, v, mask))
+            times.append(time.perf_counter() - t0)
+        out[name] = {"best_ms": 1e3 * min(times), "compile_s": compile_s}
+    return out
+
+
+def _run(tree: Path, cells, repeats) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    cmd = [sys.executable, str(Path(__file__).resolve()), f"--worker={','.join(cells)}", f"--repeats={repeats}"]
+    res = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    if res.returncode:
+        raise RuntimeError(f"compare_commits: the worker in {tree} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _tree(spec: str, tmp: Path, name: str) -> tuple[Path, str]:
+    if spec == ".":
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        return ROOT, f"working tree (HEAD {rev.stdout.strip()})"
+    path = tmp / name
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(path), spec], cwd=ROOT, check=True)
+    return path, spec
+
+
+def main(argv):
+    del argv
+    if _WORKER.value:
+        print(json.dumps(_worker(_WORKER.value.split(","), _REPEATS.value)))
+        return
+    unknown = sorted(set(_CELLS.value) - set(CELLS))
+    if unknown:
+        raise ValueError(f"--cells: unknown {unknown}; choose from {list(CELLS)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        base, base_name = _tree(_BASE.value, Path(tmp), "base")
+        head, head_name = _tree(_HEAD.value, Path(tmp), "head")
+        try:
+            runs = {"base": [], "head": []}
+            for r in range(_ROUNDS.value):
+                for side, tree in (("base", base), ("head", head)) if r % 2 == 0 else (("head", head), ("base", base)):
+                    t0 = time.perf_counter()
+                    runs[side].append(_run(tree, _CELLS.value, _REPEATS.value))
+                    print(f"round {r + 1}/{_ROUNDS.value} {side}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        finally:
+            for path in (base, head):
+                if path != ROOT:
+                    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+    rows = []
+    for name in _CELLS.value:
+        b = min(run[name]["best_ms"] for run in runs["base"])
+        h = min(run[name]["best_ms"] for run in runs["head"])
+        rows.append({"cell": name, "base_ms": b, "head_ms": h, "ratio": h / b})
+    out = Path(_OUT.value)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"base": base_name, "head": head_name, "rounds": _ROUNDS.value, "repeats": _REPEATS.value}
+    (out / "compare.json").write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs}, indent=1))
+    print(f"| cell | base {base_name} ms | head {head_name} ms | head / base |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['cell']} | {r['base_ms']:.1f} | {r['head_ms']:.1f} | {r['ratio']:.2f} |")
+
+
+if __name__ == "__main__":
+    app.run(main)
