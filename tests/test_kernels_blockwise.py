@@ -197,8 +197,9 @@ def test_dispatch_rule():
 
 def test_errors_name_the_argument():
     q, k, v = qkv((T, 2, 8), s=S)
-    with pytest.raises(ValueError, match="bias"):
-        attnlab.attention(q, k, v, bias=jnp.zeros((T, S)), implementation="blockwise")
+    # an array bias is supported since issue #20 item 12; a wrongly shaped one is named
+    with pytest.raises(ValueError, match=r"bias of shape \(3, \d+\) does not broadcast"):
+        attnlab.attention(q, k, v, bias=jnp.zeros((3, S)), implementation="blockwise")
     with pytest.raises(ValueError, match="score"):
         attnlab.attention(q, k, v, score=lambda q, k: attnlab.scores.dot_product(q, k), implementation="blockwise")
     with pytest.raises(ValueError, match="block_q"):
