@@ -339,3 +339,45 @@ def test_blockwise_compute_dtype_follows_the_lowering_platform():
         np.asarray(attnlab.attention_reference(q, k, v, mask=masks.window(32, 0)), np.float32),
         **tol(jnp.bfloat16),
     )
+
+
+# ------------------------------------------------------------------------------------------
+# Lazily registered kernels (the Pallas modules are written to this contract)
+
+
+def test_lazy_kernel_registration(monkeypatch):
+    import sys
+    import types
+
+    fake = types.ModuleType("attnlab.kernels.fake_flash")
+    calls = []
+
+    def supports(q, k, v, *, mask, bias, score, backend):
+        return None if isinstance(mask, (masks.Causal, type(None))) else "causal or no mask only"
+
+    def fake_attention(q, k, v, *, mask=None, bias=None, scale=None):
+        calls.append((type(mask).__name__, scale))
+        return attnlab.attention_reference(q, k, v, mask=mask, scale=scale)
+
+    fake.supports, fake.fake_attention = supports, fake_attention
+    monkeypatch.setitem(sys.modules, "attnlab.kernels.fake_flash", fake)
+    sup, run = dispatch._lazy("fake_flash", "fake_attention")
+    monkeypatch.setitem(dispatch.IMPLEMENTATIONS, "pallas", dispatch.Implementation("pallas", sup, run))
+
+    x = _sds((1, 4096, 8, 64), jnp.float32)  # fp32: cuDNN declines, the registered kernel is next
+    assert attnlab.explain(x, x, x, mask=masks.causal(), backend="gpu").implementation == "pallas"
+    ex = attnlab.explain(x, x, x, mask=masks.window(8, 8), backend="gpu")
+    assert ex.reason("pallas") == "causal or no mask only"
+    assert "score='dot' only" in attnlab.explain(x, x, x, score=scores.Additive(jnp.ones(64)), backend="gpu").reason(
+        "pallas"
+    )
+    q, k, v = qkv((8, 2, 4))
+    out = attnlab.attention(q, k, v, mask=masks.causal(), scale=0.5, implementation="pallas")
+    assert calls == [("Causal", 0.5)]
+    np.testing.assert_allclose(out, attnlab.attention_reference(q, k, v, mask=masks.causal(), scale=0.5), rtol=1e-6)
+
+    missing, run_missing = dispatch._lazy("no_such_kernel", "f")
+    reason = missing(x, x, x, mask=None, bias=None, score=scores.Dot(), backend="gpu")
+    assert reason == "attnlab.kernels.no_such_kernel not available"
+    with pytest.raises(ValueError, match="no_such_kernel not available"):
+        run_missing(q, k, v, mask=None, bias=None, score=scores.Dot())
