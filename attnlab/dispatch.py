@@ -205,19 +205,23 @@ def _run_cudnn(q, k, v, *, mask, bias, score):
 def _lazy(module: str, fn: str):
     """supports/run for a kernel module that may not exist (yet): its absence is the reason."""
     path = f"attnlab.kernels.{module}"
+    state = {}
 
     def load():
-        try:
-            return importlib.import_module(path)
-        except ImportError as e:
-            if e.name is not None and not path.startswith(e.name) and e.name != path:
-                raise  # the module exists but something it imports is broken: show it
-            return None
+        if "mod" not in state:
+            try:
+                state["mod"], state["why"] = importlib.import_module(path), None
+            except ImportError as e:
+                missing = e.name is not None and path.startswith(e.name)
+                # absent: "not available"; present but its own imports fail (a jax without that
+                # Pallas backend): say what failed, and let dispatch move on either way
+                state["mod"], state["why"] = None, f"{path} not available" + ("" if missing else f" ({e})")
+        return state["mod"]
 
     def supports(q, k, v, *, mask, bias, score, backend):
         mod = load()
         if mod is None:
-            return f"{path} not available"
+            return state["why"]
         if not score.is_dot:
             return f"supports score='dot' only (got score {type(score).__name__})"
         return mod.supports(q, k, v, mask=mask, bias=bias, score=score, backend=backend)
@@ -225,7 +229,7 @@ def _lazy(module: str, fn: str):
     def run(q, k, v, *, mask, bias, score):
         mod = load()
         if mod is None:
-            raise ValueError(f"implementation={module!r}: {path} not available")
+            raise ValueError(f"implementation={module!r}: {state['why']}")
         return getattr(mod, fn)(q, k, v, mask=mask, bias=bias, scale=score.scale)
 
     return supports, run

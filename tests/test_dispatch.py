@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import re
 
@@ -130,61 +129,6 @@ def test_implementation_sequence_takes_first_supporting():
     assert _choose(q, k, v, mask=mask, bias=None, score="dot") == "xla"
     with pytest.raises(ValueError, match=r"implementation='cudnn' needs a GPU backend \(this is cpu\); "):
         attnlab.attention(q, k, v, mask=mask, implementation=("cudnn", "sparse"))
-
-
-# ------------------------------------------------------------------------------------------
-# Score objects
-
-
-def test_score_objects_match_strings_and_partials():
-    q, k, v = qkv((2, 12, 4, 8), kv_heads=2)
-    w = jax.random.normal(jax.random.key(5), (4, 8))
-    for impl in ("reference", "xla", "blockwise"):
-        a = attnlab.attention(q, k, v, mask=masks.causal(), score=scores.Dot(0.3), implementation=impl)
-        b = attnlab.attention(q, k, v, mask=masks.causal(), scale=0.3, implementation=impl)
-        np.testing.assert_allclose(a, b, **tol(jnp.float32))
-    ref, _ = np_attention(q, k, v, scale=0.3)
-    np.testing.assert_allclose(attnlab.attention(q, k, v, score=scores.Dot(0.3)), ref, **tol(jnp.float32))
-    a = attnlab.attention(q, k, v, score=scores.Additive(w))
-    b = attnlab.attention(q, k, v, score=functools.partial(scores.additive, w=w))
-    np.testing.assert_allclose(a, b, **tol(jnp.float32))
-    with pytest.raises(ValueError, match=r"scale=2.0 conflicts with score=Dot\(scale=0.3\)"):
-        attnlab.attention(q, k, v, score=scores.Dot(0.3), scale=2.0)
-    with pytest.raises(ValueError, match="scale applies to score='dot' only"):
-        attnlab.attention(q, k, v, score=scores.Additive(w), scale=2.0)
-
-
-def test_score_edge_form_matches_dense_and_reaches_w():
-    """The sparse kernel asks the score for its edge form: Additive(w) along edges == dense + graph mask."""
-    n = 10
-    q, k, v = qkv((n, 4, 8), kv_heads=2)
-    rng = np.random.default_rng(0)
-    adj = rng.random((n, n)) < 0.3
-    r, s = np.nonzero(adj)
-    edges = masks.graph_edges(senders=s, receivers=r, num_nodes=n)
-    w = jax.random.normal(jax.random.key(1), (8,))
-
-    def loss(w, impl, mask):
-        return jnp.sum(attnlab.attention(q, k, v, mask=mask, score=scores.Additive(w), implementation=impl) ** 2)
-
-    assert attnlab.explain(q, k, v, mask=edges, score=scores.Additive(w)).implementation == "sparse"
-    np.testing.assert_allclose(loss(w, "sparse", edges), loss(w, "reference", masks.graph(adj)), rtol=1e-5)
-    g_sparse = jax.grad(loss)(w, "sparse", edges)
-    g_ref = jax.grad(loss)(w, "reference", masks.graph(adj))
-    np.testing.assert_allclose(g_sparse, g_ref, **grad_tol(jnp.float32))
-    # a custom callable has no edge form: the reason says so
-    ex = attnlab.explain(q, k, v, mask=edges, score=lambda q, k: scores.dot_product(q, k))
-    assert "per-edge form" in ex.reason("sparse") and ex.implementation == "reference"
-
-
-def test_score_objects_are_pytrees_under_jit():
-    q, k, v = qkv((6, 2, 4))
-    f = jax.jit(lambda q, k, v, s: attnlab.attention(q, k, v, score=s))
-    w = jnp.ones((4,))
-    np.testing.assert_allclose(
-        f(q, k, v, scores.Additive(w)), attnlab.attention_reference(q, k, v, score=scores.Additive(w)), rtol=1e-5
-    )
-    assert jax.tree_util.tree_leaves(scores.Dot(0.5)) == []  # the scale is static: changing it recompiles
 
 
 # ------------------------------------------------------------------------------------------
@@ -339,3 +283,45 @@ def test_blockwise_compute_dtype_follows_the_lowering_platform():
         np.asarray(attnlab.attention_reference(q, k, v, mask=masks.window(32, 0)), np.float32),
         **tol(jnp.bfloat16),
     )
+
+
+# ------------------------------------------------------------------------------------------
+# Lazily registered kernels (the Pallas modules are written to this contract)
+
+
+def test_lazy_kernel_registration(monkeypatch):
+    import sys
+    import types
+
+    fake = types.ModuleType("attnlab.kernels.fake_flash")
+    calls = []
+
+    def supports(q, k, v, *, mask, bias, score, backend):
+        return None if isinstance(mask, (masks.Causal, type(None))) else "causal or no mask only"
+
+    def fake_attention(q, k, v, *, mask=None, bias=None, scale=None):
+        calls.append((type(mask).__name__, scale))
+        return attnlab.attention_reference(q, k, v, mask=mask, scale=scale)
+
+    fake.supports, fake.fake_attention = supports, fake_attention
+    monkeypatch.setitem(sys.modules, "attnlab.kernels.fake_flash", fake)
+    sup, run = dispatch._lazy("fake_flash", "fake_attention")
+    monkeypatch.setitem(dispatch.IMPLEMENTATIONS, "pallas", dispatch.Implementation("pallas", sup, run))
+
+    x = _sds((1, 4096, 8, 64), jnp.float32)  # fp32: cuDNN declines, the registered kernel is next
+    assert attnlab.explain(x, x, x, mask=masks.causal(), backend="gpu").implementation == "pallas"
+    ex = attnlab.explain(x, x, x, mask=masks.window(8, 8), backend="gpu")
+    assert ex.reason("pallas") == "causal or no mask only"
+    assert "score='dot' only" in attnlab.explain(x, x, x, score=scores.Additive(jnp.ones(64)), backend="gpu").reason(
+        "pallas"
+    )
+    q, k, v = qkv((8, 2, 4))
+    out = attnlab.attention(q, k, v, mask=masks.causal(), scale=0.5, implementation="pallas")
+    assert calls == [("Causal", 0.5)]
+    np.testing.assert_allclose(out, attnlab.attention_reference(q, k, v, mask=masks.causal(), scale=0.5), rtol=1e-6)
+
+    missing, run_missing = dispatch._lazy("no_such_kernel", "f")
+    reason = missing(x, x, x, mask=None, bias=None, score=scores.Dot(), backend="gpu")
+    assert reason == "attnlab.kernels.no_such_kernel not available"
+    with pytest.raises(ValueError, match="no_such_kernel not available"):
+        run_missing(q, k, v, mask=None, bias=None, score=scores.Dot())

@@ -1,4 +1,4 @@
-"""Scores (dot, additive) by hand and against numpy; heads: split/merge and the matrix form."""
+"""Scores (dot, additive) by hand and against numpy; score objects (Dot, Additive); heads: split/merge, matrix form."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import np_attention, qkv, tol
+from conftest import grad_tol, np_attention, qkv, tol
 
 import attnlab
 from attnlab import masks, scores
@@ -137,3 +137,58 @@ def test_project_qkv_is_the_matrix_form():
     np.testing.assert_allclose(v, np.einsum("bsd,dnh->bsnh", x_kv, P["wv"]) + P["bv"], atol=1e-5)
     with pytest.raises(ValueError, match="x_kv has width 8 but params expect 6"):
         attnlab.heads.project_qkv(p, x_q)  # self-attention with cross-attention params
+
+
+# ------------------------------------------------------------------------------------------
+# Score objects
+
+
+def test_score_objects_match_strings_and_partials():
+    q, k, v = qkv((2, 12, 4, 8), kv_heads=2)
+    w = jax.random.normal(jax.random.key(5), (4, 8))
+    for impl in ("reference", "xla", "blockwise"):
+        a = attnlab.attention(q, k, v, mask=masks.causal(), score=scores.Dot(0.3), implementation=impl)
+        b = attnlab.attention(q, k, v, mask=masks.causal(), scale=0.3, implementation=impl)
+        np.testing.assert_allclose(a, b, **tol(jnp.float32))
+    ref, _ = np_attention(q, k, v, scale=0.3)
+    np.testing.assert_allclose(attnlab.attention(q, k, v, score=scores.Dot(0.3)), ref, **tol(jnp.float32))
+    a = attnlab.attention(q, k, v, score=scores.Additive(w))
+    b = attnlab.attention(q, k, v, score=functools.partial(scores.additive, w=w))
+    np.testing.assert_allclose(a, b, **tol(jnp.float32))
+    with pytest.raises(ValueError, match=r"scale=2.0 conflicts with score=Dot\(scale=0.3\)"):
+        attnlab.attention(q, k, v, score=scores.Dot(0.3), scale=2.0)
+    with pytest.raises(ValueError, match="scale applies to score='dot' only"):
+        attnlab.attention(q, k, v, score=scores.Additive(w), scale=2.0)
+
+
+def test_score_edge_form_matches_dense_and_reaches_w():
+    """The sparse kernel asks the score for its edge form: Additive(w) along edges == dense + graph mask."""
+    n = 10
+    q, k, v = qkv((n, 4, 8), kv_heads=2)
+    rng = np.random.default_rng(0)
+    adj = rng.random((n, n)) < 0.3
+    r, s = np.nonzero(adj)
+    edges = masks.graph_edges(senders=s, receivers=r, num_nodes=n)
+    w = jax.random.normal(jax.random.key(1), (8,))
+
+    def loss(w, impl, mask):
+        return jnp.sum(attnlab.attention(q, k, v, mask=mask, score=scores.Additive(w), implementation=impl) ** 2)
+
+    assert attnlab.explain(q, k, v, mask=edges, score=scores.Additive(w)).implementation == "sparse"
+    np.testing.assert_allclose(loss(w, "sparse", edges), loss(w, "reference", masks.graph(adj)), rtol=1e-5)
+    g_sparse = jax.grad(loss)(w, "sparse", edges)
+    g_ref = jax.grad(loss)(w, "reference", masks.graph(adj))
+    np.testing.assert_allclose(g_sparse, g_ref, **grad_tol(jnp.float32))
+    # a custom callable has no edge form: the reason says so
+    ex = attnlab.explain(q, k, v, mask=edges, score=lambda q, k: scores.dot_product(q, k))
+    assert "per-edge form" in ex.reason("sparse") and ex.implementation == "reference"
+
+
+def test_score_objects_are_pytrees_under_jit():
+    q, k, v = qkv((6, 2, 4))
+    f = jax.jit(lambda q, k, v, s: attnlab.attention(q, k, v, score=s))
+    w = jnp.ones((4,))
+    np.testing.assert_allclose(
+        f(q, k, v, scores.Additive(w)), attnlab.attention_reference(q, k, v, score=scores.Additive(w)), rtol=1e-5
+    )
+    assert jax.tree_util.tree_leaves(scores.Dot(0.5)) == []  # the scale is static: changing it recompiles
