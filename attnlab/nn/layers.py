@@ -453,7 +453,7 @@ class Encoder(nnx.Module):
     def _encoding(posenc, legacy) -> positional.Encoding:
         names = ("max_len", "t5_buckets", "t5_max_distance", "grid")
         if isinstance(posenc, positional.Encoding):
-            given = [n for n in names if n in legacy]
+            given = [n for n in names if legacy.get(n) is not None]
             if given:
                 raise ValueError(f"Encoder: {given} configure a posenc name; pass them to the encoding object")
             return posenc
