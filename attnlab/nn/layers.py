@@ -367,7 +367,8 @@ class Encoder(nnx.Module):
             ``Performer(num_features)``, any ``AttentionFn`` or a callable ``fn(q, k, v, *, mask,
             bias)``) or a name ``"softmax" | "linear" | "performer"`` (legacy keywords
             ``implementation``, ``num_features``). The O(N) kinds take padding as ``kv_lengths``.
-        attention_mask: a structural mask ANDed with padding for attention that takes masks, e.g.
+        attention_mask: a structural mask ANDed with padding for attention that takes masks, or its
+            ``masks.from_spec`` string (``"window:4:4"``, ``"chunks:64 & causal"``), e.g.
             ``masks.window(w, w)``, ``masks.chunks(c)`` (LRA's local attention),
             ``masks.bigbird(max_len, ...)`` or ``masks.window_2d(width, r)``; it is static module
             structure, so it holds no arrays (not padding or a dense mask). The legacy keyword
@@ -401,7 +402,7 @@ class Encoder(nnx.Module):
         chars: Chars | None = None,
         posenc: str | positional.Encoding = "sinusoidal",
         attention: str | AttentionFn = "softmax",
-        attention_mask: masks_lib.Mask | None = None,
+        attention_mask: masks_lib.Mask | str | None = None,
         dropout_rate: float = 0.0,
         num_kv_heads: int | None = None,
         score: str = "dot",
@@ -452,7 +453,7 @@ class Encoder(nnx.Module):
     def _encoding(posenc, legacy) -> positional.Encoding:
         names = ("max_len", "t5_buckets", "t5_max_distance", "grid")
         if isinstance(posenc, positional.Encoding):
-            given = [n for n in names if n in legacy]
+            given = [n for n in names if legacy.get(n) is not None]
             if given:
                 raise ValueError(f"Encoder: {given} configure a posenc name; pass them to the encoding object")
             return posenc
@@ -463,6 +464,8 @@ class Encoder(nnx.Module):
 
     @staticmethod
     def _structure(attention_mask, window) -> masks_lib.Mask | None:
+        if isinstance(attention_mask, str):
+            attention_mask = masks_lib.from_spec(attention_mask)  # e.g. "window:4:4", "chunks:64 | global:0"
         if attention_mask is not None and not isinstance(attention_mask, masks_lib.Mask):
             raise ValueError(
                 f"Encoder: attention_mask must be an attnlab.masks Mask, got {type(attention_mask).__name__}"
