@@ -55,6 +55,9 @@ __all__ = [
     "compiled_memory",
     "time_steps",
     "measure_train_step",
+    "save_config",
+    "train_time",
+    "head_mean",
     "names",
     "ints",
     "env",
@@ -144,6 +147,24 @@ def launch(
         print(report(Path(FLAGS.report or FLAGS.out)))
 
     app.run(main)
+
+
+def save_config(cfg: ml_collections.ConfigDict, path) -> None:
+    """Writes the run's config as JSON next to its results (``path``'s folder is created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(cfg.to_json_best_effort(indent=2))
+
+
+def train_time(records: list[dict], default: float = 0.0) -> float:
+    """Seconds of training of a run: the last ``time_s`` of the trainer's train records."""
+    return max((r["time_s"] for r in records if r["split"] == "train"), default=default)
+
+
+def head_mean(weights: Sequence[jax.Array], row: int = 0) -> list:
+    """Per-layer attention ``L x [B, N, T, S]`` -> ``L x [T, S]`` of example ``row``, averaged over
+    heads, rounded to 4 decimals (JSON for the attention-map figures)."""
+    return [np.asarray(w[row].mean(0)).round(4).tolist() for w in weights]
 
 
 def names(spec) -> list[str]:

@@ -225,7 +225,7 @@ def run_one(cfg, name: str, size: int, num_steps: int, seed: int, data: dict, ou
         seed=seed, log_every=t.log_every, verbose=verbose,
     )  # fmt: skip
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    train_time = max((r["time_s"] for r in records if r["split"] == "train"), default=time.perf_counter() - t0)
+    train_time = common.train_time(records, default=time.perf_counter() - t0)
     t1 = time.perf_counter()
     test_acc = accuracy(model, test_tokens, data["test"][1], cfg.eval_batch_size, mean, std)
     n_tr = min(len(labels), 5000)

@@ -195,7 +195,7 @@ def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = Tr
             "steps": lc.num_steps,
             "batch_size": lc.batch_size,
             "max_len": lc.max_len,
-            "train_time_s": round(max(r["time_s"] for r in records if r["split"] == "train"), 1),
+            "train_time_s": round(common.train_time(records), 1),
             "params": train_lib.num_params(model),
             "majority_class": float(np.bincount(data["test"][2], minlength=10).max() / len(data["test"][2])),
             "backend": jax.default_backend(),
@@ -455,7 +455,7 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> s
     """Runs the parts of ``cfg.parts`` into ``out`` and returns the report's tables."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"config_{cfg.variant}.json").write_text(cfg.to_json_best_effort(indent=2))
+    common.save_config(cfg, out / f"config_{cfg.variant}.json")
     parts = common.names(cfg.parts)
     unknown = set(parts) - {"listops", "efficiency", "recall"}
     if unknown:

@@ -200,7 +200,7 @@ def attention_record(model, g: mol_data.Graph, k: int) -> dict:
         "name": g.name,
         "smiles": g.smiles,
         "label": g.label,
-        "weights": [np.asarray(w[0].mean(0)).round(4).tolist() for w in weights],
+        "weights": common.head_mean(weights),
     }
 
 
@@ -211,7 +211,7 @@ def attention_record(model, g: mol_data.Graph, k: int) -> dict:
 def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
     """Every model x task x seed of ``cfg`` not yet in ``<out>/results.jsonl``, then the karate demo."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"config_{cfg.variant}.json").write_text(cfg.to_json_best_effort(indent=2))
+    common.save_config(cfg, out / f"config_{cfg.variant}.json")
     path = out / "results.jsonl"
     cells = [{"model": m, "task": t, "seed": s} for t in cfg.tasks for m in cfg.models for s in cfg.seeds]
     if common.pending(path, cells):
@@ -336,7 +336,7 @@ def karate(k: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> 
             run_rec = {"model": name, "seed": seed, "unlabeled_accuracy": acc, "pred": pred.tolist()}
             if seed == k.seeds[0]:
                 weights = _attention_weights(backbone, batch["x"], None, batch["adjacency"], None)
-                run_rec["weights"] = [np.asarray(w[0].mean(0)).round(4).tolist() for w in weights]
+                run_rec["weights"] = common.head_mean(weights)
             result["runs"].append(run_rec)
             common.log(verbose, "karate %s seed %d: unlabelled accuracy %.3f", name, seed, acc)
     result["time_s"] = round(time.perf_counter() - t0, 1)

@@ -209,7 +209,7 @@ def tag_example(model, data, words: list[str]) -> tuple[list[str], dict | None]:
     return tags, {
         "words": words,
         "pred": tags,
-        "weights": [np.asarray(w[0].mean(0)).round(4).tolist() for w in weights],
+        "weights": common.head_mean(weights),
     }
 
 
@@ -231,7 +231,7 @@ def attention_map(model, data) -> dict | None:
                     "words": words,
                     "gold": [tags[i] for i in gold],
                     "pred": [tags[i] for i in pred],
-                    "weights": [np.asarray(w[0].mean(0)).round(4).tolist() for w in weights],
+                    "weights": common.head_mean(weights),
                 }
     return None
 
@@ -251,7 +251,7 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
 def run_one(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> dict:
     workdir = out / cfg.variant
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
+    common.save_config(cfg, workdir / "config.json")
     t_data = time.perf_counter()
     data = load_data(cfg)
     t_data = time.perf_counter() - t_data
@@ -290,7 +290,7 @@ def run_one(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) 
         verbose=verbose,
     )
     wall = time.perf_counter() - t0
-    train_time = max((r["time_s"] for r in records if r["split"] == "train"), default=wall)
+    train_time = common.train_time(records, default=wall)
     test_preds = predict(model, data["test"], buckets=data["buckets"])
     test = evaluate(model, data["test"], data["raw"]["test"], data, preds=test_preds)
     dev = [r for r in records if r["split"] == "dev"]

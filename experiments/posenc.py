@@ -171,7 +171,7 @@ def run_one(cfg: ml_collections.ConfigDict, scheme: str, seed: int, out: Path, *
         "train_length": cfg.task.train_length,
         "steps": t.num_steps,
         "params": train_lib.num_params(model),
-        "train_time_s": round(final["time_s"], 1),
+        "train_time_s": round(common.train_time(records), 1),
         "final_train_loss": final["loss"],
         "final_train_accuracy": final.get("accuracy"),
         **evaluate(model, eval_sets(cfg), cfg.task.train_length),
@@ -182,7 +182,7 @@ def run_one(cfg: ml_collections.ConfigDict, scheme: str, seed: int, out: Path, *
 def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
     """Every (scheme, seed) of the config not yet in ``<out>/results.jsonl``."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.to_json_best_effort(indent=2))
+    common.save_config(cfg, out / "config.json")
     cells = [{"scheme": s, "seed": seed} for s in _names(cfg.schemes) for seed in common.ints(cfg.seeds)]
     return common.run_grid(
         out / "results.jsonl", cells, lambda c: run_one(cfg, c["scheme"], c["seed"], out, verbose=verbose),

@@ -186,3 +186,14 @@ def test_launch_report_only_from_the_command_line(tmp_path):
     assert (tmp_path / "summary.md").exists() and (tmp_path / "length.png").exists()
     bad = subprocess.run([*cmd, "stray"], **kw)
     assert bad.returncode != 0 and "unexpected arguments ['stray']" in bad.stderr
+
+
+def test_head_mean_train_time_and_save_config_by_hand(tmp_path):
+    w = np.arange(2 * 2 * 2 * 3, dtype=np.float32).reshape(2, 2, 2, 3)  # [B=2, N=2, T=2, S=3]
+    got = common.head_mean([w, 2 * w], row=1)
+    np.testing.assert_allclose(got[0], (w[1, 0] + w[1, 1]) / 2)  # the mean of the two heads of example 1
+    np.testing.assert_allclose(got[1], w[1, 0] + w[1, 1])
+    records = [{"split": "train", "time_s": 1.5}, {"split": "dev", "time_s": 9.0}, {"split": "train", "time_s": 3.0}]
+    assert common.train_time(records) == 3.0 and common.train_time([], default=7.0) == 7.0
+    common.save_config(common.load_config("experiments/configs/posenc.py:smoke"), tmp_path / "a" / "config.json")
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["train"]["num_steps"] == 20
