@@ -207,8 +207,11 @@ def expand(config, backend: str | None = None) -> list[Cell]:
     for impl in config.implementations:
         if impl not in attnlab.IMPLEMENTATIONS + PEERS:
             raise ValueError(f"implementations: unknown {impl!r}, expected one of {attnlab.IMPLEMENTATIONS + PEERS}")
-    for spec in config.masks:
-        parse_mask(spec, 8, 1)  # validates the spec
+    for spec in config.masks:  # validate each spec before any cell runs
+        if spec.startswith("padding"):
+            parse_mask(spec, 8, 1)
+        else:
+            masks.from_spec(spec, seq_len=min(config.seq_lens))
     mesh = config.get("mesh", "") or ""
     axes = parallel.parse_mesh(mesh) if mesh else {}
     if set(axes) - {"sp", "heads"}:
@@ -236,37 +239,49 @@ def window_pairs(n: int, left: int, right: int) -> int:
     return int((np.minimum(n - 1, t + right) - np.maximum(0, t - left) + 1).clip(min=0).sum())
 
 
+def _allowed_pairs(mask, n: int, rows: int = 1024) -> int:
+    """Allowed (t, s) pairs of a structural mask on n x n, counted a block of rows at a time."""
+    total = 0
+    for start in range(0, n, rows):
+        q_idx = jnp.arange(start, min(start + rows, n))
+        total += int(jnp.sum(jnp.broadcast_to(mask(q_idx, jnp.arange(n)), (len(q_idx), n))))
+    return total
+
+
 def parse_mask(spec: str, n: int, batch: int, seed: int = 0):
-    """Mask spec -> (attnlab mask or None, allowed (t, s) pairs summed over the batch, jax.nn kwargs)."""
+    """Mask spec -> (attnlab mask or None, allowed (t, s) pairs summed over the batch, jax.nn kwargs).
+
+    Every structural spec of ``attnlab.masks.from_spec`` (``full``, ``causal``, ``window:L:R``,
+    ``graph:DENSITY``, ``chunks:C``, ``bigbird``, combinations with ``&`` / ``|`` ...), plus the
+    sweep's own ``padding:FRACTION`` (every sequence padded by that fraction: data, not structure).
+    jax.nn gets its native arguments for full, causal, windows, graphs and padding, and a dense
+    mask for the rest (``None`` here: ``build`` makes it only for a jax.nn cell).
+    """
     name, *args = spec.split(":")
-    try:
-        if name == "full" and not args:
-            return None, batch * n * n, {}
-        if name == "causal" and not args:
-            return masks.causal(), batch * n * (n + 1) // 2, {"is_causal": True}
-        if name == "window" and len(args) == 2:
-            left, right = int(args[0]), int(args[1])
-            return (
-                masks.window(left, right),
-                batch * window_pairs(n, left, right),
-                {"local_window_size": (left, right)},
-            )
-        if name == "graph" and len(args) == 1:
-            density = float(args[0])
-            adj = np.random.default_rng(seed).random((n, n)) < density
-            adj |= np.eye(n, dtype=bool)  # self-loops: no empty rows
-            return masks.graph(adj), batch * int(adj.sum()), {"mask": jnp.asarray(adj)}
-        if name == "padding" and len(args) == 1:
+    if name == "padding":
+        try:
+            if len(args) != 1:
+                raise ValueError("expected padding:FRACTION")
             length = max(1, round(n * (1 - float(args[0]))))
-            lengths = jnp.full((batch,), length, jnp.int32)
-            return (
-                masks.padding(lengths, lengths),
-                batch * length * length,
-                {"query_seq_lengths": lengths, "key_value_seq_lengths": lengths},
-            )
-    except ValueError as e:
-        raise ValueError(f"masks: bad spec {spec!r}: {e}") from e
-    raise ValueError(f"masks: bad spec {spec!r}; expected full, causal, window:L:R, graph:DENSITY or padding:FRACTION")
+        except ValueError as e:
+            raise ValueError(f"masks: bad spec {spec!r}: {e}") from e
+        lengths = jnp.full((batch,), length, jnp.int32)
+        return (
+            masks.padding(lengths, lengths),
+            batch * length * length,
+            {"query_seq_lengths": lengths, "key_value_seq_lengths": lengths},
+        )
+    mask = masks.from_spec(spec, seq_len=n, seed=seed)  # ValueError naming the spec
+    if isinstance(mask, masks.Full):
+        return None, batch * n * n, {}
+    if isinstance(mask, masks.Causal) and mask.offset == 0:
+        return mask, batch * n * (n + 1) // 2, {"is_causal": True}
+    if isinstance(mask, masks.Window) and mask.offset == 0:
+        return mask, batch * window_pairs(n, mask.left, mask.right), {"local_window_size": (mask.left, mask.right)}
+    if isinstance(mask, masks.Graph):
+        adj = jnp.asarray(mask.adjacency)
+        return mask, batch * int(adj.sum()), {"mask": adj}
+    return mask, batch * _allowed_pairs(mask, n), None  # None: jax.nn takes the dense mask (build makes it)
 
 
 def useful_flops(cell: Cell, pairs: int) -> int:
@@ -292,6 +307,8 @@ def build(cell: Cell, seed: int = 0):
         mask = masks.graph_edges(senders, receivers, cell.seq_len)
 
     if cell.implementation == "jax.nn":
+        if jnn_kwargs is None:  # no native jax.nn form: the dense mask
+            jnn_kwargs = {"mask": mask.dense(cell.seq_len, cell.seq_len)}
 
         def attend(q, k, v, m):
             del m  # jax.nn takes the mask as its own flags

@@ -49,7 +49,7 @@ def test_every_variant_expands():
         assert cells and len(set(c.key() for c in cells)) == len(cells)
     with pytest.raises(ValueError, match="unknown sweep variant"):
         sweep_configs.get_config("huge")
-    with pytest.raises(ValueError, match="masks: bad spec 'window:3'"):
+    with pytest.raises(ValueError, match="masks.from_spec: bad spec 'window:3'"):
         sweep.expand(tiny_config(masks=["window:3"]))
     with pytest.raises(ValueError, match="implementations: unknown 'flash'"):
         sweep.expand(tiny_config(implementations=["flash"]))
