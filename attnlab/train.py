@@ -158,28 +158,53 @@ def num_params(model: nnx.Module) -> int:
     return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-def read_jsonl(path) -> list[dict]:
-    """All records of a metrics file (empty list if it does not exist).
+def scan_jsonl(path) -> tuple[list[dict], list[tuple[int, str, str]]]:
+    """-> (the records of a JSONL file, its bad lines as ``(line number, text, why)``).
 
-    A torn last line (a write cut short by a crash: not valid JSON) is left out with a warning, so
-    an interrupted run can be read and resumed. A bad line anywhere else raises.
-
-    Raises:
-        ValueError: a line before the last is not valid JSON; names the file and the line.
+    Empty when the file does not exist. A bad line is one that is not a JSON object: torn by a
+    crash, truncated, or garbage written by something else. The one JSONL scanner: ``read_jsonl``,
+    ``experiments.common.read_jsonl`` and the sweep's results reader decide what to do with bad lines.
     """
     path = Path(path)
     if not path.exists():
-        return []
-    lines = [(i, line) for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]
-    records = []
-    for j, (lineno, line) in enumerate(lines):
+        return [], []
+    records, bad = [], []
+    for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
         try:
-            records.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError as e:
-            where = f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}): {line[:80]!r}"
-            if j < len(lines) - 1:
-                raise ValueError(f"read_jsonl: {where}") from None
-            warnings.warn(f"read_jsonl: dropping a torn last line, {where}", RuntimeWarning, stacklevel=2)
+            bad.append((lineno, line, f"not valid JSON ({e.msg} at column {e.colno})"))
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+        else:
+            bad.append((lineno, line, f"a JSON {type(rec).__name__}, expected an object"))
+    return records, bad
+
+
+def read_jsonl(path, *, skip_bad: bool = False) -> list[dict]:
+    """All records of a JSONL file (empty list if it does not exist).
+
+    A torn last line (a write cut short by a crash) is left out with a warning, so an interrupted
+    run can be read and resumed. A bad line anywhere else raises, unless ``skip_bad``: then every
+    bad line is left out with a warning (what a grid resumed by key wants: ``append_jsonl`` ends a
+    torn line and writes after it, so the torn record's cell simply runs again).
+
+    Raises:
+        ValueError: a line before the last is not a JSON object; names the file and the line.
+    """
+    path = Path(path)
+    records, bad = scan_jsonl(path)
+    last = max((i for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()),
+               default=0) if bad else 0  # fmt: skip
+    for lineno, line, why in bad:
+        where = f"{path}:{lineno}: {why}: {line[:80]!r}"
+        if not skip_bad and lineno != last:
+            raise ValueError(f"read_jsonl: {where}")
+        kind = "a torn last line" if lineno == last else "a bad line"
+        warnings.warn(f"read_jsonl: dropping {kind}, {where}", RuntimeWarning, stacklevel=2)
     return records
 
 

@@ -41,6 +41,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import attnlab  # noqa: E402
 from attnlab import masks, parallel  # noqa: E402
+from experiments import common
 
 FLAGS = flags.FLAGS
 
@@ -79,7 +80,7 @@ def per_device_bytes(method: str, n: int, *, devices: int, heads: int, head_dim:
     t0 = time.perf_counter()
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile()
     ma = compiled.memory_analysis()
-    total = ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
+    cm = common.compiled_memory(compiled)  # the one formula: temp + arguments + outputs - aliased
     return dict(
         method=method,
         seq_len=n,
@@ -89,12 +90,12 @@ def per_device_bytes(method: str, n: int, *, devices: int, heads: int, head_dim:
         mask=mask_name,
         dtype="float32",
         mode="fwd_bwd",
-        per_device_bytes=int(total),
-        temp_bytes=int(ma.temp_size_in_bytes),
+        per_device_bytes=cm["peak_bytes"],
+        temp_bytes=cm["temp_bytes"],
         argument_bytes=int(ma.argument_size_in_bytes),
         output_bytes=int(ma.output_size_in_bytes),
         compile_s=time.perf_counter() - t0,
-        source="xla_memory_analysis",
+        source=cm["memory_source"],
         jax=jax.__version__,
         backend=jax.default_backend(),
     )

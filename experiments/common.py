@@ -22,7 +22,6 @@ fields match a line is not run again. Lines are appended with one ``write`` of t
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging as py_logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -187,19 +186,9 @@ def env() -> dict:
 
 
 def read_jsonl(path) -> list[dict]:
-    """The records of a JSONL file (none if it does not exist); a torn line is skipped with a warning."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    for i, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            logging.warning("%s line %d is not complete JSON (an interrupted write?): skipped", path, i)
-    return records
+    """The records of a JSONL file (none if it does not exist); every torn or bad line is skipped with
+    a warning (``attnlab.train.read_jsonl(path, skip_bad=True)``), so its cell runs again."""
+    return train_lib.read_jsonl(path, skip_bad=True)
 
 
 append_jsonl = train_lib.append_jsonl

@@ -15,11 +15,12 @@ Writes into ``--out``:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 from absl import app, flags
+
+from attnlab import train as train_lib
 
 FLAGS = flags.FLAGS
 if __name__ == "__main__":
@@ -32,28 +33,8 @@ class BadResultsLineError(ValueError):
 
 
 def read_results(path: str) -> tuple[list[dict], list[tuple[int, str, str]]]:
-    """-> (the records of a results.jsonl, its bad lines as (line number, text, why)).
-
-    Empty when the file does not exist yet. A bad line is one that is not a JSON object: torn by
-    a crash, truncated, or garbage written by something else.
-    """
-    if not os.path.exists(path):
-        return [], []
-    records, bad = [], []
-    with open(path, errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                bad.append((lineno, line.rstrip("\n"), f"not valid JSON ({e.msg} at column {e.colno})"))
-                continue
-            if isinstance(rec, dict):
-                records.append(rec)
-            else:
-                bad.append((lineno, line.rstrip("\n"), f"a JSON {type(rec).__name__}, expected an object"))
-    return records, bad
+    """-> (the records of a results.jsonl, its bad lines as (line number, text, why)): ``attnlab.train.scan_jsonl``."""
+    return train_lib.scan_jsonl(path)
 
 
 def describe_bad_lines(path: str, bad) -> str:

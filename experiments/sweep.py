@@ -81,6 +81,7 @@ from ml_collections import config_flags
 
 import attnlab
 from attnlab import masks, parallel
+from experiments import common
 from experiments.plot import BadResultsLineError, describe_bad_lines, make_plots, read_results
 
 _CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sweep.py")
@@ -355,13 +356,12 @@ def memory_record(compiled, before: dict | None = None, after: dict | None = Non
     """
     rec = {}
     try:
-        ma = compiled.memory_analysis()
-        total = ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
+        cm = common.compiled_memory(compiled)
         rec.update(
-            memory_bytes=int(total),
-            compiled_memory_bytes=int(total),
-            temp_bytes=int(ma.temp_size_in_bytes),
-            memory_source="xla_memory_analysis",
+            memory_bytes=cm["peak_bytes"],
+            compiled_memory_bytes=cm["peak_bytes"],
+            temp_bytes=cm["temp_bytes"],
+            memory_source=cm["memory_source"],
         )
     except Exception:  # noqa: BLE001  (some backends give no analysis)
         rec.update(memory_bytes=None, memory_source="unavailable")
