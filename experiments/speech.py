@@ -226,18 +226,17 @@ def measure_decoding(cfg, out: Path, *, verbose=True) -> list[dict]:
 def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.to_json_best_effort(indent=2))
+    measure_decoding(cfg, out, verbose=verbose)  # the cheap measurements first
+    measure_scaling(cfg, out, verbose=verbose)
     data = speech.load(**cfg.data.to_dict(), progress=verbose)
     cells = [{"window": str(w), "seed": s} for w in common.names(cfg.windows) for s in common.ints(cfg.seeds)]
-    recs = common.run_grid(
+    return common.run_grid(
         out / "results.jsonl",
         cells,
         lambda c: run_one(cfg, data, c["window"], c["seed"], out, verbose=verbose),
         verbose=verbose,
         name="speech",
     )
-    measure_decoding(cfg, out, verbose=verbose)
-    measure_scaling(cfg, out, verbose=verbose)
-    return recs
 
 
 # ------------------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ Variants:
              300 held-out numbers, 150 of them read by a held-out voice variant; 80 log-mel frames,
              4x subsampled; encoder 3 layers, decoder 2, d = 96, 4 heads; 1200 AdamW steps of 32;
              encoder windows full, ±32, ±16, ±8, ±4, ±2 (after subsampling); seed 0.
-    smoke    a few utterances, a tiny model, 2 windows, a few steps: seconds (tests/test_speech.py).
+    budget   the same data, d = 64, 2 + 1 layers, 600 steps of 16, windows full, ±16, ±4: what the
+             loaded shared CPU finished in this session (docs/results/speech/).
+    smoke    a few utterances, a tiny model, 1 window, a few steps: seconds (tests/test_speech.py).
 
 Every field can be overridden, e.g. `--config.train.num_steps=3000 --config.windows=full,16`.
 """
@@ -48,6 +50,11 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
     match variant:
         case "default":
             pass
+        case "budget":  # what a loaded 2-core CPU finishes in about an hour (the committed results)
+            c.windows = "full,16,4"
+            c.model.update(d_model=64, encoder_layers=2, decoder_layers=1)
+            c.train.update(batch_size=16, num_steps=600, warmup_steps=50)
+            c.scaling.update(repeats=2)
         case "smoke":
             c.windows = "2"
             c.data.update(num_train=12, num_test=4, num_new_voice=2)
@@ -57,5 +64,5 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
             c.scaling.update(frames="64", windows="full,2", repeats=1)
             c.decoding.update(tokens=12, batch=2, repeats=1)
         case _:
-            raise ValueError(f"unknown speech variant {variant!r}: use one of ('default', 'smoke')")
+            raise ValueError(f"unknown speech variant {variant!r}: use one of ('default', 'budget', 'smoke')")
     return c
