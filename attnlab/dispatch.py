@@ -145,6 +145,10 @@ def _supports_blockwise(q, k, v, *, mask, bias, score, backend):
 
 
 def _blockwise_pays_off(q, k, v, *, mask, bias, score, backend):
+    if bias is not None and not _is_callable_bias(bias):
+        # the kernel takes an array bias (sliced per tile) when asked, but its backward adds each
+        # tile's bias gradient into a full [T, S] buffer: not a default choice
+        return "an array bias is O(T*S) already and its blockwise backward is slow: xla (or pass a callable bias)"
     if backend != "cpu":
         return None  # the portable fallback after the fused kernels and XLA
     T, S = q.shape[-3], k.shape[-3]
