@@ -227,6 +227,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "ring-memory": ring_memory,
     "molecules-karate": lambda root: experiment_report("molecules", root / "docs/results/molecules"),
     "posenc": lambda root: experiment_report("posenc", root / "docs/results/posenc"),
+    "explain": lambda root: "```\n" + importlib.import_module("attnlab.dispatch")._demo().strip("\n") + "\n```\n",
 }
 
 # whole generated files: path -> function of the repository root returning the file's text
