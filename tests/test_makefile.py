@@ -135,7 +135,7 @@ def test_default_installs_on_a_fresh_machine(tmp_path):
         shutil.copy(ROOT / name, tmp_path / name)
     dry = _make("-n", "test", cwd=tmp_path)
     assert "-m venv .venv" in dry
-    assert re.search(r'pip install .*-e "\.\[dev,experiments,zh\]"', dry)
+    assert re.search(r'pip install .*-e "\.\[dev,experiments,zh,speech\]"', dry)
     assert re.search(r'pip install .*-e "\.\[molecules\]"', dry)
     assert "npm install --prefix data" in dry
     assert "pytest -q" in dry
