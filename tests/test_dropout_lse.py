@@ -36,8 +36,8 @@ def _np_lse(q, k, mask=None, bias=None):
     return np.swapaxes(lse, -1, -2)
 
 
-def _blockwise(backward="fused", **kw):
-    return functools.partial(kernels.blockwise_attention, block_sizes=kernels.BlockSizes(4, 3, backward), **kw)
+def _blockwise(**kw):
+    return functools.partial(kernels.blockwise_attention, block_sizes=kernels.BlockSizes(4, 3), **kw)
 
 
 # ------------------------------------------------------------------------------------------
@@ -79,12 +79,12 @@ def test_keep_rate_and_unbiased():
     np.testing.assert_allclose(np.asarray(outs.mean(0)), np_attention(q, k, v)[0], atol=0.05)
 
 
-@pytest.mark.parametrize("mask_kind, backward", [("none", "fused"), ("causal", "fused"), ("window", "two_pass")])
-def test_blockwise_dropout_equals_reference_forward_and_backward(mask_kind, backward):
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "window"])
+def test_blockwise_dropout_equals_reference_forward_and_backward(mask_kind):
     q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, seed=3)
     kw = dict(mask=MASKS[mask_kind](), dropout_rate=0.25, dropout_key=jax.random.key(11))
     ref = functools.partial(attnlab.attention_reference, **kw)
-    blk = jax.jit(_blockwise(backward, **kw))
+    blk = jax.jit(_blockwise(**kw))
     np.testing.assert_allclose(np.asarray(blk(q, k, v)), np.asarray(ref(q, k, v)), **tol(jnp.float32))
     ct = jax.random.normal(jax.random.key(4), (2, T, 4, 8))
     loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v) * ct)  # noqa: E731
@@ -149,8 +149,7 @@ def test_lse_matches_float64_and_jax_nn(implementation, mask_kind):
         np.testing.assert_allclose(np.asarray(lse), np.asarray(theirs), **tol(jnp.float32))
 
 
-@pytest.mark.parametrize("backward", ["fused", "two_pass"])
-def test_lse_gradient_matches_reference(backward):
+def test_lse_gradient_matches_reference():
     q, k, v = qkv((1, T, 2, 8), s=S, seed=9)
     mask = masks.causal(offset=-1)  # an empty first row: its -inf lse must not poison the gradient
     ct_o = jax.random.normal(jax.random.key(1), (1, T, 2, 8))
@@ -163,7 +162,7 @@ def test_lse_gradient_matches_reference(backward):
 
         return jax.grad(g, (0, 1, 2))
 
-    for g, r in zip(loss(_blockwise(backward))(q, k, v), loss(attnlab.attention_reference)(q, k, v), strict=True):
+    for g, r in zip(loss(_blockwise())(q, k, v), loss(attnlab.attention_reference)(q, k, v), strict=True):
         assert np.isfinite(np.asarray(g)).all()
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), **grad_tol(jnp.float32))
 
@@ -184,14 +183,14 @@ def test_lse_merges_two_halves_of_the_keys():
 
 
 @pytest.mark.parametrize(
-    "bias_shape, backward",
-    [((2, 4, T, S), "fused"), ((1, 4, 1, S), "two_pass"), ((T, S), "two_pass"), ((S,), "fused")],
+    "bias_shape",
+    [(2, 4, T, S), (1, 4, 1, S), (T, S), (S,)],
 )
-def test_blockwise_array_bias_forward_and_gradient(bias_shape, backward):
+def test_blockwise_array_bias_forward_and_gradient(bias_shape):
     q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, seed=12)
     bias = jax.random.normal(jax.random.key(3), bias_shape, jnp.float32) * 2
     mask = masks.window(3, 2)
-    blk = jax.jit(lambda q, k, v, b: _blockwise(backward, mask=mask, bias=b)(q, k, v))
+    blk = jax.jit(lambda q, k, v, b: _blockwise(mask=mask, bias=b)(q, k, v))
     out = blk(q, k, v, bias)
     dense = np.asarray(mask.dense(T, S))
     np.testing.assert_allclose(np.asarray(out), np_attention(q, k, v, mask=dense, bias=bias)[0], **tol(jnp.float32))
