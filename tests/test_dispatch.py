@@ -14,10 +14,10 @@ from conftest import grad_tol, np_attention, qkv, tol
 
 import attnlab
 from attnlab import dispatch, masks, scores
-from attnlab import masks as masks_mod
 from attnlab.attention import _choose
 from attnlab.kernels import blockwise as bw
 from attnlab.kernels import cudnn
+from attnlab.masks import base as masks_mod  # the layout internals live in masks/base.py
 
 
 def _sds(shape, dtype=jnp.bfloat16):

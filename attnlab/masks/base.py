@@ -1,0 +1,318 @@
+"""The Mask base class, layouts, ``&``/``|`` combinations, dense arrays, and the pytree field markers."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+def leaf(**kwargs):
+    """A mask field holding arrays (lengths, adjacency, edges, sub-masks): a pytree leaf, traced under jit/vmap.
+
+    Every other field of a ``@mask_class`` is static structure (hashable Python values: a new value
+    is a new program). Declare it where the field is: ``lengths: Any = leaf(default=None)``.
+    """
+    return dataclasses.field(metadata={"leaf": True}, **kwargs)
+
+
+def mask_class(cls):
+    """Class decorator for a Mask: a frozen dataclass registered as a pytree by its fields' ``leaf()`` marks."""
+    cls = dataclasses.dataclass(frozen=True)(cls)
+    fields = dataclasses.fields(cls)
+    jax.tree_util.register_dataclass(
+        cls,
+        data_fields=[f.name for f in fields if f.metadata.get("leaf")],
+        meta_fields=[f.name for f in fields if not f.metadata.get("leaf")],
+    )
+    return cls
+
+
+def _is_concrete(x) -> bool:
+    """True when ``x`` holds values known now (not a tracer inside jit/grad/vmap)."""
+    return x is None or not isinstance(x, jax.core.Tracer)
+
+
+def _num_blocks(length: int, block: int) -> int:
+    return -(-length // block)
+
+
+def _check_lengths(T: int, S: int) -> None:
+    for name, n in (("T", T), ("S", S)):
+        if not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {n!r}")
+
+
+def _check_blocks(block_q: int, block_k: int) -> None:
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if not isinstance(b, (int, np.integer)) or b <= 0:
+            raise ValueError(f"{name} must be a positive int, got {b!r}")
+
+
+class Mask:
+    """Base class. Subclasses implement ``__call__`` and, when they can, ``_layout``."""
+
+    __array_ufunc__ = None  # `numpy_array & mask` defers to Mask.__rand__ instead of looping
+
+    def __call__(self, q_idx: jax.Array, k_idx: jax.Array) -> jax.Array:
+        """Evaluates the mask at query positions ``q_idx`` [T'] and key positions ``k_idx`` [S'].
+
+        Returns:
+            bool array broadcastable to ``[..., N, T', S']``.
+        """
+        raise NotImplementedError
+
+    def dense(self, T: int, S: int) -> jax.Array:
+        """The mask as a boolean array broadcastable to ``[..., N, T, S]``."""
+        _check_lengths(T, S)
+        return self(jnp.arange(T), jnp.arange(S))
+
+    @property
+    def is_static(self) -> bool:
+        """True when ``block_layout`` is exact (the structure is known at trace time)."""
+        return all(_is_concrete(leaf) for leaf in jax.tree_util.tree_leaves(self))
+
+    def block_layout(self, T: int, S: int, block_q: int, block_k: int) -> np.ndarray:
+        """Static block layout, int8 ``[ceil(T/block_q), ceil(S/block_k)]``.
+
+        0 = EMPTY, 1 = PARTIAL, 2 = FULL. Positions past T or S (in the last, short block) are
+        not counted: a short last block is FULL when every in-range pair may attend.
+        """
+        _check_lengths(T, S)
+        _check_blocks(block_q, block_k)
+        layout = np.asarray(self._layout(T, S, block_q, block_k), dtype=np.int8)
+        return layout
+
+    def _layout(self, T: int, S: int, bq: int, bk: int) -> np.ndarray:
+        # Safe default: evaluate the mask block by block when its values are known now,
+        # otherwise call every block PARTIAL.
+        if not self.is_static:
+            return np.full((_num_blocks(T, bq), _num_blocks(S, bk)), PARTIAL, np.int8)
+        return _layout_by_evaluation(self, T, S, bq, bk)
+
+    def __and__(self, other: Mask) -> Mask:
+        return And(self, as_mask(other, "other"))
+
+    def __or__(self, other: Mask) -> Mask:
+        return Or(self, as_mask(other, "other"))
+
+    def __rand__(self, other):
+        return And(as_mask(other, "other"), self)
+
+    def __ror__(self, other):
+        return Or(as_mask(other, "other"), self)
+
+
+def _classify(values: np.ndarray) -> int:
+    """values: bool [..., bq, bk] for one block, all batch dims included."""
+    if not values.any():
+        return EMPTY
+    if values.all():
+        return FULL
+    return PARTIAL
+
+
+def _layout_by_evaluation(mask: Mask, T: int, S: int, bq: int, bk: int, todo=None) -> np.ndarray:
+    """Exact layout by evaluating ``mask`` on the blocks where ``todo`` is True (all by default).
+
+    Each query-block row is evaluated once over the span of its key blocks still to decide, so a
+    banded set of PARTIAL blocks costs O(T * band), not O(T * S).
+    """
+    nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+    layout = np.full((nq, nk), PARTIAL, np.int8)
+    if todo is None:
+        todo = np.ones((nq, nk), bool)
+    if T * S <= _DENSE_EVAL_MAX:
+        return np.where(todo, _layout_of_dense(mask, T, S, bq, bk), layout).astype(np.int8)
+    with jax.ensure_compile_time_eval():
+        for i in range(nq):
+            cols = np.nonzero(todo[i])[0]
+            if cols.size == 0:
+                continue
+            q_idx = np.arange(i * bq, min((i + 1) * bq, T))
+            k0, k1 = cols[0] * bk, min((cols[-1] + 1) * bk, S)
+            row = np.asarray(mask(jnp.asarray(q_idx), jnp.arange(k0, k1)))
+            row = np.broadcast_to(row, row.shape[:-2] + (q_idx.size, k1 - k0))
+            for j in cols:
+                layout[i, j] = _classify(row[..., j * bk - k0 : min((j + 1) * bk, S) - k0])
+    return layout
+
+
+_DENSE_EVAL_MAX = 2**23
+
+
+def _layout_of_dense(mask: Mask, T: int, S: int, bq: int, bk: int) -> np.ndarray:
+    """Exact layout of every block from one evaluation of ``mask`` on [T, S] (all batch dims included)."""
+    nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+    with jax.ensure_compile_time_eval():
+        values = np.asarray(mask(jnp.arange(T), jnp.arange(S)))
+    values = np.broadcast_to(values, values.shape[:-2] + (T, S)).reshape(-1, T, S)
+    any_ = np.zeros((values.shape[0], nq * bq, nk * bk), bool)  # out-of-range positions: never allowed
+    all_ = np.ones((values.shape[0], nq * bq, nk * bk), bool)  # ... and never spoil "every pair allowed"
+    any_[:, :T, :S] = values
+    all_[:, :T, :S] = values
+    blocks = (values.shape[0], nq, bq, nk, bk)
+    empty = ~any_.reshape(blocks).any((0, 2, 4))
+    full = all_.reshape(blocks).all((0, 2, 4))
+    return _from_flags(empty, full)
+
+
+def _evaluation_cost(todo: np.ndarray, bq: int, bk: int) -> int:
+    """Elements `_layout_by_evaluation` would evaluate for `todo` (rows x spanned columns)."""
+    rows = np.nonzero(todo.any(1))[0]
+    cost = 0
+    for i in rows:
+        cols = np.nonzero(todo[i])[0]
+        cost += bq * (cols[-1] - cols[0] + 1) * bk
+    return cost
+
+
+_REFINE_BUDGET = 2**24  # elements; beyond this a combination keeps its (safe) PARTIAL blocks
+
+
+def _interval_layout(T, S, bq, bk, lo_fn, hi_fn):
+    """Layout for masks of the form ``lo(t) <= s <= hi(t)`` with lo(t) = t + c_lo, hi(t) = t + c_hi.
+
+    For a query block [t0, t1] and key block [s0, s1] the allowed set is empty iff no row
+    intersects it, and full iff every row covers it. Monotone bounds make both checks O(1).
+    """
+    nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+    t0 = np.arange(nq)[:, None] * bq
+    t1 = np.minimum(t0 + bq, T) - 1
+    s0 = np.arange(nk)[None, :] * bk
+    s1 = np.minimum(s0 + bk, S) - 1
+    # empty: even the lowest row's lower bound is past s1, or the highest row's upper bound is
+    # before s0. (Exact for bounds t + c: rows meeting each condition then always overlap.)
+    empty = (lo_fn(t0) > s1) | (hi_fn(t1) < s0)
+    # full: every row covers [s0, s1]: max lower bound <= s0 and min upper bound >= s1
+    full_ = (lo_fn(t1) <= s0) & (hi_fn(t0) >= s1)
+    layout = np.where(empty, EMPTY, np.where(full_, FULL, PARTIAL)).astype(np.int8)
+    return layout
+
+
+@mask_class
+class Dense(Mask):
+    """A plain boolean array broadcastable to ``[..., N, T, S]``, wrapped as a mask."""
+
+    array: Any = leaf()
+
+    def __call__(self, q_idx, k_idx):
+        a = jnp.asarray(self.array)
+        if a.ndim < 2:
+            raise ValueError(f"mask array must have rank >= 2 ([..., T, S]), got shape {a.shape}")
+        q = q_idx if a.shape[-2] != 1 else jnp.zeros_like(q_idx)
+        k = k_idx if a.shape[-1] != 1 else jnp.zeros_like(k_idx)
+        return jnp.take(jnp.take(a, q, axis=-2), k, axis=-1)
+
+    def dense(self, T, S):
+        _check_lengths(T, S)
+        a = jnp.asarray(self.array)
+        if a.ndim < 2:
+            raise ValueError(f"mask array must have rank >= 2 ([..., T, S]), got shape {a.shape}")
+        if a.shape[-2] not in (1, T) or a.shape[-1] not in (1, S):
+            raise ValueError(f"mask array of shape {a.shape} does not broadcast to [..., {T}, {S}]")
+        return a
+
+
+def _block_ranges(length, block):
+    start = np.arange(_num_blocks(length, block)) * block
+    return start, np.minimum(start + block, length) - 1  # first and last position of each block
+
+
+def _from_flags(empty, full):
+    return np.where(empty, EMPTY, np.where(full, FULL, PARTIAL)).astype(np.int8)
+
+
+def _combine_layouts(a, b, op):
+    if op == "and":
+        out = np.where((a == EMPTY) | (b == EMPTY), EMPTY, np.where((a == FULL) & (b == FULL), FULL, PARTIAL))
+    else:
+        out = np.where((a == FULL) | (b == FULL), FULL, np.where((a == EMPTY) & (b == EMPTY), EMPTY, PARTIAL))
+    return out.astype(np.int8)
+
+
+@mask_class
+class And(Mask):
+    """Both masks must allow the pair."""
+
+    a: Mask = leaf()
+    b: Mask = leaf()
+
+    def __call__(self, q_idx, k_idx):
+        return self.a(q_idx, k_idx) & self.b(q_idx, k_idx)
+
+    def dense(self, T, S):
+        return self.a.dense(T, S) & self.b.dense(T, S)
+
+    def _layout(self, T, S, bq, bk):
+        layout = _combine_layouts(self.a._layout(T, S, bq, bk), self.b._layout(T, S, bq, bk), "and")
+        return _refine(self, layout, T, S, bq, bk)
+
+
+@mask_class
+class Or(Mask):
+    """Either mask may allow the pair."""
+
+    a: Mask = leaf()
+    b: Mask = leaf()
+
+    def __call__(self, q_idx, k_idx):
+        return self.a(q_idx, k_idx) | self.b(q_idx, k_idx)
+
+    def dense(self, T, S):
+        return self.a.dense(T, S) | self.b.dense(T, S)
+
+    def _layout(self, T, S, bq, bk):
+        layout = _combine_layouts(self.a._layout(T, S, bq, bk), self.b._layout(T, S, bq, bk), "or")
+        return _refine(self, layout, T, S, bq, bk)
+
+
+def _refine(mask, layout, T, S, bq, bk):
+    """Combining two PARTIAL blocks is PARTIAL only conservatively; evaluate those blocks exactly."""
+    if not mask.is_static:
+        return layout
+    todo = layout == PARTIAL
+    if not todo.any() or _evaluation_cost(todo, bq, bk) > _REFINE_BUDGET:
+        return layout
+    exact = _layout_by_evaluation(mask, T, S, bq, bk, todo)
+    return np.where(todo, exact, layout).astype(np.int8)
+
+
+_MAX_INT = 2**30
+
+
+def _check_int(name: str, value, *, minimum=None, bounded=True) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be a Python int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if bounded and abs(int(value)) > _MAX_INT:
+        raise ValueError(
+            f"{name} must be in [-2**30, 2**30] (positions are int32; 2**30 already covers any sequence), got {value}"
+        )
+    return int(value)
+
+
+def as_mask(mask, name: str = "mask") -> Mask | None:
+    """Turns None, a Mask, or a bool array (broadcastable to ``[..., N, T, S]``) into a Mask.
+
+    Arrays follow numpy broadcasting like a bias: a rank-1 ``[S]`` mask applies to every query.
+    """
+    if mask is None or isinstance(mask, Mask):
+        return mask
+    if not hasattr(mask, "dtype") and not isinstance(mask, (list, tuple)):
+        raise ValueError(f"{name} must be a Mask (attnlab.masks) or a bool array, got {type(mask).__name__}")
+    arr = mask if isinstance(mask, jax.Array) else np.asarray(mask)
+    if arr.dtype != bool:
+        raise ValueError(
+            f"{name} must be a bool array (True = attend), got dtype {arr.dtype}; "
+            f"use `x != 0` or an attnlab.masks object"
+        )
+    if arr.ndim < 2:  # rank 0 or 1 broadcasts like a bias: [S] -> [1, S]
+        arr = arr.reshape((1,) * (2 - arr.ndim) + tuple(arr.shape))
+    return Dense(arr)

@@ -1,0 +1,262 @@
+"""Data-carrying masks (arrays are pytree leaves): padding, graph adjacency, graph edge lists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnlab.masks.base import (
+    EMPTY,
+    FULL,
+    PARTIAL,
+    Mask,
+    _check_int,
+    _check_lengths,
+    _is_concrete,
+    _num_blocks,
+    leaf,
+    mask_class,
+)
+
+
+@mask_class
+class Padding(Mask):
+    """Per-example valid lengths: query t is valid iff t < q_lengths[b], key s iff s < kv_lengths[b].
+
+    A pair may attend iff both are valid. ``dense`` has shape ``[*B, 1, T, S]``.
+    """
+
+    q_lengths: Any = leaf(default=None)
+    kv_lengths: Any = leaf(default=None)
+
+    def __call__(self, q_idx, k_idx):
+        ok = jnp.ones((q_idx.shape[0], k_idx.shape[0]), bool)
+        if self.q_lengths is not None:
+            lq = jnp.asarray(self.q_lengths)[..., None, None, None]  # [*B] -> [*B, 1, 1, 1]
+            ok = ok & (q_idx[:, None] < lq)
+        if self.kv_lengths is not None:
+            lk = jnp.asarray(self.kv_lengths)[..., None, None, None]
+            ok = ok & (k_idx[None, :] < lk)
+        return ok
+
+    def _layout(self, T, S, bq, bk):
+        nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+        if not self.is_static:
+            return np.full((nq, nk), PARTIAL, np.int8)
+
+        def axis_state(lengths, n, block, size):
+            # -> per-example [*B, n]: 0 none valid, 2 all (in-range) valid, 1 some
+            start = np.arange(n) * block
+            stop = np.minimum(start + block, size)
+            if lengths is None:
+                return np.full((1, n), FULL, np.int8)
+            ln = np.asarray(lengths).reshape(-1, 1)
+            return np.where(ln <= start, EMPTY, np.where(ln >= stop, FULL, PARTIAL))
+
+        sq = axis_state(self.q_lengths, nq, bq, T)[:, :, None]  # [B, nq, 1]
+        sk = axis_state(self.kv_lengths, nk, bk, S)[:, None, :]  # [B, 1, nk]
+        per_example = np.where(
+            (sq == EMPTY) | (sk == EMPTY), EMPTY, np.where((sq == FULL) & (sk == FULL), FULL, PARTIAL)
+        )
+        all_empty = (per_example == EMPTY).all(0)
+        all_full = (per_example == FULL).all(0)
+        return np.where(all_empty, EMPTY, np.where(all_full, FULL, PARTIAL)).astype(np.int8)
+
+
+@mask_class
+class Graph(Mask):
+    """Attention along the edges of a graph: ``adjacency[..., i, j]`` = node i attends to node j.
+
+    ``adjacency`` is bool ``[T, S]`` or ``[*B, T, S]``; ``dense`` is ``[T, S]`` or ``[*B, 1, T, S]``.
+    """
+
+    adjacency: Any = leaf()
+
+    def __call__(self, q_idx, k_idx):
+        adj = jnp.asarray(self.adjacency)
+        out = jnp.take(jnp.take(adj, q_idx, axis=-2), k_idx, axis=-1)
+        return out if adj.ndim == 2 else out[..., None, :, :]  # [*B, T', S'] -> [*B, 1, T', S']
+
+    def dense(self, T, S):
+        _check_lengths(T, S)
+        shape = tuple(self.adjacency.shape[-2:])
+        if shape != (T, S):
+            raise ValueError(
+                f"graph mask: adjacency is {shape[0]}x{shape[1]} but attention is "
+                f"{T}x{S} (T queries x S keys); they must be equal"
+            )
+        adj = jnp.asarray(self.adjacency)
+        return adj if adj.ndim == 2 else adj[..., None, :, :]
+
+    def _layout(self, T, S, bq, bk):
+        nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+        if not self.is_static:
+            return np.full((nq, nk), PARTIAL, np.int8)
+        adj = np.asarray(self.adjacency, bool).reshape((-1,) + tuple(self.adjacency.shape[-2:]))
+        adj = adj[:, :T, :S]
+        pad = np.zeros((adj.shape[0], nq * bq, nk * bk), np.int32)
+        pad[:, :T, :S] = adj
+        counts = pad.reshape(adj.shape[0], nq, bq, nk, bk).sum((2, 4))  # [B, nq, nk]
+        rows = np.minimum(np.arange(nq) * bq + bq, T) - np.arange(nq) * bq
+        cols = np.minimum(np.arange(nk) * bk + bk, S) - np.arange(nk) * bk
+        sizes = rows[:, None] * cols[None, :]
+        all_empty = (counts == 0).all(0)
+        all_full = (counts == sizes).all(0)
+        return np.where(all_empty, EMPTY, np.where(all_full, FULL, PARTIAL)).astype(np.int8)
+
+
+@mask_class
+class GraphEdges(Mask):
+    """A graph as an edge list: edge e carries a message from ``senders[e]`` to ``receivers[e]``.
+
+    The receiver (query) attends to the sender (key), so ``dense()[r, s]`` is True for each edge.
+    This is the input of the O(E) sparse kernel; ``dense`` scatters it into ``[num_nodes, num_nodes]``.
+    """
+
+    senders: Any = leaf()
+    receivers: Any = leaf()
+    num_nodes: int = 0
+
+    def __call__(self, q_idx, k_idx):
+        adj = self.adjacency()
+        return jnp.take(jnp.take(adj, q_idx, axis=0), k_idx, axis=1)
+
+    def adjacency(self) -> jax.Array:
+        """bool ``[num_nodes, num_nodes]``: ``adjacency[r, s]`` is True iff an edge s -> r exists."""
+        n = self.num_nodes
+        adj = jnp.zeros((n, n), bool)
+        # an edge outside [0, n) (possible only with traced indices) is dropped, negative ones too
+        r, s = (jnp.asarray(x) for x in (self.receivers, self.senders))
+        r, s = jnp.where(r < 0, n, r), jnp.where(s < 0, n, s)
+        return adj.at[r, s].set(True, mode="drop")
+
+    def dense(self, T, S):
+        _check_lengths(T, S)
+        if (T, S) != (self.num_nodes, self.num_nodes):
+            raise ValueError(
+                f"graph_edges mask: num_nodes={self.num_nodes} but attention is "
+                f"{T}x{S} (T queries x S keys); both must equal num_nodes"
+            )
+        return self.adjacency()
+
+    def _layout(self, T, S, bq, bk):
+        nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+        if not self.is_static:
+            return np.full((nq, nk), PARTIAL, np.int8)
+        r = np.asarray(self.receivers)
+        s = np.asarray(self.senders)
+        keep = (r < T) & (s < S)
+        r, s = r[keep], s[keep]
+        pairs = np.unique(np.stack([r, s]), axis=1)  # drop duplicate edges before counting
+        counts = np.zeros((nq, nk), np.int64)
+        np.add.at(counts, (pairs[0] // bq, pairs[1] // bk), 1)
+        rows = np.minimum(np.arange(nq) * bq + bq, T) - np.arange(nq) * bq
+        cols = np.minimum(np.arange(nk) * bk + bk, S) - np.arange(nk) * bk
+        sizes = rows[:, None] * cols[None, :]
+        return np.where(counts == 0, EMPTY, np.where(counts == sizes, FULL, PARTIAL)).astype(np.int8)
+
+
+def _check_lengths_array(name, lengths):
+    if lengths is None:
+        return None
+    arr = lengths if isinstance(lengths, jax.Array) else np.asarray(lengths)
+    if not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise ValueError(f"{name} must be an integer array of per-example lengths, got dtype {arr.dtype}")
+    if _is_concrete(arr) and np.any(np.asarray(arr) < 0):
+        raise ValueError(f"{name} must be >= 0, got {np.asarray(arr).tolist()}")
+    return arr
+
+
+def padding(q_lengths=None, kv_lengths=None) -> Mask:
+    """Variable-length sequences: only the first ``q_lengths[b]`` queries and ``kv_lengths[b]`` keys are real.
+
+    Args:
+        q_lengths: int ``[*B]`` (may be a traced array under jit), or None for no query padding.
+        kv_lengths: int ``[*B]``, or None for no key padding.
+
+    Padded query rows have no key to attend to, so attention returns zeros there.
+
+    Example:
+        >>> padding(kv_lengths=jnp.array([2])).dense(2, 3).astype(int).tolist()
+        [[[[1, 1, 0], [1, 1, 0]]]]
+    """
+    if q_lengths is None and kv_lengths is None:
+        raise ValueError("padding() needs q_lengths, kv_lengths or both")
+    q = _check_lengths_array("q_lengths", q_lengths)
+    k = _check_lengths_array("kv_lengths", kv_lengths)
+    if q is not None and k is not None and q.shape != k.shape:
+        raise ValueError(f"q_lengths and kv_lengths must have the same batch shape, got {q.shape} and {k.shape}")
+    return Padding(q, k)
+
+
+def _check_adjacency(adjacency, *, square: bool):
+    adj = adjacency if isinstance(adjacency, jax.Array) else np.asarray(adjacency)
+    if adj.dtype != bool:
+        raise ValueError(f"adjacency must be a bool array (True = attend), got dtype {adj.dtype}")
+    if adj.ndim < 2:
+        raise ValueError(f"adjacency must be [T, S] or [*B, T, S], got shape {adj.shape}")
+    if square and adj.shape[-1] != adj.shape[-2]:
+        raise ValueError(f"adjacency must be square [..., n, n] for self-loops, got shape {adj.shape}")
+    return adj
+
+
+def with_self_loops(adjacency):
+    """Adds self-loops (node i attends to itself) to a square adjacency ``[..., n, n]``."""
+    adj = _check_adjacency(adjacency, square=True)
+    eye = np.eye(adj.shape[-1], dtype=bool)
+    return (adj | eye) if isinstance(adj, np.ndarray) else jnp.logical_or(adj, eye)
+
+
+def graph(adjacency, *, self_loops: bool = False) -> Mask:
+    """Graph attention: ``adjacency[..., i, j]`` True means node i attends to node j (its neighbour).
+
+    Args:
+        adjacency: bool ``[T, S]`` or ``[*B, T, S]`` (numpy or jax; traced arrays allowed).
+        self_loops: also let every node attend to itself (requires T == S).
+
+    Example:
+        >>> import numpy as np
+        >>> path = np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], bool)  # 0 - 1 - 2
+        >>> graph(path, self_loops=True).dense(3, 3).astype(int).tolist()
+        [[1, 1, 0], [1, 1, 1], [0, 1, 1]]
+    """
+    adj = _check_adjacency(adjacency, square=self_loops)
+    if self_loops:
+        adj = with_self_loops(adj)
+    return Graph(adj)
+
+
+def graph_edges(senders, receivers, num_nodes: int) -> Mask:
+    """A graph given as an edge list (for the O(E) sparse kernel): receiver r attends to sender s.
+
+    Args:
+        senders: int ``[E]`` source node of each edge (the key).
+        receivers: int ``[E]`` target node of each edge (the query).
+        num_nodes: number of nodes n (T = S = n).
+
+    Example:
+        >>> graph_edges([0, 1], [1, 2], 3).dense(3, 3).astype(int).tolist()
+        [[0, 0, 0], [1, 0, 0], [0, 1, 0]]
+    """
+    n = _check_int("num_nodes", num_nodes, minimum=1)
+    out = []
+    for name, idx in (("senders", senders), ("receivers", receivers)):
+        arr = idx if isinstance(idx, jax.Array) else np.asarray(idx)
+        if arr.ndim != 1:
+            raise ValueError(f"{name} must be a 1-D int array [E], got shape {arr.shape}")
+        if arr.size and not jnp.issubdtype(arr.dtype, jnp.integer):
+            raise ValueError(f"{name} must be an integer array, got dtype {arr.dtype}")
+        arr = arr.astype(np.int32)
+        if _is_concrete(arr) and arr.size:
+            vals = np.asarray(arr)
+            if vals.min() < 0 or vals.max() >= n:
+                raise ValueError(f"{name} has node indices outside [0, {n}): min {vals.min()}, max {vals.max()}")
+        out.append(arr)
+    if out[0].shape != out[1].shape:
+        raise ValueError(
+            f"senders and receivers must have the same length, got {out[0].shape[0]} and {out[1].shape[0]}"
+        )
+    return GraphEdges(out[0], out[1], n)
