@@ -449,10 +449,13 @@ def _pct(stat) -> str:
 def conv_distance(record: dict) -> dict:
     """Summary of how far the model's heads are from convolution heads (which have 1.0 on both)."""
     h = record["heads_analysis"]
+    base = record.get("analysis_accuracy", record["accuracy"])
     return {
         "top_offset_mass": float(np.mean([x["top_offset_mass"] for x in h])),
         "r2_offset": float(np.mean([x["r2_offset"] for x in h])),
         "conv_like_heads": sum(x["top_offset_mass"] >= 0.9 for x in h),
+        "mostly_one_offset": sum(x["top_offset_mass"] >= 0.5 for x in h),
+        "needed": sum(base - x["ablated_accuracy"] >= 0.05 for x in h),
         "heads": len(h),
     }
 
@@ -479,7 +482,10 @@ def report(folder: Path) -> str:
 
     # 1 + 4b. per-head analysis and conv distance
     rows = []
+    first_seed = {t: min((r["seed"] for r in dot if r["task"] == t), default=None) for t in ("shift", "pos")}
     for r in sorted(dot, key=lambda r: (r["task"] != "shift", r["heads"], r["seed"])):
+        if r["seed"] != first_seed[r["task"]]:
+            continue
         base = r.get("analysis_accuracy", r["accuracy"])
         for h in r["heads_analysis"]:
             rows.append(
@@ -495,7 +501,9 @@ def report(folder: Path) -> str:
             "task", "heads", "seed", "layer", "head", "top offset", "mass on top offset", "R² offset-only fit",
             "entropy / uniform (nats)", "accuracy drop when ablated (points)",
         ]  # fmt: skip
-        sections.append("### Per-head analysis (every dot-score model)\n\n" + common.markdown_table(header, rows))
+        sections.append(
+            "### Per-head analysis (every dot-score model, first seed)\n\n" + common.markdown_table(header, rows)
+        )
         conv = []
         for task in ("shift", "pos"):
             for n in sorted({r["heads"] for r in dot if r["task"] == task}):
@@ -505,10 +513,13 @@ def report(folder: Path) -> str:
                         task, n, f"{np.mean([c['top_offset_mass'] for c in rs]):.2f}",
                         f"{np.mean([c['r2_offset'] for c in rs]):.2f}",
                         f"{sum(c['conv_like_heads'] for c in rs)} / {sum(c['heads'] for c in rs)}",
+                        f"{sum(c['mostly_one_offset'] for c in rs)} / {sum(c['heads'] for c in rs)}",
+                        f"{sum(c['needed'] for c in rs)} / {sum(c['heads'] for c in rs)}",
                     ]
                 )  # fmt: skip
         header = ["task", "heads", "mean mass on top offset (conv: 1.00)", "mean R² offset-only (conv: 1.00)",
-                  "heads with >= 0.9 on one offset"]  # fmt: skip
+                  "heads with >= 0.9 on one offset", "heads with >= 0.5 on one offset",
+                  "heads whose ablation costs >= 5 points"]  # fmt: skip
         sections.append("### Distance from a convolution\n\n" + common.markdown_table(header, conv))
 
     # 2. dot vs additive
