@@ -462,7 +462,12 @@ def conv_distance(record: dict) -> dict:
 
 def report(folder: Path) -> str:
     plt = common.pyplot()
-    results = common.read_jsonl(folder / "results.jsonl")
+    results, seen = [], set()
+    for r in common.read_jsonl(folder / "results.jsonl"):  # a cell finished twice (two processes) counts once
+        key = tuple(r[k] for k in ("task", "heads", "score", "input", "seed"))
+        if key not in seen:
+            seen.add(key)
+            results.append(r)
     if not results:
         raise FileNotFoundError(f"no results in {folder / 'results.jsonl'}: run the experiment first")
     sections = []
