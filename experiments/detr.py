@@ -138,11 +138,18 @@ def evaluate(model, batch: dict, batch_size: int) -> dict:
         ap_by_count[str(int(k))] = detr_lib.average_precision(
             scores[sel], pred_cls[sel], boxes[sel], gt_cls[sel], gt_box[sel], iou=0.5
         )[0]
+    ap_by_range = {}
+    for name, sel in (("1-2", counts <= 2), ("3-4", (counts >= 3) & (counts <= 4))):
+        if sel.any():
+            ap_by_range[name] = detr_lib.average_precision(
+                scores[sel], pred_cls[sel], boxes[sel], gt_cls[sel], gt_box[sel], iou=0.5
+            )[0]
     acc = detr_lib.count_accuracy(is_obj, pred_cls, gt_cls)
     return {
         "ap50": ap,
         "ap50_per_class": {str(k): v for k, v in per_class.items()},
         "ap50_by_count": ap_by_count,
+        "ap50_by_items": ap_by_range,
         "count_accuracy": {str(k): v[0] for k, v in acc.items()},
         "count_images": {str(k): v[1] for k, v in acc.items()},
         "count_accuracy_all": float(np.mean([v[0] * v[1] for v in acc.values()]) * len(acc) / len(counts)),
@@ -177,7 +184,11 @@ def run_one(cfg, spec: str, items: dict, out: Path, *, verbose=True) -> dict:
 
     def eval_fn(m):
         r = evaluate(m, dev, cfg.eval_batch_size)
-        return {"dev_ap50": r["ap50"], "dev_count_accuracy": r["count_accuracy_all"]}
+        return {
+            "dev_ap50": r["ap50"],
+            "dev_count_accuracy": r["count_accuracy_all"],
+            **{f"dev_ap50_items{k}": v for k, v in r["ap50_by_items"].items()},
+        }
 
     t0 = time.perf_counter()
     model, records = train_lib.train(
@@ -240,13 +251,15 @@ def report(folder: Path) -> str:
     runs = sorted(p.parent for p in folder.glob("*/items*/metrics.jsonl"))
     if not runs:
         raise FileNotFoundError(f"no */items*/metrics.jsonl under {folder}: run the experiment first")
-    header = ["variant", "items", "steps", "train s", "params", "AP@0.5 (all)", "AP@0.5 by count", "count accuracy"]
+    header = ["variant", "items", "steps", "train s", "params", "AP@0.5 (all)", "AP@0.5 on 1-2 / 3-4 items"]
+    header += ["AP@0.5 by count", "count accuracy"]
     rows = []
     for r in results:
         by = ", ".join(f"{k}: {v:.3f}" for k, v in r["ap50_by_count"].items())
         acc = ", ".join(f"{k}: {v:.3f}" for k, v in r["count_accuracy"].items())
+        ranges = " / ".join(f"{v:.3f}" for v in r["ap50_by_items"].values())
         rows.append([r["variant"], r["items"], r["steps"], r["train_time_s_last_session"], f"{r['params']:,}",
-                     f"{r['ap50']:.3f}", by, acc])  # fmt: skip
+                     f"{r['ap50']:.3f}", ranges, by, acc])  # fmt: skip
     table = common.markdown_table(header, rows)
     curves = {}
     for run_dir in runs:
