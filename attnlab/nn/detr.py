@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from scipy.optimize import linear_sum_assignment
 
 from attnlab.nn.layers import Encoder, _split
 from attnlab.nn.seq2seq import DecoderBlock
@@ -103,6 +102,8 @@ def hungarian_match(cost: np.ndarray, counts: np.ndarray) -> np.ndarray:
     Returns:
         int32 ``[B, Q]``: the item each query is matched to, -1 for "no object".
     """
+    from scipy.optimize import linear_sum_assignment  # scipy (via scikit-learn, the experiments extra)
+
     cost = np.asarray(cost, np.float64)
     out = np.full(cost.shape[:2], -1, np.int32)
     for b, n in enumerate(np.asarray(counts)):
