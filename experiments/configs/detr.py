@@ -16,6 +16,8 @@ Variants:
              object queries. Fresh canvases every step (a stream seeded by step), batch 16, 3,000
              steps, AdamW 5e-4 (warmup 200 + cosine, clipping at 1). Checkpoints every 250
              steps: rerunning resumes.
+    long     the default model trained on canvases of 1-2 items only, 8,000 steps (the target run;
+             evaluated on 1,000 held-out canvases of 1-2 items).
     smoke    sklearn 8 x 8 digits on 32 x 32 canvases, a 1-block model, 20 steps (the tests).
 
 Every field can be overridden, e.g. ``--config.train.num_steps=2000 --config.runs=1-2``.
@@ -23,7 +25,7 @@ Every field can be overridden, e.g. ``--config.train.num_steps=2000 --config.run
 
 import ml_collections
 
-VARIANTS = ("default", "smoke")
+VARIANTS = ("default", "long", "smoke")
 
 
 def get_config(variant: str = "default") -> ml_collections.ConfigDict:
@@ -68,6 +70,9 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
     match variant:
         case "default":
             pass
+        case "long":
+            c.runs = "1-2"
+            c.train.update(num_steps=8000, eval_every=1000)
         case "smoke":
             c.dataset = "digits"
             c.runs = "1-2"
