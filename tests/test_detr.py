@@ -246,6 +246,7 @@ def test_smoke_run_and_report(tmp_path):
     assert len(records) == 1 and records[0]["items"] == "1-2"
     r = records[0]
     assert 0.0 <= r["ap50"] <= 1.0 and set(r["count_accuracy"]) <= {"1", "2"} and np.isfinite(r["final_loss"])
+    assert list(r["ap50_by_items"]) == ["1-2"] and r["ap50_by_items"]["1-2"] == r["ap50"]  # all canvases have 1-2
     run_dir = tmp_path / "smoke" / "items1-2"
     ex = np.load(run_dir / "examples.npz")
     assert ex["attention"].shape == (2, 4, 64)  # 32 / 4 = 8 -> 64 cells, 4 queries
