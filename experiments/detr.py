@@ -125,6 +125,11 @@ def predict(model, images: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.
     return out[..., :-4], out[..., -4:]
 
 
+def _no_object_prob(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    return z[..., -1] / z.sum(-1)
+
+
 def evaluate(model, batch: dict, batch_size: int) -> dict:
     """AP@0.5 (all canvases and per item count) and per-count accuracy on held-out canvases."""
     logits, boxes = predict(model, batch["images"], batch_size)
@@ -144,12 +149,19 @@ def evaluate(model, batch: dict, batch_size: int) -> dict:
             ap_by_range[name] = detr_lib.average_precision(
                 scores[sel], pred_cls[sel], boxes[sel], gt_cls[sel], gt_box[sel], iou=0.5
             )[0]
+    # class-agnostic: every item and detection one class (is localisation or classification the limit?)
+    prob_obj = 1.0 - _no_object_prob(logits)  # [n, Q]: the score of "some object here"
+    agnostic = detr_lib.average_precision(
+        prob_obj, np.zeros_like(pred_cls), boxes, np.where(gt_cls >= 0, 0, -1), gt_box
+    )[0]
     acc = detr_lib.count_accuracy(is_obj, pred_cls, gt_cls)
     return {
         "ap50": ap,
         "ap50_per_class": {str(k): v for k, v in per_class.items()},
         "ap50_by_count": ap_by_count,
         "ap50_by_items": ap_by_range,
+        "ap50_class_agnostic": agnostic,
+        "mean_object_prob": float(prob_obj.mean()),
         "count_accuracy": {str(k): v[0] for k, v in acc.items()},
         "count_images": {str(k): v[1] for k, v in acc.items()},
         "count_accuracy_all": float(np.mean([v[0] * v[1] for v in acc.values()]) * len(acc) / len(counts)),

@@ -246,6 +246,7 @@ def test_smoke_run_and_report(tmp_path):
     assert len(records) == 1 and records[0]["items"] == "1-2"
     r = records[0]
     assert 0.0 <= r["ap50"] <= 1.0 and set(r["count_accuracy"]) <= {"1", "2"} and np.isfinite(r["final_loss"])
+    assert 0.0 <= r["ap50_class_agnostic"] <= 1.0 and 0.0 <= r["mean_object_prob"] <= 1.0
     assert list(r["ap50_by_items"]) == ["1-2"] and r["ap50_by_items"]["1-2"] == r["ap50"]  # all canvases have 1-2
     run_dir = tmp_path / "smoke" / "items1-2"
     ex = np.load(run_dir / "examples.npz")
