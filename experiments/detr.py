@@ -319,7 +319,8 @@ def _figures(plt, examples, class_names, folder):
             keep = is_obj[i]
             labels = [f"{class_names[c][:7]} {s:.2f}" for c, s in zip(cls[i][keep], scores[i][keep], strict=True)]
             _draw_boxes(ax, ex["pred_boxes"][i][keep], size, labels, "red")
-            ax.set_title(f"{d.name}: truth " + ",".join(class_names[c][:5] for c in ex["classes"][i][gt]), fontsize=5)
+            truth = ",".join(class_names[c][:5] for c in ex["classes"][i][gt])
+            ax.set_title(f"{d.parent.name}/{d.name}: truth {truth}", fontsize=5)
     fig.suptitle("held-out canvases: truth (green, dashed), predictions (red: class, score)", fontsize=8)
     common.save_figure(fig, folder / "predictions.png")
 
@@ -346,7 +347,8 @@ def _figures(plt, examples, class_names, folder):
                 ax.set_title(f"q{j}: no object", fontsize=6)
         for ax in axes[i]:
             ax.axis("off")
-    fig.suptitle(f"{d.name}: each query's cross-attention over the image (last block, head mean)", fontsize=8)
+    title = "each query's cross-attention over the image (last block, head mean)"
+    fig.suptitle(f"{d.parent.name}/{d.name}: {title}", fontsize=8)
     common.save_figure(fig, folder / "attention.png")
 
 
