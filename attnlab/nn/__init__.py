@@ -4,6 +4,7 @@ from attnlab.nn import attention
 from attnlab.nn.attention import AttentionFn, Linear, Performer, Softmax
 from attnlab.nn.baselines import CNN, BiRNN, TokenMLP
 from attnlab.nn.conv import conv_as_attention, conv_offsets
+from attnlab.nn.detr import DETR
 from attnlab.nn.graph import GIN, GraphEncoder, distance_bias, gin_layer
 from attnlab.nn.layers import (
     Chars,
@@ -28,6 +29,7 @@ __all__ = [
     "attention",
     "CNN",
     "DecoderBlock",
+    "DETR",
     "EncoderDecoder",
     "subsampled_lengths",
     "BiRNN",
