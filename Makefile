@@ -37,6 +37,8 @@ LISTOPS_FLAGS ?=
 SPEECH_FLAGS ?=
 GPU_CHECK_FLAGS ?=
 COMPARE_FLAGS ?=
+CLAIMS_FLAGS ?=
+DETR_FLAGS ?=
 POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos learned
 POS_ZH_VARIANTS := attention mlp cnn gru
 
@@ -91,7 +93,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images molecules karate speech data-speech ring-balance traced-padding gpu-check compare-main docs docs-check clean
+	bench ring-memory pos pos-zh posenc listops images molecules karate speech data-speech ring-balance traced-padding gpu-check compare-main claims detr docs docs-check clean
 
 ##@ Setup
 
@@ -232,6 +234,12 @@ molecules: $(MOL_DEPS)  ## solubility: 4 models x 2 tasks x 3 seeds + karate dem
 
 speech: $(DEPS) data-speech  ## spoken numbers: encoder-decoder, encoder windows full..±2, CER/WER, scaling, decoding -> results/speech/
 	$(PY) -m experiments.speech --config experiments/configs/speech.py:default --out results/speech $(SPEECH_FLAGS)
+
+claims: $(DEPS) data  ## heads ablation + per-head analysis, dot vs additive, one-hot vs learned embedding, conv distance -> results/claims/
+	$(PY) -m experiments.claims --config experiments/configs/claims.py:default --out results/claims $(CLAIMS_FLAGS)
+
+detr: $(DEPS) data-images  ## DETR on synthetic Fashion-MNIST canvases: set prediction, AP@0.5, cross-attention maps -> results/detr/
+	$(PY) -m experiments.detr --config experiments/configs/detr.py:default --out results/detr $(DETR_FLAGS)
 
 karate: $(MOL_DEPS)  ## karate-club graph attention demo only (about a minute) -> results/molecules/karate.png
 	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules

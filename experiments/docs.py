@@ -227,6 +227,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "ring-memory": ring_memory,
     "molecules-karate": lambda root: experiment_report("molecules", root / "docs/results/molecules"),
     "posenc": lambda root: experiment_report("posenc", root / "docs/results/posenc"),
+    "speech": lambda root: experiment_report("speech", root / "docs/results/speech"),
+    "detr": lambda root: experiment_report("detr", root / "docs/results/detr"),
+    "claims": lambda root: experiment_report("claims", root / "docs/results/claims"),
     "explain": lambda root: "```\n" + importlib.import_module("attnlab.dispatch")._demo().strip("\n") + "\n```\n",
 }
 
