@@ -49,6 +49,7 @@ from jax.experimental import pallas as pl
 
 from attnlab import masks as masks_lib
 from attnlab.kernels import blockwise
+from attnlab.kernels._support import dot_call_reason
 
 __all__ = ["supports", "pallas_attention", "DEFAULT_BLOCK"]
 
@@ -92,18 +93,11 @@ def supports(q, k, v, *, mask=None, bias=None, score="dot", backend=None) -> str
         return "pallas: the Triton kernel is for GPUs; on TPU use 'splash'"
     if backend not in ("gpu", "cuda", "rocm", "cpu"):
         return f"pallas: unknown backend {backend!r}"
-    if not (getattr(score, "is_dot", False) or (isinstance(score, str) and score in ("dot", "dot_product"))):
-        return "pallas: dot-product score only"
-    if bias is not None:
-        return "pallas: no bias (use 'blockwise' for a callable bias)"
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if jnp.dtype(x.dtype) not in _DTYPES:
-            return f"pallas: {name} dtype {jnp.dtype(x.dtype).name} (needs float32, bfloat16 or float16)"
-    if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
-        return "pallas: q, k, v must be [..., T, N, H], [..., S, K, H], [..., S, K, Hv]"
-    N, K = q.shape[-2], k.shape[-2]
-    if K == 0 or N % K:
-        return f"pallas: N={N} query heads must be a multiple of K={K} kv heads"
+    reason = dot_call_reason(
+        "pallas", q, k, v, score=score, bias=bias, dtypes=_DTYPES, bias_hint=" (use 'blockwise' for a callable bias)"
+    )
+    if reason is not None:
+        return reason
     if max(q.shape[-1], v.shape[-1]) > _MAX_HEAD_DIM:
         return f"pallas: head dims up to {_MAX_HEAD_DIM} (got H={q.shape[-1]}, Hv={v.shape[-1]})"
     return None

@@ -37,6 +37,7 @@ import numpy as np
 
 from attnlab import masks as masks_lib
 from attnlab.kernels import blockwise, pallas_flash
+from attnlab.kernels._support import dot_call_reason
 
 __all__ = ["supports", "splash_attention", "DEFAULT_BLOCK"]
 
@@ -163,18 +164,10 @@ def supports(q, k, v, *, mask=None, bias=None, score="dot", backend=None) -> str
     backend = jax.default_backend() if backend is None else backend
     if backend not in ("tpu", "cpu"):
         return f"splash: a TPU kernel (backend {backend!r}; use 'cudnn' or 'pallas' on GPUs)"
-    if not (getattr(score, "is_dot", False) or (isinstance(score, str) and score in ("dot", "dot_product"))):
-        return "splash: dot-product score only"
-    if bias is not None:
-        return "splash: no bias"
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if jnp.dtype(x.dtype) not in _DTYPES:
-            return f"splash: {name} dtype {jnp.dtype(x.dtype).name} (needs float32 or bfloat16)"
-    if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
-        return "splash: q, k, v must be [..., T, N, H], [..., S, K, H], [..., S, K, Hv]"
-    N, K = q.shape[-2], k.shape[-2]
-    if K == 0 or N % K:
-        return f"splash: N={N} query heads must be a multiple of K={K} kv heads"
+    reason = dot_call_reason("splash", q, k, v, score=score, bias=bias, dtypes=_DTYPES)
+    if reason is not None:
+        return reason
+    N = q.shape[-2]
     if v.shape[-1] != q.shape[-1]:
         return f"splash: needs Hv == H (got H={q.shape[-1]}, Hv={v.shape[-1]})"
     try:
