@@ -238,8 +238,12 @@ speech: $(DEPS) data-speech  ## spoken numbers: encoder-decoder, encoder windows
 claims: $(DEPS) data  ## heads ablation + per-head analysis, dot vs additive, one-hot vs learned embedding, conv distance -> results/claims/
 	$(PY) -m experiments.claims --config experiments/configs/claims.py:default --out results/claims $(CLAIMS_FLAGS)
 
-detr: $(DEPS) data-images  ## DETR on synthetic Fashion-MNIST canvases: set prediction, AP@0.5, cross-attention maps -> results/detr/
+detr: $(DEPS) data-images  ## DETR on canvases of Fashion-MNIST items: the 4 runs of docs/detr.md, AP@0.5, cross-attention maps -> results/detr/ (~45 min)
 	$(PY) -m experiments.detr --config experiments/configs/detr.py:default --out results/detr $(DETR_FLAGS)
+	$(PY) -m experiments.detr --config experiments/configs/detr.py:long --out results/detr $(DETR_FLAGS)
+	$(PY) -m experiments.detr --config experiments/configs/detr.py:long --config.variant=long_lr1e-3 --config.train.learning_rate=1e-3 --config.train.num_steps=10000 --out results/detr $(DETR_FLAGS)
+	$(PY) -m experiments.detr --config experiments/configs/detr.py:default --config.variant=items14_lr1e-3 --config.train.learning_rate=1e-3 --config.train.num_steps=8000 --config.train.eval_every=1000 --out results/detr $(DETR_FLAGS)
+	$(PY) -m experiments.detr --report results/detr
 
 karate: $(MOL_DEPS)  ## karate-club graph attention demo only (about a minute) -> results/molecules/karate.png
 	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules
