@@ -214,6 +214,13 @@ def ring_memory(root: Path) -> str:
     )
 
 
+def compare_main(root: Path) -> str:
+    """``make compare-main``: the same attention calls on 160a7db and after, best ms and the ratio."""
+    data = json.loads((root / BENCH / "compare_160a7db.json").read_text())
+    rows = [[r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['ratio']:.2f}"] for r in data["rows"]]
+    return _table(["cell", f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
+
+
 # name -> function of the repository root returning the markdown between the markers
 TABLES: dict[str, Callable[[Path], str]] = {
     "sweep-run": sweep_run,
@@ -225,6 +232,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "bench-graph": bench_graph,
     "bench-memory": bench_memory,
     "ring-memory": ring_memory,
+    "compare-main": compare_main,
     "molecules-karate": lambda root: experiment_report("molecules", root / "docs/results/molecules"),
     "posenc": lambda root: experiment_report("posenc", root / "docs/results/posenc"),
     "speech": lambda root: experiment_report("speech", root / "docs/results/speech"),
