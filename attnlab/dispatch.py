@@ -321,7 +321,16 @@ def _candidates(implementation, backend) -> tuple[tuple[str, ...], bool]:
     return names, False
 
 
-_FEATURES = {"dropout": "draws no attention dropout", "lse": "does not return the log-sum-exp"}
+_FEATURES = {
+    "dropout": ("draws no attention dropout", "dropout_rate > 0"),
+    "lse": ("does not return the log-sum-exp", "return_lse=True"),
+}
+
+
+def _feature_reason(feature: str) -> str:
+    what, call = _FEATURES[feature]
+    having = " or ".join(repr(n) for n, impl in IMPLEMENTATIONS.items() if feature in impl.features)
+    return f"{what}: {call} needs implementation {having}"
 
 
 def _explain(q, k, v, *, mask, bias, score, backend, implementation, needs=frozenset()) -> Explanation:
@@ -330,7 +339,7 @@ def _explain(q, k, v, *, mask, bias, score, backend, implementation, needs=froze
     for name in names:
         impl = IMPLEMENTATIONS[name]
         missing = sorted(needs - impl.features)
-        reason = "; ".join(_FEATURES[f] for f in missing) if missing else None
+        reason = "; ".join(_feature_reason(f) for f in missing) if missing else None
         if reason is None:
             reason = impl.supports(q, k, v, mask=mask, bias=bias, score=score, backend=backend)
         if reason is None and automatic and impl.pays_off is not None:

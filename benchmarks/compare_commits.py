@@ -40,13 +40,17 @@ CELLS = {
     "full 256 fwd": ("full", 256, 4, 8, 64, False),
 }
 
-_BASE = flags.DEFINE_string("base", "160a7db", "The commit to compare against.")
-_HEAD = flags.DEFINE_string("head", ".", "The tree to compare ('.' = this working tree) or a commit.")
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds (each tree times every cell once per round).")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per cell per round (best kept).")
-_CELLS = flags.DEFINE_list("cells", list(CELLS), "Cells to time.")
-_OUT = flags.DEFINE_string("out", "results/compare", "Output folder for compare.json.")
-_WORKER = flags.DEFINE_string("worker", None, "Internal: time the cells with the attnlab on PYTHONPATH, print JSON.")
+
+def define_flags():
+    """Defines the command-line flags; only when run as a program (tests import this module beside others)."""
+    global _BASE, _HEAD, _ROUNDS, _REPEATS, _CELLS, _OUT, _WORKER
+    _BASE = flags.DEFINE_string("base", "160a7db", "The commit to compare against.")
+    _HEAD = flags.DEFINE_string("head", ".", "The tree to compare ('.' = this working tree) or a commit.")
+    _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds (each tree times every cell once per round).")
+    _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per cell per round (best kept).")
+    _CELLS = flags.DEFINE_list("cells", list(CELLS), "Cells to time.")
+    _OUT = flags.DEFINE_string("out", "results/compare", "Output folder for compare.json.")
+    _WORKER = flags.DEFINE_string("worker", None, "Internal: time the cells with the attnlab on PYTHONPATH.")
 
 
 def _worker(cells: list[str], repeats: int) -> dict:
@@ -140,4 +144,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
