@@ -48,7 +48,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from attnlab import masks as masks_lib
-from attnlab.kernels import blockwise
+from attnlab.kernels import _tiles
 from attnlab.kernels._support import dot_call_reason
 
 __all__ = ["supports", "pallas_attention", "DEFAULT_BLOCK"]
@@ -186,7 +186,7 @@ def _tile_bitmaps(data, qb, kb, st):
 
 def _schedule(layout, J=None):
     """layout int [n_rows, n_cols] -> int32 [n_rows, 2, J] (column index; kind), J a power of two."""
-    index, kind = blockwise._rows(layout)
+    index, kind = _tiles.layout_rows(layout)
     J = _next_pow2(index.shape[1]) if J is None else J
     sched = np.zeros((layout.shape[0], 2, J), np.int32)
     sched[:, 0, : index.shape[1]] = index
@@ -646,12 +646,12 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None,
     nq, nk = -(-T // bq), -(-S // bk)
 
     layout = np.full((nq, nk), masks_lib.FULL, np.int8) if m is None else m.block_layout(T, S, bq, bk)
-    layout = blockwise._adjusted(layout, S, bk)
+    layout = _tiles.adjust_layout(layout, S, bk)
     pads, struct, data = _split(m)
     if pads:  # tiles that only the padding lengths make PARTIAL check the lengths alone
         rest = _and_all([x for x in (struct, data) if x is not None])
         rest_layout = np.full_like(layout, masks_lib.FULL) if rest is None else rest.block_layout(T, S, bq, bk)
-        rest_layout = blockwise._adjusted(rest_layout, S, bk)
+        rest_layout = _tiles.adjust_layout(rest_layout, S, bk)
         layout = np.where((layout == masks_lib.PARTIAL) & (rest_layout == masks_lib.FULL), LENGTHS, layout)
     sched = _schedule(layout)
     sched_t = _schedule(layout.T)
@@ -669,7 +669,7 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None,
         K=K,
         H=H,
         Hv=Hv,
-        scale=blockwise.default_scale(H, scale),
+        scale=_tiles.default_scale(H, scale),
         struct=struct,
         has_bitmap=data is not None,
         bm_shape=(1, 1),

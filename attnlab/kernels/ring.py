@@ -4,13 +4,13 @@ Liu, Zaharia & Abbeel, "Ring Attention with Blockwise Transformers for Near-Infi
 (arXiv 2310.01889). Queries, keys and values are cut along the sequence into D equal shards, one
 per device of a mesh axis. Each device keeps its query shard; at ring step r it holds key/value
 shard ``(d - r) mod D``, folds it into its online-softmax state with the blockwise kernel's
-block step (``blockwise.forward_carry``, global positions for the mask), and passes it to the
+block step (``_tiles.forward_carry``, global positions for the mask), and passes it to the
 next device with ``lax.ppermute`` (issued before the step's compute, so the transfer can overlap
 it). After D steps every query has seen every key; only one query shard, one travelling
 key/value shard and the fp32 state live on a device: memory O(N / D).
 
 The backward pass (a ``jax.custom_vjp``) rotates too: the key/value shard travels with its dk/dv
-accumulators, each device adds the gradient its queries contribute (``blockwise._backward``
+accumulators, each device adds the gradient its queries contribute (``_tiles.backward``
 recomputes probabilities from the stored global log-sum-exp), and after D hops the accumulators
 are back on the shard's own device.
 
@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
-from attnlab.kernels import blockwise as bw
+from attnlab.kernels import _tiles
 
 __all__ = ["LAYOUTS", "shard_layout", "pair_layouts", "global_positions", "ring_attention_shard"]
 
@@ -157,7 +157,7 @@ def _coarsen_if_many(layouts: np.ndarray) -> np.ndarray:
 class RingClass:
     """One distinct tile layout of a (query shard, key shard) pair, with its blockwise schedule."""
 
-    st: bw._Static
+    st: _tiles.Static
     index: tuple  # [nq][J] key tiles each query tile visits (block_schedule)
     kind: tuple  # [nq][J] their kinds (0 = padding entry, skipped)
 
@@ -200,8 +200,8 @@ def make_static(
                 continue
             key = lay.tobytes()
             if key not in ids:
-                index, kind = bw.block_schedule(lay, Sl, bk)
-                st = bw._Static(
+                index, kind = _tiles.block_schedule(lay, Sl, bk)
+                st = _tiles.Static(
                     T=Tl,
                     S=Sl,
                     bq=bq,
@@ -270,15 +270,15 @@ def _fwd_impl(qs, ks, vs, mask, rs: RingStatic):
         gm = _global_mask(mask, rs, d, src)
 
         def run(c: RingClass):
-            return lambda s: bw.forward_carry(qs, kt, vt, gm, (), *_schedule(c), s, st=c.st, bias_fn=None)
+            return lambda s: _tiles.forward_carry(qs, kt, vt, gm, (), *_schedule(c), s, st=c.st, bias_fn=None)
 
         branches = [lambda s: s] + [run(c) for c in rs.classes]
         state = jax.lax.switch(_pair_class(rs, d, src), branches, state)
         return (state, *nxt), None
 
-    init = bw.init_carry(qs, vs.shape[-1])
+    init = _tiles.init_carry(qs, vs.shape[-1])
     (state, _, _), _ = jax.lax.scan(step, (init, ks, vs), jnp.arange(rs.D, dtype=jnp.int32))
-    return bw.finalize(*state)
+    return _tiles.finalize(*state)
 
 
 def _bwd_impl(qs, ks, vs, mask, out, lse, dout, rs: RingStatic):
@@ -293,7 +293,7 @@ def _bwd_impl(qs, ks, vs, mask, out, lse, dout, rs: RingStatic):
         def run(c: RingClass):
             def f(acc):
                 dq, dkt, dvt = acc
-                dq_r, dkt, dvt, _ = bw._backward(
+                dq_r, dkt, dvt, _ = _tiles.backward(
                     qs, kt, vt, gm, (), *_schedule(c), out, lse, dout, st=c.st, bias_fn=None, dk0=dkt, dv0=dvt
                 )
                 return dq + dq_r, dkt, dvt
@@ -324,7 +324,7 @@ def _ring_fwd(qs, ks, vs, mask, rs):
 def _ring_bwd(rs, res, dout):
     qs, ks, vs, mask, out, lse = res
     dq, dk, dv = _bwd_impl(qs, ks, vs, mask, out, lse, dout, rs)
-    return dq.astype(qs.dtype), dk.astype(ks.dtype), dv.astype(vs.dtype), bw.zero_cotangents(mask)
+    return dq.astype(qs.dtype), dk.astype(ks.dtype), dv.astype(vs.dtype), _tiles.zero_cotangents(mask)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -378,8 +378,8 @@ def ring_attention_shard(q, k, v, mask, rs: RingStatic):
     if not rs.classes:  # nothing attends anywhere: zeros (the empty-row convention)
         return jnp.zeros((*q.shape[:-1], v.shape[-1]), q.dtype)
     st = rs.classes[0].st  # tiling, scale and dtype are the same in every class
-    out = _ring(bw.tile_q(q, st), bw.tile_kv(k, st), bw.tile_kv(v, st), mask, rs)
-    out = bw.untile(out, st, rs.Tl).astype(q.dtype)
+    out = _ring(_tiles.tile_q(q, st), _tiles.tile_kv(k, st), _tiles.tile_kv(v, st), mask, rs)
+    out = _tiles.untile(out, st, rs.Tl).astype(q.dtype)
     if rs.layout == "zigzag":
         out = _from_zigzag(out, rs, rs.Cq)
     return out

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
-from attnlab.kernels import blockwise, pallas_flash
+from attnlab.kernels import _tiles, pallas_flash
 from attnlab.kernels._support import dot_call_reason
 
 __all__ = ["supports", "splash_attention", "DEFAULT_BLOCK"]
@@ -260,7 +260,7 @@ def splash_attention(q, k, v, *, mask=None, bias=None, scale=None, block=None):
     use_segments = bool(pads) or Sp != S
     first = _first_allowed(rest, T, S, block, block, heads)  # [heads, T]
 
-    scale = blockwise.default_scale(H, scale)
+    scale = _tiles.default_scale(H, scale)
     qs = (q.astype(jnp.float32) * scale).astype(q.dtype).reshape(B, T, K, G, H)
     qs = jnp.pad(qs, ((0, 0), (0, Tp - T), (0, 0), (0, 0), (0, 0))).transpose(0, 2, 3, 1, 4)  # [B, K, G, Tp, H]
     ks = jnp.pad(k.reshape(B, S, K, H), ((0, 0), (0, Sp - S), (0, 0), (0, 0))).transpose(0, 2, 1, 3)  # [B, K, Sp, H]
