@@ -379,9 +379,60 @@ def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
             for m in dict.fromkeys(r["model"] for r in rec)
         ]
         parts.append(caption + "\n\n" + common.markdown_table(["model"] + [f"d={d}" for d in dists], rows))
+    points = outlook_points(acc, eff)
+    if points:
+        n = points[0]["seq_len"]
+        caption = (
+            f"Efficiency outlook (LRA Figure 3 style): ListOps test accuracy (length <= {acc[0]['max_len']}) "
+            f"against training steps/s and memory at N = {_fmt_n(n)} (batch {eff[0]['batch_size']}); "
+            "`outlook.png` draws it, memory as the marker's area"
+        )
+        rows = [
+            [LABELS.get(p["model"], p["model"]), f"{100 * p['accuracy']:.1f}", f"{p['steps_per_s']:.2f}",
+             f"{p['mib']:.1f}"]
+            for p in points
+        ]  # fmt: skip
+        parts.append(caption + "\n\n" + common.markdown_table(["model", "ListOps acc %", "steps/s", "MiB"], rows))
     if not parts:
         raise FileNotFoundError(f"no listops/efficiency/recall JSONL under {folder}: run the experiment first")
     return "\n\n".join(parts)
+
+
+def outlook_points(acc: list[dict], eff: list[dict]) -> list[dict]:
+    """One point per model with both a ListOps accuracy and a step measured at the longest N all share.
+
+    ``full_dense`` is the ``full`` model run through XLA's dense kernel: the same accuracy, its own
+    speed and memory.
+    """
+    accuracy = {r["model"]: r["test_accuracy"] for r in acc}
+    accuracy.setdefault("full_dense", accuracy.get("full"))
+    models = [m for m in dict.fromkeys(r["model"] for r in eff) if accuracy.get(m) is not None]
+    lens = [n for n in sorted({r["seq_len"] for r in eff}) if all(any(
+        r["model"] == m and r["seq_len"] == n for r in eff) for m in models)]  # fmt: skip
+    if not models or not lens:
+        return []
+    by = {(r["model"], r["seq_len"]): r for r in eff}
+    return [
+        dict(model=m, accuracy=accuracy[m], seq_len=lens[-1], steps_per_s=by[(m, lens[-1])]["steps_per_s"],
+             mib=by[(m, lens[-1])]["peak_bytes"] / 2**20)
+        for m in models
+    ]  # fmt: skip
+
+
+def _outlook_figure(plt, points: list[dict], path: Path) -> None:
+    """Accuracy (y) against speed (x), marker area proportional to memory: Tay et al. 2020, Figure 3."""
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    biggest = max(p["mib"] for p in points)
+    for p in points:
+        ax.scatter(p["steps_per_s"], 100 * p["accuracy"], s=30 + 1500 * p["mib"] / biggest, alpha=0.5)
+        label = f"{LABELS.get(p['model'], p['model'])}\n{p['mib']:.0f} MiB"
+        ax.annotate(label, (p["steps_per_s"], 100 * p["accuracy"]), fontsize=7, ha="center", va="center")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"training steps / s at N = {_fmt_n(points[0]['seq_len'])} (log)")
+    ax.set_ylabel("ListOps test accuracy (%)")
+    ax.set_title("accuracy vs speed; marker area = memory of the compiled step")
+    ax.margins(0.25)
+    common.save_figure(fig, path)
 
 
 def report(folder: Path) -> str:
@@ -433,6 +484,10 @@ def report(folder: Path) -> str:
         ax.set_title("attention (parallel) vs GRU (lax.scan), this CPU")
         ax.legend(fontsize=8)
         common.save_figure(fig, folder / "time_vs_n.png")
+
+    points = outlook_points(acc, eff)
+    if points:
+        _outlook_figure(plt, points, folder / "outlook.png")
 
     rec = common.read_jsonl(folder / "recall.jsonl")
     if rec:

@@ -49,3 +49,45 @@ def test_smoke_end_to_end(tmp_path):
     before = (tmp_path / "efficiency.jsonl").read_text()
     long_range.run(cfg, tmp_path, verbose=False)
     assert (tmp_path / "efficiency.jsonl").read_text() == before
+
+
+def _records():
+    acc = [
+        dict(model=m, test_accuracy=a, dev_accuracy=a, steps=10, train_time_s=1.0, params=100, data="cpu",
+             max_len=128, majority_class=0.1)
+        for m, a in (("full", 0.30), ("linear", 0.15), ("gru", 0.20))
+    ]  # fmt: skip
+    eff = [
+        dict(model=m, seq_len=n, steps_per_s=sps / n, step_s=n / sps, peak_bytes=mib * n * 2**20, batch_size=2,
+             status="ok")
+        for m, sps, mib in (("full", 1e3, 0.2), ("full_dense", 5e2, 1.0), ("linear", 4e3, 0.05), ("bigbird", 2e3, 0.1))
+        for n in (1024, 2048)
+    ]  # fmt: skip
+    eff.append(dict(model="full_dense", seq_len=4096, steps_per_s=0.01, step_s=100.0, peak_bytes=1, batch_size=2,
+                    status="ok"))  # fmt: skip
+    return acc, eff
+
+
+def test_outlook_points_by_hand():
+    acc, eff = _records()
+    points = long_range.outlook_points(acc, eff)
+    # bigbird has no accuracy, gru no step: both left out; full_dense takes full's accuracy;
+    # N = 2048 is the longest length every plotted model has (only full_dense reached 4096).
+    assert [p["model"] for p in points] == ["full", "full_dense", "linear"]
+    assert {p["seq_len"] for p in points} == {2048}
+    assert [p["accuracy"] for p in points] == [0.30, 0.30, 0.15]
+    np.testing.assert_allclose([p["steps_per_s"] for p in points], [1e3 / 2048, 5e2 / 2048, 4e3 / 2048])
+    np.testing.assert_allclose([p["mib"] for p in points], [0.2 * 2048, 1.0 * 2048, 0.05 * 2048])
+    assert long_range.outlook_points([], eff) == [] and long_range.outlook_points(acc, []) == []
+
+
+def test_report_draws_the_outlook(tmp_path):
+    acc, eff = _records()
+    for name, records in (("listops.jsonl", acc), ("efficiency.jsonl", eff)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+    text = long_range.report(tmp_path)
+    assert (tmp_path / "outlook.png").stat().st_size > 0
+    outlook = text[text.index("Efficiency outlook") :]
+    assert "at N = 2K" in outlook
+    assert "| full attention | 30.0 | 0.49 | 409.6 |" in outlook  # 1000 / 2048 steps/s, 0.2 * 2048 MiB
+    assert "| linear (elu+1) | 15.0 | 1.95 | 102.4 |" in outlook
