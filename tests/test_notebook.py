@@ -1,20 +1,20 @@
-"""The quickstart notebook runs top to bottom (so it cannot rot)."""
+"""The notebooks run top to bottom (so they cannot rot), and show what their text says they show."""
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.slow
-def test_quickstart_notebook_executes(tmp_path):
+def _execute(name: str, tmp_path) -> tuple[str, int]:
+    """Runs notebooks/<name> in tmp_path (experiments/ linked in); returns (its printed text, its images)."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.read(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), as_version=4)
-    # Run from a scratch copy of the working directory layout: results go to tmp_path.
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
     os.symlink(os.path.join(ROOT, "experiments"), tmp_path / "experiments")
     client = nbclient.NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
@@ -23,7 +23,43 @@ def test_quickstart_notebook_executes(tmp_path):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    images = sum("image/png" in o.get("data", {}) for o in outputs)
+    return text, images
+
+
+@pytest.mark.slow
+def test_quickstart_notebook_executes(tmp_path):
+    text, images = _execute("quickstart.ipynb", tmp_path)
     assert "padded rows are zero: True" in text
-    images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 2  # the attention map and the sweep plot
+    assert images == 2  # the attention map and the sweep plot
     assert (tmp_path / "results" / "notebook_sweep" / "results.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_masks_notebook(tmp_path):
+    text, images = _execute("masks.ipynb", tmp_path)
+    assert images == 1
+    assert "every layout is safe" in text
+    worst = float(re.search(r"worst \|difference\| over 11 masks: (\S+)", text)[1])
+    assert worst < 1e-5
+    rows = dict(re.findall(r"^(causal|chunks\(16\)) +[\d.]+% +(\d+ +\d+ +\d+)", text, re.M))
+    # 8 x 8 tiles of 8: causal has 28 EMPTY, 8 PARTIAL (the diagonal), 28 FULL; chunks(16) 16 FULL 2 x 2 blocks
+    assert rows["causal"].split() == ["28", "8", "28"]
+    assert rows["chunks(16)"].split() == ["48", "0", "16"]
+    assert "blockwise  <- chosen" in text
+
+
+@pytest.mark.slow
+def test_heads_and_positions_notebook(tmp_path):
+    text, images = _execute("heads_and_positions.ipynb", tmp_path)
+    assert images == 2
+    assert "sinusoidal P P^T depends only on t - s: True" in text
+    assert "RoPE q_t . k_s depends only on t - s: True" in text
+    acc = {
+        s: dict(re.findall(r"(acc@\d+) +([\d.]+)%", line))
+        for s, line in re.findall(r"^(sinusoidal|rope) +(.*)$", text, re.M)
+    }
+    assert float(acc["sinusoidal"]["acc@32"]) > 95 and float(acc["rope"]["acc@32"]) > 95
+    assert float(acc["rope"]["acc@64"]) > float(acc["sinusoidal"]["acc@64"]) + 20  # RoPE carries over to 2L
+    focused = re.search(r"heads focused on offset -3: (\[.*\])", text)[1]
+    assert focused != "[]"  # at least one head puts > half its weight on offset -3
