@@ -235,6 +235,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-main": compare_main,
     "molecules-karate": lambda root: experiment_report("molecules", root / "docs/results/molecules"),
     "posenc": lambda root: experiment_report("posenc", root / "docs/results/posenc"),
+    "long-range": lambda root: experiment_report("long_range", root / "docs/results/long_range"),
     "speech": lambda root: experiment_report("speech", root / "docs/results/speech"),
     "detr": lambda root: experiment_report("detr", root / "docs/results/detr"),
     "claims": lambda root: experiment_report("claims", root / "docs/results/claims"),
