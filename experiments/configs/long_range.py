@@ -3,7 +3,7 @@
 Commands:
 
     make listops      # = python -m experiments.long_range --config experiments/configs/long_range.py:default \
-                      #       --out results/long_range   (~10 min CPU time; 15-20 min on a quiet 2-core CPU)
+                      #       --out results/long_range   (14 min wall, 15 min CPU on a quiet 2-core CPU)
     python -m experiments.long_range --config experiments/configs/long_range.py:smoke --out /tmp/lr   # seconds
     python -m experiments.long_range --config experiments/configs/long_range.py:lra --out results/lra_listops
                       # LRA's ListOps sizes (96K examples, length 500-2000) and model; for a GPU/TPU
