@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-import jax
+import os
+
+# The suite is bound by compile time: XLA:CPU's LLVM optimisation costs more than it saves on
+# test-sized arrays (tests/test_hardening.py + tests/test_masks.py, one process: 126 s -> 96 s).
+# It is the same computation, checked against the same references; the subprocess tests
+# (test_parallel, test_distributed) already ran this way. ATTNLAB_TEST_XLA_OPT=1 keeps XLA's default.
+if os.environ.get("ATTNLAB_TEST_XLA_OPT") != "1" and "xla_backend_optimization_level" not in os.environ.get(
+    "XLA_FLAGS", ""
+):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    ).strip()
+
+import jax  # noqa: E402  (after XLA_FLAGS: the CPU client reads them when it starts)
 import jax.numpy as jnp
 import numpy as np
 import pytest
