@@ -93,7 +93,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images molecules karate speech data-speech ring-balance traced-padding gpu-check compare-main claims detr docs docs-check clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding gpu-check compare-main claims detr docs docs-check clean
 
 ##@ Setup
 
@@ -227,6 +227,10 @@ listops: $(DEPS)  ## ListOps (full/local/BigBird/linear/Performer/GRU), efficien
 images: $(DEPS) data-images  ## ViT vs CNN vs training-set size, pixel-level local attention -> results/images/ (~1 h on the busy shared CPU)
 	$(PY) -m experiments.images --config experiments/configs/images.py:default --out results/images $(IMAGES_FLAGS)
 	$(PY) -m experiments.images --config experiments/configs/images.py:pixel --out results/images $(IMAGES_FLAGS)
+	$(PY) -m experiments.images --report results/images
+
+images-epochs: $(DEPS) data-images  ## ViT vs CNN at equal epochs (5) for 1K/5K/20K images -> results/images/epochs/ (~15 min)
+	$(PY) -m experiments.images --config experiments/configs/images.py:epochs --out results/images $(IMAGES_FLAGS)
 	$(PY) -m experiments.images --report results/images
 
 molecules: $(MOL_DEPS)  ## solubility: 4 models x 2 tasks x 3 seeds + karate demo -> results/molecules/

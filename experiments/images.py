@@ -321,6 +321,9 @@ def report(folder: Path) -> str:
             for r in rows
         ],
     )  # fmt: skip
+    gap = gap_table(rows)
+    if gap:
+        table += "\n" + gap
     (folder / "summary.md").write_text(table + "\n")
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
@@ -331,7 +334,7 @@ def report(folder: Path) -> str:
             [100 * r["mean"] for r in pts],
             yerr=[100 * r["std"] for r in pts],
             capsize=3,
-            label=f"{name} ({pts[0]['params']:,} params)",
+            label=f"{name} ({pts[0]['params']:,} params)" + ("" if variant == "default" else f", {variant}"),
             **style,
         )
     ax.set_xscale("log")
@@ -346,6 +349,21 @@ def report(folder: Path) -> str:
     if attn:
         _distance_figure(plt, attn, folder / "attention_distance.png")
     return table
+
+
+def gap_table(rows: list[dict]) -> str:
+    """CNN minus ViT test accuracy per (variant, size), for the variants that ran both ('' if none)."""
+    by = {(r["variant"], r["model"], r["size"]): r for r in rows}
+    out = []
+    for variant, size in dict.fromkeys((r["variant"], r["size"]) for r in rows):
+        cnn, vit = by.get((variant, "cnn", size)), by.get((variant, "vit", size))
+        if cnn and vit:
+            out.append([variant, f"{size:,}", vit["epochs"], f"{vit['steps']:,}", f"{100 * cnn['mean']:.2f}",
+                        f"{100 * vit['mean']:.2f}", f"{100 * (cnn['mean'] - vit['mean']):+.2f}"])  # fmt: skip
+    if not out:
+        return ""
+    header = ["variant", "train images", "epochs", "steps", "CNN %", "ViT %", "CNN - ViT (points)"]
+    return "\nThe CNN's lead over the ViT (test accuracy, mean over seeds):\n\n" + common.markdown_table(header, out)
 
 
 def _series(rows):

@@ -109,6 +109,10 @@ def test_config_variants():
         cfg = images_config.get_config(v)
         assert cfg.variant == v and len(cfg.train.steps) == len(cfg.sizes)
     assert images_config.get_config("pixel").models["pixel"].patch == 1
+    eq = images_config.get_config("epochs")  # the same number of epochs at every size
+    epochs = [steps * eq.train.batch_size / n for steps, n in zip(eq.train.steps, eq.sizes, strict=True)]
+    np.testing.assert_allclose(epochs, images_config.EPOCHS, rtol=0.01)
+    assert tuple(eq.sizes) == (1000, 5000, 20000) and set(eq.models) == {"vit", "cnn"}
     with pytest.raises(ValueError, match="unknown"):
         images_config.get_config("nope")
 
@@ -135,3 +139,16 @@ def test_smoke_end_to_end(tmp_path):
     assert "| smoke | vit | 200 | 2 |" in table
     for name in ("summary.md", "accuracy_vs_size.png", "attention_distance.png"):
         assert (tmp_path / name).exists(), name
+    assert "The CNN's lead over the ViT" in table
+
+
+def test_gap_table_by_hand():
+    rows = [
+        dict(variant="epochs", model=m, size=n, mean=acc, std=0.0, seeds=3, epochs=5.0, steps=n * 5 // 64)
+        for m, n, acc in (("cnn", 1000, 0.70), ("vit", 1000, 0.65), ("cnn", 5000, 0.80), ("vit", 5000, 0.79))
+    ] + [dict(variant="pixel", model="pixel", size=5000, mean=0.5, std=0.0, seeds=1, epochs=1.3, steps=200)]
+    text = images.gap_table(rows)
+    assert "| epochs | 1,000 | 5.0 | 78 | 70.00 | 65.00 | +5.00 |" in text
+    assert "| epochs | 5,000 | 5.0 | 390 | 80.00 | 79.00 | +1.00 |" in text
+    assert "pixel" not in text  # no CNN beside it
+    assert images.gap_table(rows[-1:]) == ""
