@@ -117,16 +117,56 @@ def sweep_summary(root: Path) -> str:
     return plot.summary_markdown(sweep_records(root))
 
 
+def lra_table2(root: Path, folder: Path = Path("docs/results/lra")) -> str:
+    """The sweep's ``:lra_table2`` run as LRA's Table 2: steps/s (fwd+bwd) and MiB per (mask, implementation)."""
+    from experiments import plot
+
+    records = [r for r in plot.load_results(str(root / folder / "results.jsonl")) if r["mode"] == "fwd_bwd"]
+    lens = sorted({r["seq_len"] for r in records})
+    cells = {(r["mask"], r["implementation"], r["seq_len"]): r for r in records}
+    rows = []
+    for mask in dict.fromkeys(r["mask"] for r in records):
+        for impl in dict.fromkeys(r["implementation"] for r in records):
+            rs = [cells.get((mask, impl, n)) for n in lens]
+            if not any(rs):
+                continue
+            speed = [
+                ("-" if r is None else f"{r['steps_per_s']:.2f}" if r["status"] == "ok" else r["status"]) for r in rs
+            ]
+            mem = [
+                "-"
+                if r is None or r["status"] != "ok" or r.get("memory_bytes") is None
+                else f"{r['memory_bytes'] / 2**20:,.0f}"
+                for r in rs
+            ]
+            rows.append([mask, impl, *speed, *mem])
+    n = lambda x: f"{x // 1024}K" if x % 1024 == 0 else str(x)  # noqa: E731
+    header = ["mask", "implementation", *(f"steps/s {n(x)}" for x in lens), *(f"MiB {n(x)}" for x in lens)]
+    r0 = records[0]
+    return (
+        f"fwd+bwd of one attention call, {r0['num_heads']} heads of {r0['head_dim']}, batch {r0['batch']}, "
+        f"{r0['dtype']}; steps/s from the best of {r0['repeats']}, memory from XLA's analysis of the compiled "
+        "program:\n\n" + _table(header, rows)
+    )
+
+
 # ---- experiments with a report(folder) of their own -------------------------------------------------
 
 
-def experiment_report(module: str, folder: Path) -> str:
+def experiment_report(module: str, folder: Path, only: tuple[str, ...] = ()) -> str:
     """`experiments.<module>.report(folder)` on a copy of the committed results: the report also draws
-    its figures and writes summary.md into the folder it reads, so it never runs in place."""
+    its figures and writes summary.md into the folder it reads, so it never runs in place.
+
+    ``only``: copy just these files of the folder (one report function, two tables on two pages)."""
     report = importlib.import_module(f"experiments.{module}").report
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / folder.name
-        shutil.copytree(folder, copy)
+        if only:
+            copy.mkdir()
+            for name in only:
+                shutil.copy(folder / name, copy / name)
+        else:
+            shutil.copytree(folder, copy)
         return report(copy).strip("\n") + "\n"
 
 
@@ -233,7 +273,13 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "bench-memory": bench_memory,
     "ring-memory": ring_memory,
     "compare-main": compare_main,
-    "molecules-karate": lambda root: experiment_report("molecules", root / "docs/results/molecules"),
+    "lra-table2": lra_table2,
+    "molecules": lambda root: experiment_report(
+        "molecules", root / "docs/results/molecules", only=("results.jsonl", "baselines.json")
+    ),
+    "molecules-karate": lambda root: experiment_report(
+        "molecules", root / "docs/results/molecules", only=("karate.json",)
+    ),
     "posenc": lambda root: experiment_report("posenc", root / "docs/results/posenc"),
     "long-range": lambda root: experiment_report("long_range", root / "docs/results/long_range"),
     "speech": lambda root: experiment_report("speech", root / "docs/results/speech"),
