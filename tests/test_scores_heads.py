@@ -189,6 +189,8 @@ def test_score_objects_are_pytrees_under_jit():
     f = jax.jit(lambda q, k, v, s: attnlab.attention(q, k, v, score=s))
     w = jnp.ones((4,))
     np.testing.assert_allclose(
-        f(q, k, v, scores.Additive(w)), attnlab.attention_reference(q, k, v, score=scores.Additive(w)), rtol=1e-5
+        f(q, k, v, scores.Additive(w)),
+        attnlab.attention_reference(q, k, v, score=scores.Additive(w)),
+        **tol(jnp.float32),  # the suite's fp32 tolerance: an output entry near 0 has no relative precision
     )
     assert jax.tree_util.tree_leaves(scores.Dot(0.5)) == []  # the scale is static: changing it recompiles
