@@ -12,7 +12,7 @@ Variants (12 universal tags, Petrov et al. 2012; inputs: word id + 3-letter suff
 d=64, 2 layers, batch 64 sentences, 2,500 AdamW steps = 3.5 epochs). Measured test accuracy on the
 shared 2-core development CPU (README, "Models, training and part-of-speech tagging"):
     attention    pre-norm self-attention encoder, 4 heads, sinusoidal positions, full attention.
-                 Measured 97.0% (ambiguous words 95.3%, OOV 84.5%) in 584 s of training.
+                 Measured 97.0% (ambiguous words 95.3%, OOV 84.5%) in 397-584 s of training.
     window2/4/8  the same with each word seeing only +-2/4/8 neighbours. Measured 97.9, 97.9, 97.65%:
                  better than full attention; POS needs little context, and the window is a prior
                  that full attention must learn from data.
