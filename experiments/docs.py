@@ -254,6 +254,34 @@ def ring_memory(root: Path) -> str:
     )
 
 
+def traced_padding(root: Path) -> str:
+    """``make traced-padding``: attention with traced vs concrete padding lengths, one row per labelled run."""
+    rows = []
+    for r in json.loads((root / BENCH / "traced_padding.json").read_text()):
+        t, ms, x = r["tiles"]["traced"], r["best_ms"], r["traced_over_concrete"]
+        rows.append(
+            [r["label"], f"{t['block_q']} × {t['block_k']}", f"{100 * t['visited']:.0f}%",
+             f"{ms['fwd/concrete']:.1f} ms", f"{ms['fwd/traced']:.1f} ms", f"{x['fwd']:.2f}x",
+             f"{ms['fwd+bwd/concrete']:.1f} ms", f"{ms['fwd+bwd/traced']:.1f} ms", f"{x['fwd+bwd']:.2f}x"]
+        )  # fmt: skip
+    header = ["code", "tiles (traced)", "visited", "fwd concrete", "fwd traced", "ratio", "fwd+bwd concrete"]
+    return _table([*header, "fwd+bwd traced", "ratio"], rows)
+
+
+def ring_balance(root: Path) -> str:
+    """``make ring-balance``: tiles per device of the contiguous and zig-zag ring layouts, and the step times."""
+    rows = []
+    for r in json.loads((root / BENCH / "ring_balance.json").read_text())["rows"]:
+        tiles = r["tiles_per_device"]
+        per = f"{tiles[0]} each" if len(set(tiles)) == 1 else " ".join(map(str, tiles))
+        step = f"{1e3 * r['step_s_median']:.0f} ms ({1e3 * r['step_s_best']:.0f})" if "step_s_median" in r else "-"
+        compile_s = f"{r['compile_s']:.1f} s" if "compile_s" in r else "-"
+        rows.append([r["mask"], r["layout"], per, f"{r['max_over_mean']:.2f}",
+                     f"{r['critical_path_tiles']} ({r['ideal_tiles']:.0f})", step, compile_s])  # fmt: skip
+    header = ["mask", "layout", "tiles per device (d = 0..7)", "max/mean", "lockstep critical path (ideal)"]
+    return _table([*header, "fwd+bwd median (best)", "compile"], rows)
+
+
 def compare_main(root: Path) -> str:
     """``make compare-main``: the same attention calls on 160a7db and after, best ms and the ratio."""
     data = json.loads((root / BENCH / "compare_160a7db.json").read_text())
@@ -273,6 +301,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "bench-memory": bench_memory,
     "ring-memory": ring_memory,
     "compare-main": compare_main,
+    "traced-padding": traced_padding,
+    "ring-balance": ring_balance,
     "lra-table2": lra_table2,
     "molecules": lambda root: experiment_report(
         "molecules", root / "docs/results/molecules", only=("results.jsonl", "baselines.json")
