@@ -313,6 +313,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "posenc": lambda root: experiment_report("posenc", root / "docs/results/posenc"),
     "images": lambda root: experiment_report("images", root / "docs/results/images"),
     "pos": lambda root: experiment_report("pos_tagging", root / "docs/results/pos"),
+    "pos-zh": lambda root: experiment_report("pos_tagging", root / "docs/results/pos-zh"),
     "long-range": lambda root: experiment_report("long_range", root / "docs/results/long_range"),
     "speech": lambda root: experiment_report("speech", root / "docs/results/speech"),
     "detr": lambda root: experiment_report("detr", root / "docs/results/detr"),
