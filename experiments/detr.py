@@ -97,13 +97,14 @@ def build_model(cfg, num_classes: int, seed: int) -> detr_lib.DETR:
     )  # fmt: skip
 
 
-def make_loss_fn(eos_coef: float, w_class: float, w_l1: float, w_giou: float):
+def make_loss_fn(eos_coef: float, w_class: float, w_l1: float, w_giou: float, aux: bool = False):
+    """The set loss of the last decoder block, or (``aux``) summed over every block (``deep_set_loss``)."""
+    weights = dict(eos_coef=eos_coef, w_class=w_class, w_l1=w_l1, w_giou=w_giou)
+
     def loss_fn(model, batch, key):
-        logits, boxes = model(batch["images"], dropout_key=key)
-        return detr_lib.set_loss(
-            logits, boxes, batch["classes"], batch["boxes"], eos_coef=eos_coef, w_class=w_class, w_l1=w_l1,
-            w_giou=w_giou,
-        )  # fmt: skip
+        logits, boxes = model(batch["images"], dropout_key=key, all_layers=aux)
+        fn = detr_lib.deep_set_loss if aux else detr_lib.set_loss
+        return fn(logits, boxes, batch["classes"], batch["boxes"], **weights)
 
     return loss_fn
 

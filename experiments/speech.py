@@ -22,6 +22,7 @@ frame) and ``encoder_maps.png`` (encoder self-attention, full vs truncated).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -59,6 +60,7 @@ def build_model(cfg, window, seed: int, *, max_source_len: int = 4096, max_targe
         max_source_len=max_source_len,
         max_target_len=max_target_len or cfg.model.max_target_len,
         dropout_rate=m.dropout,
+        ctc_head=cfg.train.ctc_weight > 0,
         rngs=nnx.Rngs(seed),
     )
 
@@ -68,15 +70,34 @@ def _teacher_inputs(targets):
     return jnp.concatenate([jnp.full((targets.shape[0], 1), speech.BOS, targets.dtype), targets[:, :-1]], axis=1)
 
 
-def loss_fn(model, batch, key, *, smoothing: float):
-    logits = model(
-        batch["features"], batch["lengths"], _teacher_inputs(batch["targets"]), batch["target_lengths"], dropout_key=key
+def loss_fn(model, batch, key, *, smoothing: float, ctc_weight: float = 0.0):
+    """Label-smoothed cross-entropy of teacher forcing; with ``ctc_weight`` > 0, mixed with the
+    encoder's CTC loss (blank = PAD), ``(1 - ctc_weight) * attention + ctc_weight * ctc``."""
+    k_enc, k_dec = jax.random.split(key) if key is not None else (None, None)
+    memory, mem_len = model.encode(batch["features"], batch["lengths"], dropout_key=k_enc)
+    logits = model.decode(
+        _teacher_inputs(batch["targets"]), memory, mem_len, batch["target_lengths"], dropout_key=k_dec
     ).astype(jnp.float32)
     labels = optax.smooth_labels(jax.nn.one_hot(batch["targets"], logits.shape[-1]), smoothing)
     valid = jnp.arange(logits.shape[1])[None, :] < batch["target_lengths"][:, None]
     loss = jnp.sum(optax.softmax_cross_entropy(logits, labels) * valid) / jnp.maximum(valid.sum(), 1)
     acc = jnp.sum((logits.argmax(-1) == batch["targets"]) * valid) / jnp.maximum(valid.sum(), 1)
-    return loss, {"char_accuracy": acc}
+    metrics = {"char_accuracy": acc}
+    if ctc_weight:
+        ctc = ctc_loss(model, memory, mem_len, batch["targets"], batch["target_lengths"])
+        metrics |= {"attention_loss": loss, "ctc_loss": ctc}
+        loss = (1.0 - ctc_weight) * loss + ctc_weight * ctc
+    return loss, metrics
+
+
+def ctc_loss(model, memory, mem_len, targets, target_lengths):
+    """Mean CTC loss per character of the encoder's ``ctc_logits`` (blank = PAD; EOS not a label)."""
+    logits = model.ctc_logits(memory).astype(jnp.float32)
+    frame_pad = (jnp.arange(logits.shape[1])[None, :] >= mem_len[:, None]).astype(jnp.float32)
+    n = target_lengths - 1  # the characters, EOS dropped
+    label_pad = (jnp.arange(targets.shape[1])[None, :] >= n[:, None]).astype(jnp.float32)
+    per_seq = optax.ctc_loss(logits, frame_pad, targets, label_pad, blank_id=speech.PAD)
+    return jnp.sum(per_seq) / jnp.maximum(jnp.sum(n), 1)
 
 
 def _padded(n: int, pad_to: int) -> int:
@@ -138,7 +159,7 @@ def run_one(cfg, data, window, seed: int, out: Path, *, verbose=True) -> dict:
     t, ev = cfg.train, cfg.eval
     model = build_model(cfg, window, seed)
     tx = train_lib.adamw_cosine(t.learning_rate, t.warmup_steps, t.num_steps, t.weight_decay)
-    lf = lambda m, b, k: loss_fn(m, b, k, smoothing=t.label_smoothing)  # noqa: E731
+    lf = lambda m, b, k: loss_fn(m, b, k, smoothing=t.label_smoothing, ctc_weight=t.ctc_weight)  # noqa: E731
     model, records = train_lib.train(
         model,
         tx,
@@ -228,7 +249,11 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> l
     (out / "config.json").write_text(cfg.to_json_best_effort(indent=2))
     measure_decoding(cfg, out, verbose=verbose)  # the cheap measurements first
     measure_scaling(cfg, out, verbose=verbose)
-    data = speech.load(**cfg.data.to_dict(), progress=verbose)
+    opts = cfg.data.to_dict()
+    normalise = opts.pop("cmvn", False)
+    data = speech.load(**opts, progress=verbose)
+    if normalise:  # per-utterance CMVN of the log-mel frames
+        data = {k: dataclasses.replace(v, features=speech.cmvn(v.features, v.lengths)) for k, v in data.items()}
     cells = [{"window": str(w), "seed": s} for w in common.names(cfg.windows) for s in common.ints(cfg.seeds)]
     return common.run_grid(
         out / "results.jsonl",

@@ -147,6 +147,21 @@ def test_set_loss_zero_box_terms_for_a_permuted_perfect_prediction():
     assert np.abs(np.asarray(g)[0, [1, 3]]).max() == 0  # unmatched queries get no box gradient
 
 
+def test_deep_set_loss_sums_each_blocks_own_matching():
+    """Each block's predictions are matched on their own: the sum of set_loss per block, last block's metrics."""
+    rng = np.random.default_rng(3)
+    logits = jnp.asarray(rng.normal(size=(3, 2, 4, 4)), jnp.float32)  # L=3 blocks, B=2, Q=4, C=3
+    boxes = jnp.asarray(rng.uniform(0.2, 0.8, size=(3, 2, 4, 4)), jnp.float32)
+    classes = jnp.array([[0, 2], [1, -1]])
+    tboxes = jnp.asarray(rng.uniform(0.2, 0.8, size=(2, 2, 4)), jnp.float32)
+    loss, metrics = jax.jit(detr.deep_set_loss)(logits, boxes, classes, tboxes)
+    per_block = [detr.set_loss(logits[i], boxes[i], classes, tboxes) for i in range(3)]
+    np.testing.assert_allclose(loss, sum(float(lb[0]) for lb in per_block), rtol=1e-5)
+    chex.assert_trees_all_close(metrics, per_block[-1][1], rtol=1e-5)
+    with pytest.raises(ValueError, match="logits must be"):
+        detr.deep_set_loss(logits[0], boxes[0], classes, tboxes)
+
+
 # ------------------------------------------------------------------------------------------
 # Metrics
 
@@ -211,6 +226,21 @@ def test_detr_shapes_and_attention(backbone):
     # images are independent: the batch equals each image alone
     one = model(x[1:])
     np.testing.assert_allclose(np.asarray(one[0][0]), np.asarray(logits[1]), rtol=1e-5, atol=1e-5)
+
+
+def test_detr_all_layers_reads_every_block_through_the_shared_heads():
+    model = detr.DETR(num_classes=3, image_size=16, patch=4, d_model=8, num_heads=2, encoder_layers=1,
+                      decoder_layers=3, num_queries=2, rngs=nnx.Rngs(2))  # fmt: skip
+    x = jnp.asarray(np.random.default_rng(1).uniform(size=(2, 16, 16)), jnp.float32)
+    logits, boxes = model(x, all_layers=True)
+    chex.assert_shape([logits, boxes], [(3, 2, 2, 4), (3, 2, 2, 4)])
+    last = model(x)
+    chex.assert_trees_all_close((logits[-1], boxes[-1]), last, rtol=1e-5, atol=1e-6)
+    # block 1 alone: run the first decoder block by hand and apply the heads
+    memory = model.encoder(model.tokens(x))
+    q = jnp.broadcast_to(model.queries[...], (2, *model.queries.shape))
+    first = model.heads(model.blocks[0](q, memory, self_mask=None, cross_mask=None))
+    chex.assert_trees_all_close((logits[0], boxes[0]), first, rtol=1e-5, atol=1e-6)
 
 
 def test_detr_queries_attend_to_each_other():

@@ -64,6 +64,32 @@ def test_log_mel_matches_librosa():
     np.testing.assert_allclose(ours, np.log(mel.T + 1e-6), atol=2e-3, rtol=1e-3)
 
 
+def test_cmvn_normalises_each_utterance_over_its_own_frames():
+    rng = np.random.default_rng(0)
+    lengths = np.array([5, 2, 7])
+    x = np.zeros((3, 7, 4), np.float32)
+    for i, n in enumerate(lengths):
+        x[i, :n] = rng.normal(3.0 * i, 1.0 + i, size=(n, 4))
+    y = speech.cmvn(x, lengths)
+    for i, n in enumerate(lengths):
+        f = x[i, :n].astype(np.float64)
+        np.testing.assert_allclose(y[i, :n], (f - f.mean(0)) / np.sqrt(f.var(0) + 1e-5), rtol=1e-4, atol=1e-5)
+        assert (y[i, n:] == 0).all()  # padding stays zero
+    # a longer padding does not change an utterance's result
+    wide = np.concatenate([x, np.full((3, 5, 4), 9.0, np.float32)], axis=1)
+    np.testing.assert_array_equal(speech.cmvn(wide, lengths)[:, :7], y)
+
+
+@pytest.mark.parametrize(
+    "features, lengths, match",
+    [(np.zeros((2, 3)), np.array([1, 1]), "features must be"), (np.zeros((2, 3, 4)), np.array([1]), "lengths must be"),
+     (np.zeros((2, 3, 4)), np.array([1, 4]), "lengths must lie"), (np.zeros((2, 3, 4)), np.array([1.0, 2.0]), "int")],
+)  # fmt: skip
+def test_cmvn_arguments_named(features, lengths, match):
+    with pytest.raises(ValueError, match=match):
+        speech.cmvn(features, lengths)
+
+
 def test_log_mel_rejects_stereo():
     with pytest.raises(ValueError, match="mono"):
         speech.log_mel(np.zeros((2, 100)), 16000)

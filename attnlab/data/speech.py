@@ -10,7 +10,8 @@ command). ``load(...)`` synthesizes a seeded corpus once into ``data/speech/`` a
   new speaker reading test numbers.
 - features: ``log_mel``: 25 ms Hann windows every 10 ms, power spectrum, 80 Slaney mel bins (the
   usual ASR front end; tested against librosa's filterbank), ``log(mel + 1e-6)``. A 4 s
-  utterance is ~400 frames.
+  utterance is ~400 frames. ``cmvn`` normalises each utterance's bins to zero mean, unit variance
+  over its own frames (padding stays zero), the usual per-utterance CMVN.
 
 Characters map to ids with ``PAD = 0``, ``BOS = 1``, ``EOS = 2`` reserved (``encode_text``).
 """
@@ -37,6 +38,7 @@ __all__ = [
     "EOS",
     "PAD",
     "Split",
+    "cmvn",
     "decode_ids",
     "encode_text",
     "espeak_available",
@@ -183,6 +185,33 @@ def log_mel(samples: np.ndarray, sr: int, *, n_mels: int = 80, win_ms: float = 2
     power = np.abs(np.fft.rfft(x[idx] * window, axis=-1)) ** 2  # [n, n_fft/2+1]
     mel = power @ mel_filterbank(sr, n_fft, n_mels).T
     return np.log(mel + 1e-6).astype(np.float32)
+
+
+def cmvn(features: np.ndarray, lengths: np.ndarray, *, eps: float = 1e-5) -> np.ndarray:
+    """Per-utterance cepstral mean and variance normalisation of padded frames.
+
+    Args:
+        features: ``[N, T, F]`` frames, utterance i valid in ``[:lengths[i]]``.
+        lengths: int ``[N]``, each in ``1..T``.
+        eps: added to the variance.
+
+    Returns:
+        float32 ``[N, T, F]``: each utterance's bins minus their mean over its valid frames, divided by
+        their standard deviation; padded frames are zero (as they were).
+    """
+    x = np.asarray(features, np.float32)
+    n = np.asarray(lengths)
+    if x.ndim != 3:
+        raise ValueError(f"cmvn: features must be [N, T, F], got shape {x.shape}")
+    if n.shape != (x.shape[0],) or not np.issubdtype(n.dtype, np.integer):
+        raise ValueError(f"cmvn: lengths must be an int array of shape ({x.shape[0]},), got {n.dtype} {n.shape}")
+    if n.size and (n.min() < 1 or n.max() > x.shape[1]):
+        raise ValueError(f"cmvn: lengths must lie in 1..{x.shape[1]} (frames of features), got {n.min()}..{n.max()}")
+    valid = (np.arange(x.shape[1])[None, :] < n[:, None])[..., None]  # [N, T, 1]
+    count = n[:, None, None].astype(np.float32)
+    mean = np.where(valid, x, 0.0).sum(1, keepdims=True) / count
+    var = np.where(valid, (x - mean) ** 2, 0.0).sum(1, keepdims=True) / count
+    return np.where(valid, (x - mean) / np.sqrt(var + eps), 0.0).astype(np.float32)
 
 
 # ------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ __all__ = [
     "match_cost",
     "match",
     "set_loss",
+    "deep_set_loss",
     "average_precision",
     "count_accuracy",
     "detections",
@@ -164,6 +165,26 @@ def set_loss(logits, boxes, classes, target_boxes, *, eos_coef=0.1, w_class=1.0,
     return loss, {"ce": ce, "l1": l1, "giou": giou_loss, "class_acc": acc}
 
 
+def deep_set_loss(logits, boxes, classes, target_boxes, **kw):
+    """DETR's auxiliary decoding losses: ``set_loss`` after every decoder block, summed.
+
+    ``logits [L, B, Q, C+1]``, ``boxes [L, B, Q, 4]`` (``DETR(..., all_layers=True)``): each block's
+    predictions (through the shared heads) get their own Hungarian matching and set loss, so the
+    early blocks are trained to detect too (Carion et al. 2020, section 3.2: it helps the model
+    output the right number of objects). Returns the summed loss and the last block's metrics.
+    """
+    if logits.ndim != 4 or boxes.ndim != 4 or logits.shape[:3] != boxes.shape[:3]:
+        raise ValueError(
+            f"deep_set_loss: logits must be [L, B, Q, C+1] and boxes [L, B, Q, 4] with the same L, B, Q; "
+            f"got {logits.shape} and {boxes.shape}"
+        )
+    total = 0.0
+    for layer in range(logits.shape[0]):
+        loss, metrics = set_loss(logits[layer], boxes[layer], classes, target_boxes, **kw)
+        total = total + loss
+    return total, metrics
+
+
 # ------------------------------------------------------------------------------------------
 # Metrics (numpy)
 
@@ -256,9 +277,11 @@ class DETR(nnx.Module):
         encoder_layers, decoder_layers: block counts.
         num_queries: Q (>= the most items per image).
 
-    Call: ``model(images [B, H, W], *, dropout_key=None, return_weights=False)`` -> ``(logits
-    [B, Q, C+1], boxes [B, Q, 4] in (0, 1))`` (, cross-attention weights of each decoder layer,
-    ``[B, N, Q, S]``).
+    Call: ``model(images [B, H, W], *, dropout_key=None, return_weights=False, all_layers=False)``
+    -> ``(logits [B, Q, C+1], boxes [B, Q, 4] in (0, 1))`` (, cross-attention weights of each
+    decoder layer, ``[B, N, Q, S]``). With ``all_layers=True`` the shared final norm and heads read
+    every decoder block's output: ``logits [L, B, Q, C+1]``, ``boxes [L, B, Q, 4]``, the last block
+    last (for ``deep_set_loss``).
     """
 
     def __init__(
@@ -335,21 +358,27 @@ class DETR(nnx.Module):
             x = jax.nn.gelu(conv(x))
         return x.reshape(B, -1, x.shape[-1])  # [B, Hg, Wg, C] -> [B, S, C]
 
-    def __call__(self, images, *, dropout_key=None, return_weights=False):
+    def heads(self, x):
+        """Decoder states ``[..., Q, D]`` -> (logits ``[..., Q, C+1]``, boxes ``[..., Q, 4]``)."""
+        x = self.ln_f(x)
+        logits = self.class_head(x)
+        boxes = jax.nn.sigmoid(self.box_out(jax.nn.relu(self.box_hidden(x))))
+        return logits, boxes
+
+    def __call__(self, images, *, dropout_key=None, return_weights=False, all_layers=False):
         if images.ndim != 3 or images.shape[1:] != (self.image_size, self.image_size):
             raise ValueError(f"DETR: images must be [B, {self.image_size}, {self.image_size}], got {images.shape}")
         k_enc, k_dec = _split(dropout_key, 2)
         memory = self.encoder(self.tokens(images), dropout_key=k_enc)  # [B, S, D]
         x = jnp.broadcast_to(self.queries[...], (images.shape[0], *self.queries.shape))  # [B, Q, D]
         keys = _split(k_dec, len(self.blocks))
-        weights = []
+        weights, states = [], []
         for block, k in zip(self.blocks, keys, strict=True):
             # object queries see each other (no causal mask) and every image cell
             x = block(x, memory, self_mask=None, cross_mask=None, dropout_key=k, return_weights=return_weights)
             if return_weights:
                 x, w = x
                 weights.append(w)
-        x = self.ln_f(x)
-        logits = self.class_head(x)
-        boxes = jax.nn.sigmoid(self.box_out(jax.nn.relu(self.box_hidden(x))))
+            states.append(x)
+        logits, boxes = self.heads(jnp.stack(states) if all_layers else x)
         return (logits, boxes, weights) if return_weights else (logits, boxes)

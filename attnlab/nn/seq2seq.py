@@ -74,6 +74,10 @@ class EncoderDecoder(nnx.Module):
             ``masks.window(16, 16)`` (truncated self-attention) or ``masks.chunks(c)``; None = full.
         max_source_len, max_target_len: longest encoder / decoder sequence (sinusoidal positions).
         dropout_rate: on residual branches and embeddings during training.
+        ctc_head: also own a linear head from the encoder memory to the V tokens (``ctc_logits``),
+            for an auxiliary CTC loss (hybrid CTC/attention training, Watanabe et al. 2017): it
+            pushes the encoder to locate characters in time, so cross-attention learns to align
+            sooner. It plays no part in decoding.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class EncoderDecoder(nnx.Module):
         max_target_len: int = 256,
         dropout_rate: float = 0.0,
         implementation=None,
+        ctc_head: bool = False,
         rngs: nnx.Rngs,
     ):
         for name, value in (("vocab_size", vocab_size), ("input_dim", input_dim), ("decoder_layers", decoder_layers)):
@@ -129,6 +134,7 @@ class EncoderDecoder(nnx.Module):
         )
         self.ln_f = nnx.LayerNorm(d_model, rngs=rngs)
         self.out = nnx.Linear(d_model, vocab_size, rngs=rngs)
+        self.ctc = nnx.Linear(d_model, vocab_size, rngs=rngs) if ctc_head else None
         self.d_model = d_model
         self.vocab_size = vocab_size
         self.max_target_len = max_target_len
@@ -148,6 +154,12 @@ class EncoderDecoder(nnx.Module):
             valid = (jnp.arange(x.shape[1])[None, :] < lengths[:, None])[..., None]
         out = self.encoder(x, lengths, dropout_key=dropout_key, return_weights=return_weights)
         return (*out, lengths) if return_weights else (out, lengths)
+
+    def ctc_logits(self, memory):
+        """Encoder memory ``[B, S, D]`` -> per-frame token logits ``[B, S, V]`` (needs ``ctc_head=True``)."""
+        if self.ctc is None:
+            raise ValueError("EncoderDecoder.ctc_logits: the model was built without ctc_head=True")
+        return self.ctc(memory)
 
     # -- decoder ------------------------------------------------------------------------------
 

@@ -16,8 +16,12 @@ Variants:
              object queries. Fresh canvases every step (a stream seeded by step), batch 16, 3,000
              steps, AdamW 5e-4 (warmup 200 + cosine, clipping at 1). Checkpoints every 250
              steps: rerunning resumes.
-    long     the default model trained on canvases of 1-2 items only, 8,000 steps (the target run;
-             evaluated on 1,000 held-out canvases of 1-2 items).
+    long     the default model trained on canvases of 1-2 items only, 8,000 steps (evaluated on
+             1,000 held-out canvases of 1-2 items).
+    cnn      DETR's own recipe at small scale: a CNN backbone (3 stride-2 3x3 convolutions, 32
+             channels: an 8 x 8 map of 64 tokens) and auxiliary decoding losses (the set loss after
+             every decoder block, ``deep_set_loss``), lr 1e-3, 20,000 steps; one run on 1-2 items
+             (the target run), one on 1-4 items. Chosen by 3,000-step pilots (docs/detr.md).
     smoke    sklearn 8 x 8 digits on 32 x 32 canvases, a 1-block model, 20 steps (the tests).
 
 Every field can be overridden, e.g. ``--config.train.num_steps=2000 --config.runs=1-2``.
@@ -25,7 +29,7 @@ Every field can be overridden, e.g. ``--config.train.num_steps=2000 --config.run
 
 import ml_collections
 
-VARIANTS = ("default", "long", "smoke")
+VARIANTS = ("default", "long", "cnn", "smoke")
 
 
 def get_config(variant: str = "default") -> ml_collections.ConfigDict:
@@ -50,7 +54,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
             dropout=0.0,
         )
     )
-    c.loss = ml_collections.ConfigDict(dict(eos_coef=0.1, w_class=1.0, w_l1=5.0, w_giou=2.0))
+    c.loss = ml_collections.ConfigDict(dict(eos_coef=0.1, w_class=1.0, w_l1=5.0, w_giou=2.0, aux=False))
     c.train = ml_collections.ConfigDict(
         dict(
             batch_size=16,
@@ -73,6 +77,11 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
         case "long":
             c.runs = "1-2"
             c.train.update(num_steps=8000, eval_every=1000)
+        case "cnn":
+            c.runs = "1-2,1-4"
+            c.model.backbone = "cnn"
+            c.loss.aux = True
+            c.train.update(num_steps=20000, learning_rate=1e-3, eval_every=2000, checkpoint_every=1000)
         case "smoke":
             c.dataset = "digits"
             c.runs = "1-2"

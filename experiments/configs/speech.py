@@ -26,7 +26,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
     c.variant = variant
     c.windows = "full,32,16,8,4,2"  # encoder self-attention: full, or ±w frames after subsampling
     c.seeds = "0"
-    c.data = ml_collections.ConfigDict(dict(num_train=3000, num_test=300, num_new_voice=150, seed=0))
+    c.data = ml_collections.ConfigDict(dict(num_train=3000, num_test=300, num_new_voice=150, seed=0, cmvn=True))
     c.model = ml_collections.ConfigDict(
         # max_target_len: the longest reading, "nine hundred and ninety nine thousand ...", is 66 characters + EOS
         dict(d_model=96, num_heads=4, encoder_layers=3, decoder_layers=2, subsample=2, dropout=0.1, max_target_len=80)
@@ -39,6 +39,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
             warmup_steps=100,
             weight_decay=1e-4,
             label_smoothing=0.1,
+            ctc_weight=0.0,  # > 0: hybrid CTC/attention training (an auxiliary CTC loss on the encoder)
             pad_to=192,  # batches padded to a multiple of 192 frames: 3 shapes, 3 compiles
             log_every=50,
         )
