@@ -104,14 +104,38 @@ def _padded(n: int, pad_to: int) -> int:
     return -(-n // pad_to) * pad_to
 
 
-def _batch_fn(split: speech.Split, batch_size: int, seed: int, pad_to: int):
-    U = int(split.target_lengths.max())
+def _batch_fn(split: speech.Split, batch_size: int, seed: int, pad_to: int, target_pad: int = 16):
+    """``step -> batch`` of utterances of similar length (the usual ASR bucketing).
+
+    Each epoch (``rng([seed, epoch])``) sorts the utterances by length plus a random jitter of up
+    to ``pad_to`` frames, cuts the order into batches and shuffles the batches, so every utterance
+    is seen once per epoch (the last ``len % batch_size`` of an epoch's order are skipped) and a
+    batch pads little: frames to a multiple of ``pad_to``, characters to a multiple of
+    ``target_pad`` (a few shapes: a few compiles).
+    """
+    n = len(split)
+    if batch_size > n:
+        raise ValueError(f"batch_size ({batch_size}) must be <= the {n} training utterances")
+    per_epoch = n // batch_size
+    cache = {}
+
+    def epoch_batches(epoch):
+        if epoch not in cache:
+            rng = np.random.default_rng([seed, epoch])
+            order = np.argsort(split.lengths + rng.uniform(0, pad_to, n), kind="stable")
+            chunks = order[: per_epoch * batch_size].reshape(per_epoch, batch_size)
+            cache.clear()
+            cache[epoch] = chunks[rng.permutation(per_epoch)]
+        return cache[epoch]
 
     def batch_fn(step):
-        idx = np.random.default_rng([seed, step]).choice(len(split), batch_size, replace=False)
-        T = _padded(int(split.lengths[idx].max()), pad_to)  # frames padded to a few shapes: few compiles
+        epoch, i = divmod(step - 1, per_epoch)
+        idx = np.sort(epoch_batches(epoch)[i])
+        T = _padded(int(split.lengths[idx].max()), pad_to)
+        U = min(_padded(int(split.target_lengths[idx].max()), target_pad), split.targets.shape[1])
+        f = split.features[idx, :T]
         return {
-            "features": split.features[idx, :T],
+            "features": np.pad(f, ((0, 0), (0, T - f.shape[1]), (0, 0))),  # T may pass the longest utterance
             "lengths": split.lengths[idx],
             "targets": split.targets[idx, :U],
             "target_lengths": split.target_lengths[idx],

@@ -66,3 +66,44 @@ def test_ctc_logits_needs_the_head():
     m = EncoderDecoder(input_dim=4, vocab_size=5, d_model=8, num_heads=2, subsample=0, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="ctc_head"):
         m.ctc_logits(jnp.zeros((1, 3, 8)))
+
+
+def _split(lengths, target_lengths, features=3):
+    n = len(lengths)
+    T, U = max(lengths), max(target_lengths)
+    f = np.zeros((n, T, features), np.float32)
+    t = np.zeros((n, U), np.int32)
+    for i, (a, b) in enumerate(zip(lengths, target_lengths, strict=True)):
+        f[i, :a] = i + 1  # each utterance's frames carry its index + 1
+        t[i, :b] = 3
+    return speech.Split(f, np.array(lengths), t, np.array(target_lengths), tuple(map(str, range(n))), ("v",) * n)
+
+
+def test_batches_group_similar_lengths_and_cover_each_epoch_once():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(10, 300, size=50).tolist()
+    split = _split(lengths, [max(2, n // 8) for n in lengths])
+    fn = exp._batch_fn(split, batch_size=8, seed=1, pad_to=64, target_pad=16)
+    per_epoch = 50 // 8
+    padded = []
+    for epoch in range(2):
+        seen = []
+        for step in range(1 + epoch * per_epoch, 1 + (epoch + 1) * per_epoch):
+            b = fn(step)
+            idx = (b["features"][:, 0, 0] - 1).astype(int)  # recover the utterances from their frames
+            np.testing.assert_array_equal(b["lengths"], np.asarray(lengths)[idx])
+            T, U = b["features"].shape[1], b["targets"].shape[1]
+            assert T % 64 == 0 and T - 64 < b["lengths"].max() <= T
+            assert U % 16 == 0 or U == split.targets.shape[1]
+            assert b["target_lengths"].max() <= U
+            padded.append(T)
+            seen += idx.tolist()
+        assert len(seen) == len(set(seen)) == per_epoch * 8  # each utterance at most once per epoch
+    # similar lengths pad less than random batches of the same size would
+    random_T = [-(-max(rng.choice(lengths, 8, replace=False)) // 64) * 64 for _ in range(200)]
+    assert np.mean(padded) < 0.8 * np.mean(random_T)
+    # deterministic by (seed, step)
+    again = exp._batch_fn(split, batch_size=8, seed=1, pad_to=64)
+    np.testing.assert_array_equal(again(9)["features"], fn(9)["features"])
+    with pytest.raises(ValueError, match="batch_size"):
+        exp._batch_fn(split, batch_size=64, seed=0, pad_to=64)
