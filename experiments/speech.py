@@ -188,7 +188,7 @@ def run_one(cfg, data, window, seed: int, out: Path, *, verbose=True) -> dict:
         model,
         tx,
         lf,
-        _batch_fn(data["train"], t.batch_size, seed, t.pad_to),
+        _batch_fn(data["train"], t.batch_size, seed, t.pad_to, t.target_pad),
         num_steps=t.num_steps,
         seed=seed,
         workdir=out / "runs" / f"window-{window}" / f"seed{seed}",
