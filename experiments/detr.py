@@ -300,11 +300,12 @@ def report(folder: Path) -> str:
     examples = [(d, np.load(d / "examples.npz")) for d in runs if (d / "examples.npz").exists()]
     if examples:
         dataset = results[0]["dataset"] if results else "fashion_mnist"
-        _figures(plt, examples, CLASS_NAMES[dataset], folder)
+        best = max(results, key=lambda r: r["ap50"]) if results else None
+        _figures(plt, examples, CLASS_NAMES[dataset], folder, best=best and f"{best['variant']}/items{best['items']}")
     return table
 
 
-def _figures(plt, examples, class_names, folder):
+def _figures(plt, examples, class_names, folder, *, best: str | None = None):
     n = max(len(ex["images"]) for _, ex in examples)
     fig, axes = plt.subplots(len(examples), n, figsize=(1.9 * n, 2.1 * len(examples)), squeeze=False)
     for row, (d, ex) in zip(axes, examples, strict=True):
@@ -325,8 +326,8 @@ def _figures(plt, examples, class_names, folder):
     fig.suptitle("held-out canvases: truth (green, dashed), predictions (red: class, score)", fontsize=8)
     common.save_figure(fig, folder / "predictions.png")
 
-    # Cross-attention of each query (last decoder block, mean over heads) for the first canvases of each run.
-    d, ex = examples[-1]
+    # Cross-attention of each query (last decoder block, mean over heads): the best run's first canvases.
+    d, ex = next((e for e in examples if f"{e[0].parent.name}/{e[0].name}" == best), examples[-1])
     shown = min(3, len(ex["images"]))
     q = ex["attention"].shape[1]
     gh, gw = (int(v) for v in ex["grid"])

@@ -289,6 +289,42 @@ def compare_main(root: Path) -> str:
     return _table(["cell", f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
 
 
+def speech_headline(root: Path, folder: Path = Path("docs/results/speech")) -> str:
+    """README's speech table: CER by encoder window (greedy and beam, seen and held-out voice), decoding speed."""
+    results = _jsonl(root / folder / "results.jsonl")
+    order = sorted({r["window"] for r in results}, key=lambda w: (0, 0) if w == "full" else (1, -int(w)))
+    rows = []
+    for w in order:
+        r = next(r for r in results if r["window"] == w)
+        cells = [f"{100 * r[k]:.1f}" for k in ("test_greedy_cer", "test_beam4_cer", "test_greedy_wer",
+                                                "new_voice_greedy_cer", "new_voice_beam4_cer")]  # fmt: skip
+        rows.append(["full" if w == "full" else f"±{w} ({4 * int(w) * 10} ms)", *cells, f"{r['train_time_s']:.0f}"])
+    header = ["encoder self-attention", "CER % greedy", "CER % beam 4", "WER % greedy", "new voice CER % greedy"]
+    text = _table([*header, "new voice CER % beam 4", "train s"], rows)
+    dec = {d["method"]: d for d in _jsonl(root / folder / "decoding.jsonl")}
+    c, r = dec["cached"], dec["recompute"]
+    return text + (
+        f"\nGreedy decoding of {c['tokens']} tokens (batch {c['batch']}): KV cache {c['seconds']:.2f} s, recomputing "
+        f"the prefix {r['seconds']:.2f} s: **{r['seconds'] / c['seconds']:.1f}x** (same tokens).\n"
+    )
+
+
+def speech_pilots(root: Path, folder: Path = Path("docs/results/speech-pilots")) -> str:
+    """The speech pilots, full attention (docs/results/speech-pilots/*/results.jsonl; commands in its run.json)."""
+    rows = []
+    for name, what in (
+        ("cmvn", "CMVN, random batches"),
+        ("cmvn_ctc", "CMVN + 0.3 CTC, random batches"),
+        ("default_1000steps", "CMVN + 0.3 CTC, similar-length batches"),
+    ):
+        r = _jsonl(root / folder / name / "results.jsonl")[0]
+        steps = json.loads((root / folder / name / "config.json").read_text())["train"]["num_steps"]
+        cells = [f"{100 * r[k]:.1f}" for k in ("test_greedy_cer", "test_beam4_cer", "new_voice_greedy_cer")]
+        rows.append([what, str(steps), *cells, f"{r['final_train_loss']:.3f}", f"{r['train_time_s']:.0f}"])
+    header = ["full attention", "steps", "CER % greedy", "CER % beam 4", "new voice CER % greedy"]
+    return _table([*header, "final train loss", "train s"], rows)
+
+
 # name -> function of the repository root returning the markdown between the markers
 TABLES: dict[str, Callable[[Path], str]] = {
     "sweep-run": sweep_run,
@@ -316,7 +352,10 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "pos-zh": lambda root: experiment_report("pos_tagging", root / "docs/results/pos-zh"),
     "long-range": lambda root: experiment_report("long_range", root / "docs/results/long_range"),
     "speech": lambda root: experiment_report("speech", root / "docs/results/speech"),
+    "speech-headline": speech_headline,
+    "speech-pilots": speech_pilots,
     "detr": lambda root: experiment_report("detr", root / "docs/results/detr"),
+    "detr-pilots": lambda root: experiment_report("detr", root / "docs/results/detr-pilots"),
     "claims": lambda root: experiment_report("claims", root / "docs/results/claims"),
     "explain": lambda root: "```\n" + importlib.import_module("attnlab.dispatch")._demo().strip("\n") + "\n```\n",
 }
