@@ -292,6 +292,15 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> l
 # Report
 
 
+def monotonicity(cross: np.ndarray) -> float:
+    """Pearson correlation of decoder step and attention centroid (frame) of a ``[U, S]`` cross-attention map."""
+    cross = np.asarray(cross, np.float64)
+    centroid = (cross * np.arange(cross.shape[1])).sum(1) / np.maximum(cross.sum(1), 1e-12)
+    if len(centroid) < 2 or np.std(centroid) == 0:
+        return 0.0
+    return float(np.corrcoef(np.arange(len(centroid)), centroid)[0, 1])
+
+
 def _order(w):
     return (0, 0) if w == "full" else (1, -int(w))
 
@@ -362,10 +371,17 @@ def report(folder: Path) -> str:
         common.save_figure(fig, folder / "scaling.png")
     maps = {w: np.load(folder / f"maps-{w}.npz") for w in windows if (folder / f"maps-{w}.npz").exists()}
     if maps:
-        w0 = next(iter(maps))
-        fig, ax = plt.subplots(figsize=(6, 3))
-        ax.imshow(maps[w0]["cross"], aspect="auto", cmap="viridis")
-        ax.set(xlabel="encoder frame", ylabel="decoder step", title=f"cross-attention: {maps[w0]['text']}")
+        mono = {w: monotonicity(z["cross"]) for w, z in maps.items()}
+        text += "\n\nCross-attention of test utterance 0 (last decoder block, head mean): correlation of the decoder "
+        text += "step with the attended frame (centroid), 1 = a monotonic alignment: "
+        text += ", ".join(f"{'full' if w == 'full' else f'±{w}'} {m:.2f}" for w, m in mono.items()) + "."
+        (folder / "summary.md").write_text(text + "\n")
+        fig, axes = plt.subplots(1, len(maps), figsize=(3.2 * len(maps), 3), squeeze=False)
+        for a, (w, z) in zip(axes[0], maps.items(), strict=True):
+            a.imshow(z["cross"], aspect="auto", cmap="viridis")
+            a.set(xlabel="encoder frame", title=f"{'full' if w == 'full' else f'±{w}'}: r = {mono[w]:.2f}")
+        axes[0, 0].set_ylabel("decoder step")
+        fig.suptitle(f"cross-attention (last decoder block, head mean): {maps[next(iter(maps))]['text']}")
         common.save_figure(fig, folder / "alignment.png")
         fig, axes = plt.subplots(1, len(maps), figsize=(3 * len(maps), 3), squeeze=False)
         for a, (w, z) in zip(axes[0], maps.items(), strict=True):

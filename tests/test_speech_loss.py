@@ -107,3 +107,12 @@ def test_batches_group_similar_lengths_and_cover_each_epoch_once():
     np.testing.assert_array_equal(again(9)["features"], fn(9)["features"])
     with pytest.raises(ValueError, match="batch_size"):
         exp._batch_fn(split, batch_size=64, seed=0, pad_to=64)
+
+
+def test_monotonicity_of_hand_made_alignments():
+    diagonal = np.eye(5, 8)  # step t attends to frame t
+    assert exp.monotonicity(diagonal) == pytest.approx(1.0)
+    assert exp.monotonicity(diagonal[::-1]) == pytest.approx(-1.0)
+    assert exp.monotonicity(np.full((5, 8), 1 / 8)) == 0.0  # every step attends everywhere: no alignment
+    # centroids 0.5, 2, 3.5 (two frames each) against steps 0, 1, 2: a straight line
+    assert exp.monotonicity(np.array([[0.5, 0.5, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0.5, 0.5]])) == pytest.approx(1.0)
