@@ -126,6 +126,42 @@ def test_load_small_slice_and_cache(tmp_path, monkeypatch):
     np.testing.assert_array_equal(again["train"].features, train.features)
 
 
+def _needs_brown():
+    from attnlab.data import brown
+
+    try:
+        brown.brown_dir()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
+def test_sentence_texts_are_short_lowercase_letter_sentences():
+    _needs_brown()
+    texts = speech.sentence_texts(max_words=12)
+    assert len(texts) > 5000 and len(set(texts)) == len(texts)
+    assert all(set(t) <= set(speech.ALPHABET) and 3 <= len(t.split()) <= 12 for t in texts)
+    # a sentence of ca01 ("It urged that the city `` take steps to remedy '' this problem ."), lowercased
+    assert "it urged that the city take steps to remedy this problem" in texts
+    assert len(speech.sentence_texts(max_words=5)) < len(texts)
+    with pytest.raises(ValueError, match="min_words"):
+        speech.sentence_texts(min_words=4, max_words=3)
+
+
+@needs_espeak
+def test_load_sentences_small_slice(tmp_path):
+    _needs_brown()
+    splits = speech.load(corpus="sentences", num_train=3, num_test=2, num_new_voice=1, directory=tmp_path,
+                         progress=False)  # fmt: skip
+    train, test = splits["train"], splits["test"]
+    assert not set(train.texts) & set(test.texts)
+    assert set(train.texts) | set(test.texts) <= set(speech.sentence_texts())
+    for i, text in enumerate(test.texts):
+        assert speech.decode_ids(test.targets[i]) == text
+    assert next(tmp_path.glob("sentences-*.npz"))  # cached under the corpus's name
+
+
 def test_load_arguments_named(tmp_path):
     with pytest.raises(ValueError, match="num_new_voice"):
         speech.load(num_train=2, num_test=1, num_new_voice=2, directory=tmp_path)
+    with pytest.raises(ValueError, match="corpus"):
+        speech.load(corpus="poems", directory=tmp_path)

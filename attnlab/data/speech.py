@@ -5,6 +5,8 @@ command). ``load(...)`` synthesizes a seeded corpus once into ``data/speech/`` a
 
 - ``numbers``: integers 0..999999 read as English words ("four hundred and twelve thousand three
   hundred and six"), the transcript in characters. Test numbers never occur in training.
+- ``sentences``: short sentences of the Brown corpus (3-12 words, only letters once punctuation
+  tokens are dropped: ``sentence_texts``), lowercased; test sentences never occur in training.
 - speakers: espeak-ng voices (accents) x variants (m1..m7, f1..f4), with speed and pitch drawn per
   utterance; the variant ``HELD_OUT_VARIANT`` never occurs in training: the ``new_voice`` split is a
   new speaker reading test numbers.
@@ -46,6 +48,7 @@ __all__ = [
     "log_mel",
     "mel_filterbank",
     "number_words",
+    "sentence_texts",
     "synthesize",
 ]
 
@@ -252,8 +255,33 @@ class Split:
         return len(self.texts)
 
 
-def _plan(num_train, num_test, num_new_voice, seed):
-    rng = np.random.default_rng(seed)
+def sentence_texts(*, max_words: int = 12, min_words: int = 3, data_dir=None) -> list[str]:
+    """Brown sentences as lowercase letters and spaces, unique, in corpus order.
+
+    Punctuation tokens (no letter or digit) are dropped; a sentence with any other token that is
+    not purely letters (digits, hyphens, apostrophes, abbreviations) is skipped, as is one with
+    fewer than ``min_words`` or more than ``max_words`` words. Needs the Brown corpus (``make data``).
+    """
+    from attnlab.data import brown
+
+    if not 1 <= min_words <= max_words:
+        raise ValueError(f"sentence_texts: need 1 <= min_words <= max_words, got {min_words}, {max_words}")
+    out = {}
+    for sent in brown.load_sentences(data_dir):
+        words = [w.lower() for w, _ in sent if any(c.isalnum() for c in w)]
+        if min_words <= len(words) <= max_words and all(w.isascii() and w.isalpha() for w in words):
+            out.setdefault(" ".join(words), None)
+    return list(out)
+
+
+def _texts(corpus, num_train, num_test, rng):
+    """(train texts, test texts) of a corpus; test texts never occur in training."""
+    if corpus == "sentences":
+        texts = sentence_texts()
+        if num_train + num_test > len(texts):
+            raise ValueError(f"speech.load: {num_train} + {num_test} sentences asked, the corpus has {len(texts)}")
+        texts = [texts[i] for i in rng.permutation(len(texts))[: num_train + num_test]]
+        return texts[num_test:], texts[:num_test]
     numbers = rng.choice(1_000_000, size=2 * (num_train + num_test), replace=False)
     # numbers of 1-6 digits in equal shares, so short and long readings both occur
     digits = rng.integers(1, 7, size=numbers.size)
@@ -261,18 +289,23 @@ def _plan(num_train, num_test, num_new_voice, seed):
     numbers = list(dict.fromkeys(int(n) for n in numbers))  # unique, order kept
     test = set(numbers[:num_test])
     train = [n for n in numbers[num_test:] if n not in test][:num_train]
-    test = numbers[:num_test]
+    return [number_words(n) for n in train], [number_words(n) for n in numbers[:num_test]]
 
-    def speak(ns, variants):
+
+def _plan(num_train, num_test, num_new_voice, seed, corpus="numbers"):
+    rng = np.random.default_rng(seed)
+    train, test = _texts(corpus, num_train, num_test, rng)
+
+    def speak(texts, variants):
         return [
             dict(
-                text=number_words(n),
+                text=text,
                 voice=str(rng.choice(VOICES)),
                 variant=str(rng.choice(variants)),
                 speed=int(rng.integers(140, 200)),
                 pitch=int(rng.integers(30, 70)),
             )
-            for n in ns
+            for text in texts
         ]
 
     new_voice = test[:num_new_voice]
@@ -309,24 +342,28 @@ def load(
     num_test: int = 300,
     num_new_voice: int = 150,
     seed: int = 0,
+    corpus: str = "numbers",
     directory: str | Path | None = None,
     workers: int = 2,
     progress: bool = True,
 ) -> dict[str, Split]:
-    """The ``numbers`` corpus: ``{"train", "test", "new_voice"}`` splits, synthesized once and cached.
+    """A corpus (``"numbers"`` or ``"sentences"``): ``{"train", "test", "new_voice"}`` splits,
+    synthesized once and cached.
 
     The cache file name hashes the arguments (and the front end's settings), so a rerun with the
-    same arguments reads ``data/speech/numbers-<hash>.npz`` instead of synthesizing again.
+    same arguments reads ``data/speech/<corpus>-<hash>.npz`` instead of synthesizing again.
     """
+    if corpus not in ("numbers", "sentences"):
+        raise ValueError(f"speech.load: corpus must be 'numbers' or 'sentences', got {corpus!r}")
     for name, value in (("num_train", num_train), ("num_test", num_test), ("num_new_voice", num_new_voice)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"speech.load: {name} must be an int >= 1, got {value!r}")
     if num_new_voice > num_test:
         raise ValueError(f"speech.load: num_new_voice ({num_new_voice}) must be <= num_test ({num_test})")
     directory = Path(directory or DEFAULT_DIR)
-    plan = _plan(num_train, num_test, num_new_voice, seed)
+    plan = _plan(num_train, num_test, num_new_voice, seed, corpus)
     key = hashlib.sha256(json.dumps([plan, "logmel80-25ms-10ms-v1"], sort_keys=True).encode()).hexdigest()[:12]
-    path = directory / f"numbers-{key}.npz"
+    path = directory / f"{corpus}-{key}.npz"
     if path.exists():
         z = np.load(path, allow_pickle=False)
         return {s: _pack(plan[s], [z[f"{s}/{i}"] for i in range(len(plan[s]))]) for s in ("train", "test", "new_voice")}
