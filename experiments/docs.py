@@ -289,7 +289,7 @@ def compare_main(root: Path) -> str:
     return _table(["cell", f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
 
 
-def speech_headline(root: Path, folder: Path = Path("docs/results/speech")) -> str:
+def speech_headline(root: Path, folder: Path = Path("docs/results/speech"), *, decoding: bool = True) -> str:
     """README's speech table: CER by encoder window (greedy and beam, seen and held-out voice), decoding speed."""
     results = _jsonl(root / folder / "results.jsonl")
     order = sorted({r["window"] for r in results}, key=lambda w: (0, 0) if w == "full" else (1, -int(w)))
@@ -301,6 +301,8 @@ def speech_headline(root: Path, folder: Path = Path("docs/results/speech")) -> s
         rows.append(["full" if w == "full" else f"±{w} ({4 * int(w) * 10} ms)", *cells, f"{r['train_time_s']:.0f}"])
     header = ["encoder self-attention", "CER % greedy", "CER % beam 4", "WER % greedy", "new voice CER % greedy"]
     text = _table([*header, "new voice CER % beam 4", "train s"], rows)
+    if not decoding:
+        return text
     dec = {d["method"]: d for d in _jsonl(root / folder / "decoding.jsonl")}
     c, r = dec["cached"], dec["recompute"]
     return text + (
@@ -354,6 +356,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "speech": lambda root: experiment_report("speech", root / "docs/results/speech"),
     "speech-headline": speech_headline,
     "speech-pilots": speech_pilots,
+    "speech-sentences": lambda root: speech_headline(root, Path("docs/results/speech-sentences"), decoding=False),
     "detr": lambda root: experiment_report("detr", root / "docs/results/detr"),
     "detr-pilots": lambda root: experiment_report("detr", root / "docs/results/detr-pilots"),
     "claims": lambda root: experiment_report("claims", root / "docs/results/claims"),
