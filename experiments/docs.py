@@ -291,14 +291,15 @@ def compare_main(root: Path) -> str:
 
 def speech_headline(root: Path, folder: Path = Path("docs/results/speech"), *, decoding: bool = True) -> str:
     """README's speech table: CER by encoder window (greedy and beam, seen and held-out voice), decoding speed."""
+    speech = importlib.import_module("experiments.speech")
     results = _jsonl(root / folder / "results.jsonl")
-    order = sorted({r["window"] for r in results}, key=lambda w: (0, 0) if w == "full" else (1, -int(w)))
     rows = []
-    for w in order:
+    for w in sorted({r["window"] for r in results}, key=speech.window_order):
         r = next(r for r in results if r["window"] == w)
         cells = [f"{100 * r[k]:.1f}" for k in ("test_greedy_cer", "test_beam4_cer", "test_greedy_wer",
                                                 "new_voice_greedy_cer", "new_voice_beam4_cer")]  # fmt: skip
-        rows.append(["full" if w == "full" else f"±{w} ({4 * int(w) * 10} ms)", *cells, f"{r['train_time_s']:.0f}"])
+        ms = "" if w == "full" else f" ({4 * int(w) * 10} ms)"  # 4x subsampled 10 ms frames
+        rows.append([speech.window_label(w) + ms, *cells, f"{r['train_time_s']:.0f}"])
     header = ["encoder self-attention", "CER % greedy", "CER % beam 4", "WER % greedy", "new voice CER % greedy"]
     text = _table([*header, "new voice CER % beam 4", "train s"], rows)
     if not decoding:

@@ -301,8 +301,14 @@ def monotonicity(cross: np.ndarray) -> float:
     return float(np.corrcoef(np.arange(len(centroid)), centroid)[0, 1])
 
 
-def _order(w):
+def window_order(w):
+    """Sort key of window names: full first, then the widest window first."""
     return (0, 0) if w == "full" else (1, -int(w))
+
+
+def window_label(w) -> str:
+    """``"full"`` or ``"±w"``."""
+    return "full" if w == "full" else f"±{w}"
 
 
 def report(folder: Path) -> str:
@@ -310,13 +316,13 @@ def report(folder: Path) -> str:
     results = common.read_jsonl(folder / "results.jsonl")
     if not results:
         raise FileNotFoundError(f"no results in {folder / 'results.jsonl'}: run the experiment first")
-    windows = sorted({r["window"] for r in results}, key=_order)
+    windows = sorted({r["window"] for r in results}, key=window_order)
     cols = [k for k in results[0] if k.endswith("_cer") or k.endswith("_wer")]
     rows = []
     for w in windows:
         rs = [r for r in results if r["window"] == w]
         cells = [common.mean_std(common.summarize(rs, ("window",), k)[(w,)], scale=100) for k in cols]
-        rows.append(["full" if w == "full" else f"±{w}", *cells, f"{np.mean([r['train_time_s'] for r in rs]):.0f}"])
+        rows.append([window_label(w), *cells, f"{np.mean([r['train_time_s'] for r in rs]):.0f}"])
     header = [
         "encoder attention",
         *(k.replace("_", " ").replace(" cer", " CER %").replace(" wer", " WER %") for k in cols),
@@ -341,52 +347,52 @@ def report(folder: Path) -> str:
                 f"{1e3 * r['step_s_per_frame']:.2f}",
                 f"{r['peak_bytes'] / 2**20:.1f}",
             ]
-            for r in sorted(scaling, key=lambda r: (_order(r["window"]), r["frames"]))
+            for r in sorted(scaling, key=lambda r: (window_order(r["window"]), r["frames"]))
         ]
         text += "\n\n" + common.markdown_table(
             ["encoder", "input frames", "encoder frames", "step s", "ms / encoder frame", "compiled MiB"], srows
         )
+    maps = {w: np.load(folder / f"maps-{w}.npz") for w in windows if (folder / f"maps-{w}.npz").exists()}
+    mono = {w: monotonicity(z["cross"]) for w, z in maps.items()}
+    if mono:
+        text += "\n\nCross-attention of test utterance 0 (last decoder block, head mean): correlation of the decoder "
+        text += "step with the attended frame (centroid), 1 = a monotonic alignment: "
+        text += ", ".join(f"{window_label(w)} {m:.2f}" for w, m in mono.items()) + "."
     (folder / "summary.md").write_text(text + "\n")
     # figures
     fig, ax = plt.subplots(figsize=(5, 3.2))
     x = np.arange(len(windows))
     for k in ("test_greedy_cer", "new_voice_greedy_cer"):
         ax.plot(x, [100 * np.mean([r[k] for r in results if r["window"] == w]) for w in windows], "o-", label=k[:-4])
-    ax.set_xticks(x, ["full" if w == "full" else f"±{w}" for w in windows])
+    ax.set_xticks(x, [window_label(w) for w in windows])
     ax.set(xlabel="encoder self-attention", ylabel="CER (%)")
     ax.legend()
     common.save_figure(fig, folder / "cer_vs_window.png")
     if scaling:
         fig, ax = plt.subplots(figsize=(5, 3.2))
-        for w in sorted({r["window"] for r in scaling}, key=_order):
+        for w in sorted({r["window"] for r in scaling}, key=window_order):
             rs = sorted((r for r in scaling if r["window"] == w), key=lambda r: r["frames"])
             ax.plot(
                 [r["frames"] for r in rs],
                 [1e3 * r["step_s_per_frame"] for r in rs],
                 "o-",
-                label="full" if w == "full" else f"±{w}",
+                label=window_label(w),
             )
         ax.set(xlabel="input frames (10 ms)", ylabel="encoder step ms / frame")
         ax.legend()
         common.save_figure(fig, folder / "scaling.png")
-    maps = {w: np.load(folder / f"maps-{w}.npz") for w in windows if (folder / f"maps-{w}.npz").exists()}
     if maps:
-        mono = {w: monotonicity(z["cross"]) for w, z in maps.items()}
-        text += "\n\nCross-attention of test utterance 0 (last decoder block, head mean): correlation of the decoder "
-        text += "step with the attended frame (centroid), 1 = a monotonic alignment: "
-        text += ", ".join(f"{'full' if w == 'full' else f'±{w}'} {m:.2f}" for w, m in mono.items()) + "."
-        (folder / "summary.md").write_text(text + "\n")
         fig, axes = plt.subplots(1, len(maps), figsize=(3.2 * len(maps), 3), squeeze=False)
         for a, (w, z) in zip(axes[0], maps.items(), strict=True):
             a.imshow(z["cross"], aspect="auto", cmap="viridis")
-            a.set(xlabel="encoder frame", title=f"{'full' if w == 'full' else f'±{w}'}: r = {mono[w]:.2f}")
+            a.set(xlabel="encoder frame", title=f"{window_label(w)}: r = {mono[w]:.2f}")
         axes[0, 0].set_ylabel("decoder step")
         fig.suptitle(f"cross-attention (last decoder block, head mean): {maps[next(iter(maps))]['text']}")
         common.save_figure(fig, folder / "alignment.png")
         fig, axes = plt.subplots(1, len(maps), figsize=(3 * len(maps), 3), squeeze=False)
         for a, (w, z) in zip(axes[0], maps.items(), strict=True):
             a.imshow(z["encoder"], cmap="viridis")
-            a.set_title("full" if w == "full" else f"window ±{w}")
+            a.set_title(window_label(w) if w == "full" else f"window ±{w}")
         common.save_figure(fig, folder / "encoder_maps.png")
     return text
 

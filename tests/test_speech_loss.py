@@ -57,7 +57,9 @@ def test_hybrid_loss_mixes_attention_and_ctc(model):
     np.testing.assert_allclose(metrics["attention_loss"], att, rtol=1e-6)
     np.testing.assert_allclose(mixed, 0.7 * att + 0.3 * ctc, rtol=1e-5)
     gdef, state = nnx.split(model)
-    g = jax.grad(lambda st: exp.loss_fn(nnx.merge(gdef, st), batch, None, smoothing=0.1, ctc_weight=0.3)[0])(state)
+    g = jax.jit(jax.grad(lambda st: exp.loss_fn(nnx.merge(gdef, st), batch, None, smoothing=0.1, ctc_weight=0.3)[0]))(
+        state
+    )
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(g))
     assert np.abs(np.asarray(g["ctc"]["kernel"][...])).sum() > 0  # the CTC head is trained
 

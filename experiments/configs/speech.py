@@ -13,13 +13,14 @@ Variants:
              AdamW steps of 32 utterances of similar length; loss 0.7 attention + 0.3 CTC (hybrid
              CTC/attention); encoder windows full, ±32, ±16, ±8, ±4, ±2 (after subsampling); seed 0.
     budget   the same data, d = 64, 2 + 1 layers, 600 steps of 16, windows full, ±16, ±4, no CMVN,
-             no CTC: what a loaded shared CPU finished in an earlier session (it did not learn:
-             CER ~105%; docs/speech.md).
+             no CTC: what a loaded shared CPU finished in an earlier session, then with random
+             batches (it did not learn: CER ~105%; docs/speech.md).
     smoke    a few utterances, a tiny model, 1 window, a few steps: seconds (tests/test_speech.py).
 
 Every field can be overridden, e.g. `--config.train.num_steps=3000 --config.windows=full,16`. Brown
-sentences instead of numbers (not trained here: the 45-minute budget went to the numbers):
-`--config.data.corpus=sentences --config.model.max_target_len=120 --config.eval.max_len=120`.
+sentences instead of numbers (not part of `make speech`; its run and command are in
+docs/results/speech-sentences/): `--config.data.corpus=sentences --config.model.max_target_len=120
+--config.eval.max_len=120`.
 """
 
 import ml_collections
