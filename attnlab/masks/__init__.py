@@ -40,8 +40,14 @@ Layout of the package (each constructor beside its class):
 * ``sparse``: chunks, dilated, global_tokens, random_blocks, bigbird;
 * ``spec``: ``from_spec`` strings.
 
-A new mask: a ``@mask_class`` subclass of ``Mask`` with array fields
-declared ``leaf()``, its constructor beside it, both exported here (see docs/seams.md).
+What a mask says about itself, for the kernels (none of them lists mask classes):
+``conjuncts()``, ``split_padding()``, ``is_full``, ``is_padding``, ``interval()`` (the ``t + lo <= s
+<= t + hi`` form that flag-driven kernels take), ``in_kernel`` (evaluable from positions alone),
+``for_tiles()``, ``edge_list()``, ``block_layout``.
+
+A new mask: a ``@mask_class`` subclass of ``Mask`` with array fields declared ``leaf()``, its
+constructor beside it, both exported here; set ``in_kernel`` / override ``interval`` where they
+hold (see docs/design.md).
 """
 
 from attnlab.masks.base import (
@@ -53,11 +59,21 @@ from attnlab.masks.base import (
     Mask,
     Or,
     _is_concrete,  # noqa: F401  (used by attnlab.kernels.sparse)
+    and_all,
     as_mask,
     leaf,
     mask_class,
 )
-from attnlab.masks.graph import Graph, GraphEdges, Padding, graph, graph_edges, padding, with_self_loops
+from attnlab.masks.graph import (
+    Graph,
+    GraphEdges,
+    Padding,
+    graph,
+    graph_edges,
+    padding,
+    padding_lengths,
+    with_self_loops,
+)
 from attnlab.masks.sparse import (
     BlockBand,
     Chunks,
@@ -95,6 +111,8 @@ __all__ = [
     "graph_edges",
     "with_self_loops",
     "as_mask",
+    "and_all",
+    "padding_lengths",
     "Chunks",
     "Dilated",
     "GlobalTokens",

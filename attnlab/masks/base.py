@@ -95,6 +95,49 @@ class Mask:
             return np.full((_num_blocks(T, bq), _num_blocks(S, bk)), PARTIAL, np.int8)
         return _layout_by_evaluation(self, T, S, bq, bk)
 
+    # ---- what the mask says about itself (kernels ask these; none of them lists mask classes)
+
+    #: True when ``__call__`` is integer arithmetic on the positions alone (no arrays, no constants),
+    #: so a kernel can evaluate it inside a tile from ``iota`` positions (Pallas, Triton).
+    in_kernel: bool = False
+
+    def conjuncts(self) -> tuple[Mask, ...]:
+        """The factors of an ``&`` tree, ``full()`` left out (``full()`` itself has none)."""
+        return (self,)
+
+    def split_padding(self) -> tuple[tuple[Mask, ...], Mask | None]:
+        """-> (the padding factors of the ``&`` tree, the product of the other factors or None)."""
+        pads = tuple(c for c in self.conjuncts() if c.is_padding)
+        rest = [c for c in self.conjuncts() if not c.is_padding]
+        return pads, and_all(rest)
+
+    #: True for ``masks.padding(...)`` (per-example lengths).
+    is_padding: bool = False
+
+    @property
+    def is_full(self) -> bool:
+        """True when every pair may attend (``full()`` or an ``&`` of them): no mask at all."""
+        return not self.conjuncts()
+
+    def interval(self) -> tuple[int | None, int | None] | None:
+        """``(lo, hi)`` when the mask is exactly ``t + lo <= s <= t + hi`` (None = unbounded), else None.
+
+        ``full()`` is ``(None, None)``, ``causal(o)`` is ``(None, o)``, ``window(l, r, offset=o)`` is
+        ``(o - l, o + r)``; an ``&`` of such masks is their intersection. This is the form that
+        flag-driven kernels (cuDNN's ``is_causal`` / ``local_window_size``, splash's causal and local
+        masks) take.
+        """
+        return None
+
+    def for_tiles(self) -> Mask:
+        """The same mask in the form cheapest to evaluate once per tile (an edge list becomes its
+        adjacency, scattered once); most masks are already in that form."""
+        return self
+
+    def edge_list(self):
+        """``(senders, receivers, num_nodes)`` when the mask is a graph given as an edge list, else None."""
+        return None
+
     def __and__(self, other: Mask) -> Mask:
         return And(self, as_mask(other, "other"))
 
@@ -246,6 +289,24 @@ class And(Mask):
     def __call__(self, q_idx, k_idx):
         return self.a(q_idx, k_idx) & self.b(q_idx, k_idx)
 
+    @property
+    def in_kernel(self) -> bool:
+        return self.a.in_kernel and self.b.in_kernel
+
+    def conjuncts(self):
+        return self.a.conjuncts() + self.b.conjuncts()
+
+    def interval(self):
+        a, b = self.a.interval(), self.b.interval()
+        if a is None or b is None:
+            return None
+        lo = [x for x in (a[0], b[0]) if x is not None]
+        hi = [x for x in (a[1], b[1]) if x is not None]
+        return (max(lo) if lo else None, min(hi) if hi else None)
+
+    def for_tiles(self):
+        return And(self.a.for_tiles(), self.b.for_tiles())
+
     def dense(self, T, S):
         return self.a.dense(T, S) & self.b.dense(T, S)
 
@@ -263,6 +324,13 @@ class Or(Mask):
 
     def __call__(self, q_idx, k_idx):
         return self.a(q_idx, k_idx) | self.b(q_idx, k_idx)
+
+    @property
+    def in_kernel(self) -> bool:
+        return self.a.in_kernel and self.b.in_kernel
+
+    def for_tiles(self):
+        return Or(self.a.for_tiles(), self.b.for_tiles())
 
     def dense(self, T, S):
         return self.a.dense(T, S) | self.b.dense(T, S)
@@ -296,6 +364,17 @@ def _check_int(name: str, value, *, minimum=None, bounded=True) -> int:
             f"{name} must be in [-2**30, 2**30] (positions are int32; 2**30 already covers any sequence), got {value}"
         )
     return int(value)
+
+
+def and_all(masks) -> Mask | None:
+    """``masks[0] & masks[1] & ...``, or None for an empty sequence."""
+    masks = list(masks)
+    if not masks:
+        return None
+    out = masks[0]
+    for m in masks[1:]:
+        out = out & m
+    return out
 
 
 def as_mask(mask, name: str = "mask") -> Mask | None:

@@ -31,6 +31,7 @@ class Padding(Mask):
 
     q_lengths: Any = leaf(default=None)
     kv_lengths: Any = leaf(default=None)
+    is_padding = True
 
     def __call__(self, q_idx, k_idx):
         ok = jnp.ones((q_idx.shape[0], k_idx.shape[0]), bool)
@@ -124,6 +125,12 @@ class GraphEdges(Mask):
         adj = self.adjacency()
         return jnp.take(jnp.take(adj, q_idx, axis=0), k_idx, axis=1)
 
+    def for_tiles(self):
+        return Graph(self.adjacency())
+
+    def edge_list(self):
+        return self.senders, self.receivers, self.num_nodes
+
     def adjacency(self) -> jax.Array:
         """bool ``[num_nodes, num_nodes]``: ``adjacency[r, s]`` is True iff an edge s -> r exists."""
         n = self.num_nodes
@@ -157,6 +164,40 @@ class GraphEdges(Mask):
         cols = np.minimum(np.arange(nk) * bk + bk, S) - np.arange(nk) * bk
         sizes = rows[:, None] * cols[None, :]
         return np.where(counts == 0, EMPTY, np.where(counts == sizes, FULL, PARTIAL)).astype(np.int8)
+
+
+def padding_lengths(pads, lead, T: int, S: int):
+    """Padding factors -> ``(q_len, kv_len)``, int32 ``[B]`` each (B = prod(lead)): the minimum over the factors.
+
+    Lengths may be traced. Each factor's lengths must broadcast to the batch dims ``lead``
+    (leading 1s allowed); a factor without ``q_lengths`` / ``kv_lengths`` leaves T / S.
+
+    Raises:
+        ValueError: lengths that do not match the batch dims (named).
+    """
+    lead = tuple(lead)
+    ql = jnp.full(lead, T, jnp.int32)
+    kl = jnp.full(lead, S, jnp.int32)
+
+    def fit(x, name):
+        x = jnp.asarray(x).astype(jnp.int32)
+        extra = x.ndim - len(lead)
+        bad = ValueError(f"padding {name} of shape {x.shape} does not match the batch dims {lead}")
+        if extra > 0:
+            if any(d != 1 for d in x.shape[:extra]):
+                raise bad
+            x = x.reshape(x.shape[extra:])
+        try:
+            return jnp.broadcast_to(x, lead)
+        except ValueError:
+            raise bad from None
+
+    for p in pads:
+        if p.q_lengths is not None:
+            ql = jnp.minimum(ql, fit(p.q_lengths, "q_lengths"))
+        if p.kv_lengths is not None:
+            kl = jnp.minimum(kl, fit(p.kv_lengths, "kv_lengths"))
+    return ql.reshape(-1), kl.reshape(-1)
 
 
 def _check_lengths_array(name, lengths):

@@ -13,6 +13,7 @@ class Chunks(Mask):
     """Non-overlapping chunks: t attends to s iff they are in the same chunk of ``size`` (LRA's local attention)."""
 
     size: int
+    in_kernel = True
 
     def __call__(self, q_idx, k_idx):
         return (q_idx[:, None] // self.size) == (k_idx[None, :] // self.size)
@@ -39,6 +40,7 @@ class Dilated(Mask):
     left: int
     right: int
     dilation: int
+    in_kernel = True
 
     def __call__(self, q_idx, k_idx):
         d = k_idx[None, :] - q_idx[:, None]
@@ -88,6 +90,7 @@ class BlockBand(Mask):
 
     block_size: int
     half: int
+    in_kernel = True
 
     def __call__(self, q_idx, k_idx):
         return jnp.abs(q_idx[:, None] // self.block_size - k_idx[None, :] // self.block_size) <= self.half

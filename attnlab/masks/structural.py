@@ -24,8 +24,16 @@ from attnlab.masks.base import (
 class Full(Mask):
     """Every query attends to every key."""
 
+    in_kernel = True
+
     def __call__(self, q_idx, k_idx):
         return jnp.ones((q_idx.shape[0], k_idx.shape[0]), bool)
+
+    def conjuncts(self):
+        return ()
+
+    def interval(self):
+        return (None, None)
 
     def _layout(self, T, S, bq, bk):
         return np.full((_num_blocks(T, bq), _num_blocks(S, bk)), FULL, np.int8)
@@ -36,9 +44,13 @@ class Causal(Mask):
     """Query t attends to keys s <= t + offset."""
 
     offset: int = 0
+    in_kernel = True
 
     def __call__(self, q_idx, k_idx):
         return k_idx[None, :] <= q_idx[:, None] + self.offset
+
+    def interval(self):
+        return (None, self.offset)
 
     def _layout(self, T, S, bq, bk):
         return _interval_layout(T, S, bq, bk, lambda t: np.full_like(t, -(2**62)), lambda t: t + self.offset)
@@ -52,9 +64,14 @@ class Window(Mask):
     right: int
     offset: int = 0
 
+    in_kernel = True
+
     def __call__(self, q_idx, k_idx):
         d = k_idx[None, :] - (q_idx[:, None] + self.offset)
         return (d >= -self.left) & (d <= self.right)
+
+    def interval(self):
+        return (self.offset - self.left, self.offset + self.right)
 
     def _layout(self, T, S, bq, bk):
         return _interval_layout(
@@ -80,6 +97,7 @@ class Window2D(Mask):
     width: int
     row_radius: int
     col_radius: int
+    in_kernel = True
 
     def __call__(self, q_idx, k_idx):
         w = self.width
