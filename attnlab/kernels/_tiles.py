@@ -30,26 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
-from attnlab import scores as scores_lib
-
-
-def compute_dtype(dtype, backend: str | None = None) -> jnp.dtype:
-    """The tiles' dtype for inputs of ``dtype`` on ``backend``: fp32 for half precision on XLA:CPU, else ``dtype``.
-
-    XLA:CPU has no fast half-precision dot (and no fp16 x fp16 -> fp32 one); elsewhere tiles stay in
-    the input dtype with fp32 accumulation. ``backend`` None means ``jax.default_backend()``;
-    ``blockwise_attention`` passes each lowering platform's name instead (``lax.platform_dependent``).
-    """
-    backend = jax.default_backend() if backend is None else backend
-    dtype = jnp.dtype(dtype)
-    half = dtype in (jnp.bfloat16, jnp.float16)
-    return jnp.dtype(jnp.float32) if (half and backend == "cpu") else dtype
-
-
-def default_scale(H: int, scale) -> float:
-    """The logit scale: ``scale`` as a float, or ``1/sqrt(H)`` when it is None."""
-    scores_lib.check_scale(scale, fn="blockwise_attention")
-    return 1.0 / math.sqrt(H) if scale is None else float(scale)
+from attnlab.numerics import check_dropout, compute_dtype, default_scale, dropout_keep  # noqa: F401 (for the kernels)
 
 
 def zero_cotangents(tree):
@@ -65,49 +46,6 @@ def zero_cotangents(tree):
         return np.zeros(x.shape, jax.dtypes.float0)
 
     return jax.tree_util.tree_map(zero, tree)
-
-
-# ------------------------------------------------------------------------------------------
-# Attention dropout: one keep/drop decision per (batch, head, query, key), from the key alone
-
-
-def check_dropout(rate, key, fn="attention"):
-    """Validates ``dropout_rate`` / ``dropout_key``; returns (rate as float, seed uint32 [2] or None)."""
-    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{fn}: dropout_rate must be a Python float in [0, 1), got {type(rate).__name__} {rate!r}")
-    rate = float(rate)
-    if not 0.0 <= rate < 1.0:
-        raise ValueError(f"{fn}: dropout_rate must be in [0, 1), got {rate}")
-    if rate == 0.0:
-        return 0.0, None
-    if key is None:
-        raise ValueError(f"{fn}: dropout_rate={rate} needs an explicit dropout_key (a jax.random key)")
-    if not hasattr(key, "dtype"):
-        raise ValueError(f"{fn}: dropout_key must be a jax.random key, got {type(key).__name__}")
-    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        if key.dtype != jnp.uint32 or key.shape != (2,):
-            raise ValueError(
-                f"{fn}: dropout_key must be a jax.random.key(...) or a raw uint32 [2] PRNGKey, "
-                f"got dtype {key.dtype} shape {key.shape}"
-            )
-        key = jax.random.wrap_key_data(key)
-    if key.shape != ():
-        raise ValueError(f"{fn}: dropout_key must be a single key (shape ()), got shape {key.shape}")
-    return rate, jax.random.bits(key, (2,), jnp.uint32)  # two words: the seed of the hash below
-
-
-def dropout_keep(seed, rate: float, rows, cols):
-    """bool: keep the weight at (row, col) with probability 1 - rate (broadcasts rows with cols).
-
-    ``rows`` = ``(b * N + n) * T + t`` (flat batch index b, query head n, query t) and ``cols`` =
-    key position s. The decision is a counter-based hash (threefry-2x32 of (row, col) under the
-    seed), so it depends only on the position, never on how the work is tiled: the dense
-    reference, each blockwise tile and the backward pass draw exactly the same mask.
-    """
-    rows, cols = jnp.broadcast_arrays(jnp.asarray(rows).astype(jnp.uint32), jnp.asarray(cols).astype(jnp.uint32))
-    bits = jax.extend.random.threefry2x32_p.bind(seed[0], seed[1], rows, cols)[0]
-    threshold = min(int(round((1.0 - rate) * 2.0**32)), 2**32 - 1)
-    return bits < jnp.uint32(threshold)
 
 
 # ------------------------------------------------------------------------------------------
@@ -134,6 +72,19 @@ def adjust_layout(layout: np.ndarray, S: int, bk: int) -> np.ndarray:
     if S % bk:
         layout[:, -1] = np.minimum(layout[:, -1], masks_lib.PARTIAL)
     return layout
+
+
+def padded_schedule(layout: np.ndarray) -> np.ndarray:
+    """layout int ``[n_rows, n_cols]`` -> int32 ``[n_rows, 2, J]`` (column index; kind), J a power of two.
+
+    The schedule as one kernel input (the Pallas kernels: Triton tensor sizes are powers of two).
+    """
+    index, kind = layout_rows(layout)
+    J = 1 << max(0, index.shape[1] - 1).bit_length()
+    sched = np.zeros((layout.shape[0], 2, J), np.int32)
+    sched[:, 0, : index.shape[1]] = index
+    sched[:, 1, : kind.shape[1]] = kind
+    return sched
 
 
 def layout_rows(layout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -168,12 +119,27 @@ class Static:
     kinds_used: tuple  # sorted kinds present in the schedule, e.g. (2,) for full attention
     kinds_used_t: tuple  # the same for the transposed schedule (key block -> query blocks)
     compute_dtype: str
-    backward: str
     dropout_rate: float = 0.0
+    # the Pallas kernels' extra statics (attnlab.kernels.pallas_flash); defaults elsewhere
+    H: int = 0
+    Hv: int = 0
+    struct: object = None  # the in-kernel (arithmetic) part of the mask, or None
+    has_bitmap: bool = False  # the data part of the mask comes as per-tile bitmaps
+    bm_shape: tuple = (1, 1)  # (Bm, Nm) of those bitmaps
+    num_warps: int = 4
+    num_stages: int = 2
 
     @property
     def lead_size(self) -> int:
         return math.prod(self.lead)
+
+    @property
+    def groups(self) -> int:
+        return self.N // self.K  # G
+
+    @property
+    def fp32(self) -> bool:
+        return self.compute_dtype == "float32"
 
 
 def _to_tile(x: jax.Array, st: Static) -> jax.Array:

@@ -35,12 +35,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
+from attnlab.call import Call, bind
 from attnlab.kernels._tiles import (  # the shared tile machinery (also used by ring and pallas_flash)
     Static,
     adjust_layout,
     backward,
     block_schedule,
-    check_dropout,
     compute_dtype,
     default_scale,
     dropout_keep,
@@ -53,7 +53,7 @@ from attnlab.kernels._tiles import (  # the shared tile machinery (also used by 
     zero_cotangents,
 )
 
-__all__ = ["BlockSizes", "default_block_sizes", "blockwise_attention", "block_schedule", "dropout_keep"]
+__all__ = ["BlockSizes", "default_block_sizes", "blockwise_attention", "attend", "block_schedule", "dropout_keep"]
 
 
 BiasFn = Callable[[jax.Array, jax.Array], jax.Array]
@@ -66,22 +66,19 @@ class BlockSizes:
     Attributes:
         block_q: queries per block (rows of one tile).
         block_k: keys per block (columns of one tile).
-        backward: ``"fused"``, the only backward: one pass over query blocks carrying full-size
-            dk/dv, 5 tile matmuls plus tile transposes. (A ``"two_pass"`` backward, a dk/dv pass over
-            key blocks and a dq pass over query blocks, was used by tests only and was removed.)
+
+    The backward is one pass over query blocks carrying full-size dk/dv (5 tile matmuls plus tile
+    transposes per tile).
     """
 
     block_q: int
     block_k: int
-    backward: str = "fused"
 
     def __post_init__(self):
         for name in ("block_q", "block_k"):
             b = getattr(self, name)
             if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b <= 0:
                 raise ValueError(f"{name} must be a positive int, got {b!r}")
-        if self.backward != "fused":
-            raise ValueError(f"backward must be 'fused' (the two-pass backward was removed), got {self.backward!r}")
 
 
 # Per-backend defaults (dense, sparse). CPU dense: 512 x 256, chosen on the 2-core development
@@ -175,34 +172,19 @@ def _array_bias(q_idx, k_idx, b):
     return jnp.take(jnp.take(b, q_idx, axis=-2), k_idx, axis=-1)
 
 
-def _as_bias_fn(bias, T, S, bq, bk, target=None):
-    """Bias -> (fn(q_idx, k_idx, *consts), consts); None -> (None, ()).
+def _bias_fn(call: Call, bq: int, bk: int):
+    """The bound call's bias -> (fn(q_idx, k_idx, *consts), consts); no bias -> (None, ()).
 
     A callable is closure-converted (arrays it closes over become the consts and get gradients);
     an array ``[..., N|1, T|1, S|1]`` becomes the const of ``_array_bias``, sliced per tile.
+    (``bind`` has checked either form against the logits' shape.)
     """
-    if bias is None:
+    if call.bias_kind == "none":
         return None, ()
-    if hasattr(bias, "shape") and not callable(bias):
-        if not jnp.issubdtype(bias.dtype, jnp.floating):
-            raise ValueError(f"bias must be floating point, got dtype {bias.dtype}")
-        b = jnp.asarray(bias)
-        b = b.reshape((1,) * max(0, 2 - b.ndim) + tuple(b.shape))  # rank 0/1 broadcasts like numpy
-        try:
-            ok = jnp.broadcast_shapes(tuple(b.shape), tuple(target)) == tuple(target)
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"bias of shape {tuple(bias.shape)} does not broadcast to the logits' shape "
-                f"[..., N, T, S] = {tuple(target)}"
-            )
-        return _array_bias, (b,)
-    if not callable(bias):
-        raise ValueError(
-            "bias must be an array broadcastable to [..., N, T, S] or a callable bias(q_idx, k_idx) -> "
-            f"[..., N, len(q_idx), len(k_idx)] (e.g. ALiBi), got {type(bias).__name__}"
-        )
+    if call.bias_kind == "array":
+        b = jnp.asarray(call.bias)
+        return _array_bias, (b.reshape((1,) * max(0, 2 - b.ndim) + tuple(b.shape)),)  # rank 0/1 like numpy
+    bias = call.bias
     ex_q, ex_k = jnp.zeros((bq,), jnp.int32), jnp.zeros((bk,), jnp.int32)
     # (a lambda: closure_convert caches on its argument, and a pytree bias holding tracers is unhashable)
     fn, consts = jax.closure_convert(lambda q_idx, k_idx: bias(q_idx, k_idx), ex_q, ex_k)
@@ -256,18 +238,20 @@ def blockwise_attention(
         >>> blockwise_attention(q, k, v, mask=masks_lib.window(16, 0)).shape
         (1000, 2, 8)
     """
-    *lead, T, N, H = q.shape
-    S, K, Hv = v.shape[-3:]
-    lead = tuple(lead)
-    rate, seed = check_dropout(dropout_rate, dropout_key, "blockwise_attention")
-    if T == 0 or S == 0:
-        out = jnp.zeros((*lead, T, N, Hv), q.dtype)
-        return (out, jnp.full((*lead, T, N), -jnp.inf, jnp.float32)) if return_lse else out
-    m = masks_lib.as_mask(mask, "mask")
-    if isinstance(m, masks_lib.Full):
-        m = None
+    call = bind(
+        q, k, v, mask=mask, bias=bias, scale=scale, dropout_rate=dropout_rate, dropout_key=dropout_key,
+        return_lse=return_lse, fn="blockwise_attention",
+    )  # fmt: skip
+    return attend(call, block_sizes=block_sizes)
+
+
+def attend(call: Call, *, block_sizes: BlockSizes | None = None):
+    """The blockwise kernel on a bound call (``attnlab.call.bind``; dot score): see ``blockwise_attention``."""
     if block_sizes is not None and not isinstance(block_sizes, BlockSizes):
         raise ValueError(f"block_sizes must be an attnlab.kernels.BlockSizes, got {block_sizes!r}")
+    if call.empty:
+        return call.zeros()
+    T, S, m = call.T, call.S, call.tile_mask
 
     # Tiles and compute dtype depend on the platform the computation is *lowered* for (not on
     # jax.default_backend() at trace time): one plan per platform, joined when equal, picked by
@@ -284,19 +268,20 @@ def blockwise_attention(
     plans = {}
     for platform in _PLATFORMS:
         bs = _pick_block_sizes(m, T, S, platform, layout_fn) if block_sizes is None else block_sizes
-        plans[platform] = _plan(layout_fn, bias, T, S, lead, N, K, H, q.dtype, scale, bs, platform, rate)
+        plans[platform] = _plan(layout_fn, call, bs, platform)
     branches = {}
     for platform, plan in plans.items():
         same = next((p for p in branches if plans[p] == plan), None)
         branches[platform] = branches[same] if same is not None else plan.branch()
-    seed = jnp.zeros((2,), jnp.uint32) if seed is None else seed
+    seed = jnp.zeros((2,), jnp.uint32) if call.dropout_seed is None else call.dropout_seed
+    args = (call.q, call.k, call.v, m, seed)
     if len({id(b) for b in branches.values()}) == 1:
-        out, lse = branches["cpu"](q, k, v, m, seed)
+        out, lse = branches["cpu"](*args)
     else:
         out, lse = jax.lax.platform_dependent(
-            q, k, v, m, seed, cpu=branches["cpu"], cuda=branches["gpu"], rocm=branches["gpu"], tpu=branches["tpu"]
+            *args, cpu=branches["cpu"], cuda=branches["gpu"], rocm=branches["gpu"], tpu=branches["tpu"]
         )
-    return (out, lse) if return_lse else out
+    return (out, lse) if call.return_lse else out
 
 
 _PLATFORMS = ("cpu", "gpu", "tpu")
@@ -324,27 +309,27 @@ class _Plan:
         return run
 
 
-def _plan(layout_fn, bias, T, S, lead, N, K, H, dtype, scale, block_sizes, platform, rate) -> _Plan:
+def _plan(layout_fn, call: Call, block_sizes: BlockSizes, platform: str) -> _Plan:
+    T, S = call.T, call.S
     bq, bk = min(block_sizes.block_q, T), min(block_sizes.block_k, S)
     layout = adjust_layout(layout_fn(bq, bk), S, bk)
     index, kind = layout_rows(layout)
     index_t, kind_t = layout_rows(layout.T)  # key block -> the query blocks that see it
-    bias_fn, consts = _as_bias_fn(bias, T, S, bq, bk, target=(*lead, N, T, S))
+    bias_fn, consts = _bias_fn(call, bq, bk)
     st = Static(
         T=T,
         S=S,
         bq=bq,
         bk=bk,
-        lead=lead,
-        N=N,
-        K=K,
-        scale=default_scale(H, scale),
+        lead=call.lead,
+        N=call.N,
+        K=call.K,
+        scale=default_scale(call.H, call.score.scale),
         has_bias=bias_fn is not None,
         kinds_used=tuple(np.unique(kind).tolist()),
         kinds_used_t=tuple(np.unique(kind_t).tolist()),
-        compute_dtype=compute_dtype(dtype, platform).name,
-        backward=block_sizes.backward,
-        dropout_rate=rate,
+        compute_dtype=compute_dtype(call.dtype, platform).name,
+        dropout_rate=call.dropout_rate,
     )
     return _Plan(st, (index, kind, index_t, kind_t), bias_fn, consts)
 

@@ -34,8 +34,9 @@ import jax
 import jax.numpy as jnp
 
 from attnlab import masks as masks_lib
+from attnlab.call import Call, bind
 
-__all__ = ["CudnnFlags", "cudnn_flags", "cudnn_attention", "supports"]
+__all__ = ["CudnnFlags", "cudnn_flags", "cudnn_attention", "attend", "supports_call"]
 
 # cuDNN's flash attention: bf16/fp16, H a multiple of 8 up to 256 (128 before Hopper), Hv == H.
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -48,78 +49,55 @@ class CudnnFlags:
 
     is_causal: bool = False
     window: tuple[int, int] | None = None  # jax.nn's local_window_size (left, right)
-    padding: masks_lib.Padding | None = None
-
-
-def _parts(m):
-    """The conjuncts of an ``&`` tree."""
-    if isinstance(m, masks_lib.And):
-        return _parts(m.a) + _parts(m.b)
-    return [m]
+    padding: tuple[masks_lib.Mask, ...] | None = None  # the padding factors (their minimum is used)
 
 
 def cudnn_flags(mask) -> CudnnFlags | str:
-    """The cuDNN flags for ``mask`` (an attnlab mask or None), or the reason there are none."""
+    """The cuDNN flags for ``mask`` (an attnlab mask or None), or the reason there are none.
+
+    Asks the mask: its padding factors (``split_padding``) become lengths, and every other factor
+    must have the interval form ``t + lo <= s <= t + hi`` (``Mask.interval``) with ``hi = 0``
+    (causal) or no bounds at all.
+    """
     m = masks_lib.as_mask(mask, "mask")
-    causal, window, padding = False, None, None
-    for p in [] if m is None else _parts(m):
-        if isinstance(p, masks_lib.Full):
-            continue
-        if isinstance(p, masks_lib.Causal) and p.offset == 0:
-            causal = True
-        elif isinstance(p, masks_lib.Window) and p.offset == 0:
-            window = (p.left, p.right) if window is None else (min(window[0], p.left), min(window[1], p.right))
-        elif isinstance(p, masks_lib.Padding) and padding is None:
-            padding = p
-        else:
-            return f"has no flag for mask part {_describe(p)} (cuDNN: causal, left windows, padding lengths)"
-    if window is not None:
-        if window[1] < 0 or window[0] < 0:
-            return f"needs a window with left, right >= 0 (window{window} excludes the diagonal)"
-        if causal or window[1] == 0:
-            # causal & window(l, r) = window(l, 0) & causal; a left window alone is the same thing
-            return CudnnFlags(True, (window[0], 0), padding)
-        return f"covers left windows only, not window(left={window[0]}, right={window[1]}) without causal"
-    return CudnnFlags(causal, None, padding)
+    if m is None:
+        return CudnnFlags()
+    pads, rest = m.split_padding()
+    lo, hi = None, None
+    for part in () if rest is None else rest.conjuncts():
+        bounds = part.interval()
+        if bounds is None:
+            return f"has no flag for mask part {type(part).__name__} (cuDNN: causal, left windows, padding lengths)"
+        lo = bounds[0] if lo is None else (lo if bounds[0] is None else max(lo, bounds[0]))
+        hi = bounds[1] if hi is None else (hi if bounds[1] is None else min(hi, bounds[1]))
+    padding = pads or None
+    if hi is None and lo is None:
+        return CudnnFlags(False, None, padding)
+    if (hi is not None and hi < 0) or (lo is not None and lo > 0):
+        return f"needs the diagonal allowed (t + {lo} <= s <= t + {hi} excludes the diagonal)"
+    if hi != 0:
+        right = "unbounded" if hi is None else hi
+        return f"covers left windows only (keys s <= t), not a mask reaching {right} keys to the right without causal"
+    return CudnnFlags(True, None if lo is None else (-lo, 0), padding)
 
 
-def _describe(p) -> str:
-    if isinstance(p, (masks_lib.Causal, masks_lib.Window)):
-        return repr(p)
-    return type(p).__name__
-
-
-def supports(q, k, v, *, mask, bias, score, backend) -> str | None:
-    """None when cuDNN's fused attention can run this call on ``backend``, else the reason (shapes only)."""
+def supports_call(call: Call, backend: str) -> str | None:
+    """None when cuDNN's fused attention can run the bound call on ``backend``, else the reason (shapes only)."""
     if backend != "gpu":
         return f"needs a GPU backend (this is {backend})"
-    if not getattr(score, "is_dot", False):
-        return f"supports score='dot' only (got score {type(score).__name__})"
-    if bias is not None:
+    if not call.score.is_dot:
+        return f"supports score='dot' only (got score {type(call.score).__name__})"
+    if call.bias is not None:
         return "takes no bias here (not mapped to cuDNN; xla and blockwise take one)"
-    if jnp.dtype(q.dtype).name not in CUDNN_DTYPES:
-        return f"takes bf16/fp16 (cuDNN flash attention), got dtype {jnp.dtype(q.dtype).name}"
-    H, Hv = q.shape[-1], v.shape[-1]
+    if call.dtype.name not in CUDNN_DTYPES:
+        return f"takes bf16/fp16 (cuDNN flash attention), got dtype {call.dtype.name}"
+    H, Hv = call.H, call.Hv
     if H % 8 or H > CUDNN_MAX_HEAD_DIM:
         return f"needs a head dim that is a multiple of 8 up to {CUDNN_MAX_HEAD_DIM}, got H={H}"
     if Hv != H:
         return f"needs Hv == H, got Hv={Hv}, H={H}"
-    flags = cudnn_flags(mask)
+    flags = cudnn_flags(call.mask)
     return flags if isinstance(flags, str) else None
-
-
-def _lengths(x, lead, default):
-    """Padding lengths broadcastable to the batch dims ``lead`` -> int32 ``[B]``."""
-    if x is None:
-        return jnp.full((max(1, _prod(lead)),), default, jnp.int32)
-    return jnp.broadcast_to(jnp.asarray(x).astype(jnp.int32), lead).reshape(-1)
-
-
-def _prod(xs):
-    out = 1
-    for x in xs:
-        out *= x
-    return out
 
 
 def cudnn_attention(q, k, v, *, mask=None, scale=None, implementation="cudnn"):
@@ -138,23 +116,26 @@ def cudnn_attention(q, k, v, *, mask=None, scale=None, implementation="cudnn"):
     Raises:
         ValueError: ``mask`` has no cuDNN form.
     """
-    flags = cudnn_flags(mask)
+    return attend(bind(q, k, v, mask=mask, scale=scale, fn="cudnn_attention"), implementation=implementation)
+
+
+def attend(call: Call, *, implementation: str = "cudnn"):
+    """``cudnn_attention`` on a bound call (``attnlab.call.bind``)."""
+    flags = cudnn_flags(call.mask)
     if isinstance(flags, str):
-        raise ValueError(f"mask: cudnn_attention {flags}")
-    *lead, T, N, H = q.shape
-    lead = tuple(lead)
-    S = k.shape[-3]
-    B = max(1, _prod(lead))
-    q4, k4, v4 = (x.reshape((B,) + x.shape[-3:]) for x in (q, k, v))  # [..., T, N, H] -> [B, T, N, H]
+        raise ValueError(f"mask: {call.fn} {flags}")
+    if call.empty:
+        return call.zeros()
+    T, S, lead = call.T, call.S, call.lead
+    q4, k4, v4 = (x.reshape((call.batch,) + x.shape[-3:]) for x in (call.q, call.k, call.v))  # [B, T, N, H]
     q_len = kv_len = None
     if flags.padding is not None:
-        q_len = _lengths(flags.padding.q_lengths, lead, T)
-        kv_len = _lengths(flags.padding.kv_lengths, lead, S)
+        q_len, kv_len = masks_lib.padding_lengths(flags.padding, lead, T, S)
     out = jax.nn.dot_product_attention(
         q4,
         k4,
         v4,
-        scale=scale,
+        scale=call.score.scale,
         is_causal=flags.is_causal,
         query_seq_lengths=q_len,
         key_value_seq_lengths=kv_len,
@@ -164,7 +145,7 @@ def cudnn_attention(q, k, v, *, mask=None, scale=None, implementation="cudnn"):
     nonempty = _nonempty_rows(flags, T, S, q_len, kv_len)  # [B|1, T]
     if nonempty is not None:
         out = jnp.where(nonempty[:, :, None, None], out, jnp.zeros((), out.dtype))
-    return out.reshape(lead + out.shape[1:]).astype(q.dtype)
+    return out.reshape(lead + out.shape[1:]).astype(call.dtype)
 
 
 def _nonempty_rows(flags: CudnnFlags, T: int, S: int, q_len, kv_len):

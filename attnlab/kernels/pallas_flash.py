@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import warnings
 
 import jax
@@ -48,28 +47,18 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from attnlab import masks as masks_lib
-from attnlab.kernels import _tiles
+from attnlab.call import Call, bind
+from attnlab.kernels import _tiles, pallas_mask_info
 from attnlab.kernels._support import dot_call_reason
+from attnlab.kernels._tiles import Static
+from attnlab.kernels.pallas_mask_info import LENGTHS
 
-__all__ = ["supports", "pallas_attention", "DEFAULT_BLOCK"]
+__all__ = ["call_reason", "pallas_attention", "attend", "DEFAULT_BLOCK"]
 
 _NEG = -0.7 * float(np.finfo(np.float32).max)
-LENGTHS = 3  # schedule kind: a tile the mask fills (FULL) that only padding lengths may cut
 DEFAULT_BLOCK = 64  # bq = bk on GPU: 64 x 64 tiles fit Triton's shared memory for H <= 256
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _MAX_HEAD_DIM = 256
-
-# Masks whose __call__ is plain integer arithmetic on the positions (no arrays, no constants):
-# evaluated inside the kernel. Everything else becomes per-tile bitmaps.
-_STRUCTURAL = (
-    masks_lib.Full,
-    masks_lib.Causal,
-    masks_lib.Window,
-    masks_lib.Chunks,
-    masks_lib.Dilated,
-    masks_lib.BlockBand,
-    masks_lib.Window2D,
-)
 
 
 def _next_pow2(n: int) -> int:
@@ -80,148 +69,28 @@ def _next_pow2(n: int) -> int:
 # What the kernel supports (shapes only)
 
 
-def supports(q, k, v, *, mask=None, bias=None, score="dot", backend=None) -> str | None:
-    """None when ``pallas_attention`` can run this call, else the reason it cannot.
+def call_reason(call: Call, backend: str) -> str | None:
+    """None when the kernel can run the bound call on ``backend``, else the reason it cannot.
 
     Looks at shapes and dtypes only, so it works on ``jax.ShapeDtypeStruct``s and for a backend
     other than the current one (``"gpu"``: the Triton kernel; ``"cpu"``: the same kernel in
-    Pallas interpret mode, slow, for tests; ``"tpu"``: not this kernel, use splash).
+    Pallas interpret mode, slow, for tests; ``"tpu"``: not this kernel, use splash). Every attnlab
+    mask works: in-kernel arithmetic, tile bitmaps and padding lengths (``pallas_mask_info``).
     """
-    del mask  # every attnlab mask works: structural ones in-kernel, the rest as tile bitmaps
-    backend = jax.default_backend() if backend is None else backend
     if backend == "tpu":
         return "pallas: the Triton kernel is for GPUs; on TPU use 'splash'"
     if backend not in ("gpu", "cuda", "rocm", "cpu"):
         return f"pallas: unknown backend {backend!r}"
-    reason = dot_call_reason(
-        "pallas", q, k, v, score=score, bias=bias, dtypes=_DTYPES, bias_hint=" (use 'blockwise' for a callable bias)"
-    )
+    reason = dot_call_reason("pallas", call, dtypes=_DTYPES, bias_hint=" (use 'blockwise' for a callable bias)")
     if reason is not None:
         return reason
-    if max(q.shape[-1], v.shape[-1]) > _MAX_HEAD_DIM:
-        return f"pallas: head dims up to {_MAX_HEAD_DIM} (got H={q.shape[-1]}, Hv={v.shape[-1]})"
+    if max(call.H, call.Hv) > _MAX_HEAD_DIM:
+        return f"pallas: head dims up to {_MAX_HEAD_DIM} (got H={call.H}, Hv={call.Hv})"
     return None
 
 
 # ------------------------------------------------------------------------------------------
-# Mask decomposition: padding lengths, an in-kernel structural part, a bitmap data part
-
-
-def _is_structural(m) -> bool:
-    if isinstance(m, (masks_lib.And, masks_lib.Or)):
-        return _is_structural(m.a) and _is_structural(m.b)
-    return isinstance(m, _STRUCTURAL)
-
-
-def _factors(m):
-    if isinstance(m, masks_lib.And):
-        return _factors(m.a) + _factors(m.b)
-    return [m]
-
-
-def _and_all(ms):
-    return functools.reduce(lambda a, b: a & b, ms) if ms else None
-
-
-def _split(m):
-    """mask -> (list of Padding factors, structural mask or None, data mask or None)."""
-    pads, struct, data = [], [], []
-    for f in _factors(m) if m is not None else []:
-        if isinstance(f, masks_lib.Padding):
-            pads.append(f)
-        elif isinstance(f, masks_lib.Full):
-            continue
-        elif _is_structural(f):
-            struct.append(f)
-        elif isinstance(f, masks_lib.GraphEdges):  # scatter the edges once, not once per tile
-            data.append(masks_lib.Graph(f.adjacency()))
-        else:
-            data.append(f)
-    return pads, _and_all(struct), _and_all(data)
-
-
-def _lengths(pads, lead, T, S):
-    """Padding factors -> int32 [B, 2] (q_len, kv_len), the minimum over factors."""
-    B = math.prod(lead)
-    ql = jnp.full(lead, T, jnp.int32)
-    kl = jnp.full(lead, S, jnp.int32)
-
-    def fit(x, name):
-        x = jnp.asarray(x, jnp.int32)
-        extra = x.ndim - len(lead)
-        if extra > 0:
-            if any(d != 1 for d in x.shape[:extra]):
-                raise ValueError(f"padding {name} of shape {x.shape} does not match the batch dims {lead}")
-            x = x.reshape(x.shape[extra:])
-        try:
-            return jnp.broadcast_to(x, lead)
-        except ValueError:
-            raise ValueError(f"padding {name} of shape {x.shape} does not match the batch dims {lead}") from None
-
-    for p in pads:
-        if p.q_lengths is not None:
-            ql = jnp.minimum(ql, fit(p.q_lengths, "q_lengths"))
-        if p.kv_lengths is not None:
-            kl = jnp.minimum(kl, fit(p.kv_lengths, "kv_lengths"))
-    return jnp.stack([ql.reshape(B), kl.reshape(B)], -1)
-
-
-def _tile_bitmaps(data, qb, kb, st):
-    """data mask on tiles (qb[p], kb[p]) -> int8 [Bm, Nm, P, bq, bk] (Bm in {1, B}, Nm in {1, N})."""
-    nl = len(st.lead)
-
-    def one(i, j):
-        q_pos = jnp.minimum(i * st.bq + jnp.arange(st.bq, dtype=jnp.int32), st.T - 1)
-        k_pos = jnp.minimum(j * st.bk + jnp.arange(st.bk, dtype=jnp.int32), st.S - 1)
-        x = data(q_pos, k_pos)
-        x = x.reshape((1,) * (nl + 3 - x.ndim) + tuple(x.shape))  # -> [*lead|1, N|1, bq, bk]
-        if any(d != 1 for d in x.shape[:nl]):
-            x = jnp.broadcast_to(x, st.lead + x.shape[nl:])
-        x = x.reshape((-1,) + x.shape[nl:])  # [Bm, Nm, bq, bk]
-        return jnp.broadcast_to(x, x.shape[:2] + (st.bq, st.bk)).astype(jnp.int8)
-
-    out = jax.vmap(one)(jnp.asarray(qb), jnp.asarray(kb))  # [P, Bm, Nm, bq, bk]
-    return jnp.moveaxis(out, 0, 2)
-
-
-def _schedule(layout, J=None):
-    """layout int [n_rows, n_cols] -> int32 [n_rows, 2, J] (column index; kind), J a power of two."""
-    index, kind = _tiles.layout_rows(layout)
-    J = _next_pow2(index.shape[1]) if J is None else J
-    sched = np.zeros((layout.shape[0], 2, J), np.int32)
-    sched[:, 0, : index.shape[1]] = index
-    sched[:, 1, : kind.shape[1]] = kind
-    return sched
-
-
-# ------------------------------------------------------------------------------------------
 # The kernels
-
-
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    T: int
-    S: int
-    bq: int
-    bk: int
-    lead: tuple
-    N: int
-    K: int
-    H: int
-    Hv: int
-    scale: float
-    struct: object  # structural mask (hashable, no leaves) or None
-    has_bitmap: bool
-    bm_shape: tuple  # (Bm, Nm)
-    kinds: tuple  # kinds present in the forward schedule, e.g. (2,) for full attention
-    kinds_t: tuple
-    fp32: bool
-    num_warps: int
-    num_stages: int
-
-    @property
-    def groups(self) -> int:
-        return self.N // self.K  # G
 
 
 def _dot(a, b, st, *, ta=False, tb=False):
@@ -274,7 +143,7 @@ def _count(sched_ref):
     return jnp.sum((sched_ref[1, :] != 0).astype(jnp.int32))
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: _Static):
+def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: Static):
     bm_ref = rest[0] if st.has_bitmap else None
     o_ref, lse_ref = rest[-2:]
     i = pl.program_id(2)
@@ -300,7 +169,9 @@ def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: _Static):
             return m_new, l * alpha + jnp.sum(p, axis=1), acc
 
         k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
-        return _visit(st, st.kinds, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w))
+        return _visit(
+            st, st.kinds_used, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w)
+        )
 
     init = (
         jnp.full((bq,), _NEG, jnp.float32),
@@ -314,7 +185,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: _Static):
     lse_ref[...] = jnp.where(nonempty, m + jnp.log(safe_l), 0.0)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_ref, *rest, st: _Static):
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_ref, *rest, st: Static):
     bm_ref = rest[0] if st.has_bitmap else None
     dq_ref = rest[-1]
     i = pl.program_id(2)
@@ -336,13 +207,15 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_
             return dq + _dot(ds.astype(k.dtype), k, st)
 
         k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
-        return _visit(st, st.kinds, kd, tile, dq, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w))
+        return _visit(
+            st, st.kinds_used, kd, tile, dq, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w)
+        )
 
     dq = jax.lax.fori_loop(0, _count(sched_ref), body, jnp.zeros(q.shape, jnp.float32))
     dq_ref[...] = dq * st.scale
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_ref, *rest, st: _Static):
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_ref, *rest, st: Static):
     """One (batch, kv head, key block): dk, dv summed over the G query heads that share the kv head.
 
     q_ref [Tp, G, Hp], do_ref [Tp, G, Hvp], lse_ref / delta_ref [G, Tp], k_ref [bk, Hp],
@@ -376,7 +249,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens
             bm_idx = (g, slot) if per_head_bitmap else (slot,)
             carry = _visit(
                 st,
-                st.kinds_t,
+                st.kinds_used_t,
                 kd,
                 tile,
                 carry,
@@ -420,7 +293,7 @@ def _bm_spec(st, J):
     )
 
 
-def _fwd_call(q, k, v, sched, lens, bm, *, st: _Static, interpret: bool):
+def _fwd_call(q, k, v, sched, lens, bm, *, st: Static, interpret: bool):
     B, Tp, N, Hp = q.shape
     Sp, Hvp = k.shape[1], v.shape[-1]
     nq, J = sched.shape[0], sched.shape[-1]
@@ -454,7 +327,7 @@ def _fwd_call(q, k, v, sched, lens, bm, *, st: _Static, interpret: bool):
     )(*args)
 
 
-def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, *, st: _Static, interpret: bool):
+def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, *, st: Static, interpret: bool):
     B, Tp, N, Hp = q.shape
     Sp, Hvp = k.shape[1], v.shape[-1]
     nq, J = sched.shape[0], sched.shape[-1]
@@ -485,7 +358,7 @@ def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, *, st: _Static, interpret
     )(*args)
 
 
-def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, *, st: _Static, interpret: bool):
+def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, *, st: Static, interpret: bool):
     B, Tp, N, Hp = q.shape
     Sp, K, Hvp = k.shape[1], st.K, v.shape[-1]
     nk, I = sched_t.shape[0], sched_t.shape[-1]
@@ -576,36 +449,6 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 # Public entry point
 
 
-def _check(q, k, v):
-    for name, x, want in (("q", q, "[..., T, N, H]"), ("k", k, "[..., S, K, H]"), ("v", v, "[..., S, K, Hv]")):
-        if not hasattr(x, "shape") or x.ndim < 3:
-            raise ValueError(f"pallas_attention: {name} must be {want}, got {getattr(x, 'shape', type(x).__name__)}")
-    if k.shape[:-3] != q.shape[:-3] or v.shape[:-1] != k.shape[:-1] or k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"pallas_attention: q {q.shape} [..., T, N, H], k {k.shape} [..., S, K, H] and v {v.shape} "
-            f"[..., S, K, Hv] must agree in batch dims, S, K and H"
-        )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"pallas_attention: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    reason = supports(q, k, v, backend="cpu")
-    if reason is not None:
-        raise ValueError(reason)
-
-
-def check_mask_shape(m, lead, N, T, S, fn):
-    """ValueError unless mask ``m`` (or None) broadcasts to the logits' shape ``[*lead, N, T, S]``."""
-    if m is None:
-        return
-    target = (*lead, N, T, S)
-    shape = tuple(jax.eval_shape(lambda: m.dense(T, S)).shape)
-    try:
-        ok = jnp.broadcast_shapes(shape, target) == target
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(f"{fn}: mask of shape {shape} does not broadcast to the logits' [..., N, T, S] = {target}")
-
-
 def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None, block_k=None):
     """Block-sparse flash attention in one Pallas kernel per (batch, head, query block).
 
@@ -615,7 +458,7 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None,
         v: ``[..., S, K, Hv]`` values.
         mask: an ``attnlab.masks`` object or bool array (True = attend), or None. Its block
             layout decides the tiles visited; padding lengths may be traced.
-        bias: must be None (no bias in this kernel; see ``supports``).
+        bias: must be None (no bias in this kernel; see ``call_reason``).
         scale: logit scale; default ``1/sqrt(H)``.
         block_q, block_k: tile sizes (powers of two >= 16); default ``min(64, next_pow2(T|S))``.
 
@@ -631,35 +474,25 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None,
         >>> pallas_attention(q, k, v, mask=masks_lib.causal()).shape
         (100, 2, 16)
     """
-    _check(q, k, v)
-    if bias is not None:
-        raise ValueError("pallas_attention: bias must be None (this kernel has no bias; use 'blockwise')")
-    *lead, T, N, H = q.shape
-    S, K, Hv = v.shape[-3:]
-    lead = tuple(lead)
-    if T == 0 or S == 0:
-        return jnp.zeros((*lead, T, N, Hv), q.dtype)
-    m = masks_lib.as_mask(mask, "mask")
-    check_mask_shape(m, lead, N, T, S, "pallas_attention")
+    call = bind(q, k, v, mask=mask, bias=bias, scale=scale, fn="pallas_attention")
+    return attend(call, block_q=block_q, block_k=block_k, check=True)
+
+
+def attend(call: Call, *, block_q=None, block_k=None, check: bool = False):
+    """``pallas_attention`` on a bound call (``attnlab.call.bind``); ``check`` raises ``call_reason``."""
+    if check and (why := call_reason(call, "cpu")) is not None:
+        raise ValueError(f"{call.fn}: {why}")
+    if call.empty:
+        return call.zeros()
+    lead, T, S, N, K, H, Hv = call.lead, call.T, call.S, call.N, call.K, call.H, call.Hv
     bq = _block(block_q, T, "block_q")
     bk = _block(block_k, S, "block_k")
     nq, nk = -(-T // bq), -(-S // bk)
-
-    layout = np.full((nq, nk), masks_lib.FULL, np.int8) if m is None else m.block_layout(T, S, bq, bk)
-    layout = _tiles.adjust_layout(layout, S, bk)
-    pads, struct, data = _split(m)
-    if pads:  # tiles that only the padding lengths make PARTIAL check the lengths alone
-        rest = _and_all([x for x in (struct, data) if x is not None])
-        rest_layout = np.full_like(layout, masks_lib.FULL) if rest is None else rest.block_layout(T, S, bq, bk)
-        rest_layout = _tiles.adjust_layout(rest_layout, S, bk)
-        layout = np.where((layout == masks_lib.PARTIAL) & (rest_layout == masks_lib.FULL), LENGTHS, layout)
-    sched = _schedule(layout)
-    sched_t = _schedule(layout.T)
-
+    info = pallas_mask_info.mask_info(call.mask, lead, T, S, bq, bk)
+    sched, sched_t = info.sched, info.sched_t
     Hp, Hvp = max(16, _next_pow2(H)), max(16, _next_pow2(Hv))
-    B = math.prod(lead)
-    lens = _lengths(pads, lead, T, S)
-    st = _Static(
+    B = call.batch
+    st = Static(
         T=T,
         S=S,
         bq=bq,
@@ -667,34 +500,34 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None,
         lead=lead,
         N=N,
         K=K,
+        scale=_tiles.default_scale(H, call.score.scale),
+        has_bias=False,
+        kinds_used=tuple(np.unique(sched[:, 1]).tolist()),
+        kinds_used_t=tuple(np.unique(sched_t[:, 1]).tolist()),
+        compute_dtype=call.dtype.name,
         H=H,
         Hv=Hv,
-        scale=_tiles.default_scale(H, scale),
-        struct=struct,
-        has_bitmap=data is not None,
-        bm_shape=(1, 1),
-        kinds=tuple(np.unique(sched[:, 1]).tolist()),
-        kinds_t=tuple(np.unique(sched_t[:, 1]).tolist()),
-        fp32=jnp.dtype(q.dtype) == jnp.float32,
+        struct=info.struct,
+        has_bitmap=info.data is not None,
         num_warps=4 if max(Hp, Hvp) <= 64 else 8,
         num_stages=2,
     )
     bm = bm_t = jnp.zeros((1,), jnp.int8)
-    if data is not None:
+    if info.data is not None:
         J, I = sched.shape[-1], sched_t.shape[-1]
         qb = np.repeat(np.arange(nq), J)
-        bm = _tile_bitmaps(data, qb, sched[:, 0].reshape(-1), st)  # [Bm, Nm, nq*J, bq, bk]
+        bm = pallas_mask_info.tile_bitmaps(info.data, qb, sched[:, 0].reshape(-1), st)  # [Bm, Nm, nq*J, bq, bk]
         kb = np.repeat(np.arange(nk), I)
-        bm_t = _tile_bitmaps(data, sched_t[:, 0].reshape(-1), kb, st)
+        bm_t = pallas_mask_info.tile_bitmaps(info.data, sched_t[:, 0].reshape(-1), kb, st)
         st = dataclasses.replace(st, bm_shape=tuple(bm.shape[:2]))
         bm = bm.reshape(bm.shape[:2] + (nq, J, bq, bk))
         bm_t = bm_t.reshape(bm_t.shape[:2] + (nk, I, bq, bk))
 
     # [*lead, T, N, H] -> [B, Tp, N, Hp] (zero padding: padded keys are masked, padded rows dropped)
-    qp = jnp.pad(q.reshape(B, T, N, H), ((0, 0), (0, nq * bq - T), (0, 0), (0, Hp - H)))
-    kp = jnp.pad(k.reshape(B, S, K, H), ((0, 0), (0, nk * bk - S), (0, 0), (0, Hp - H)))
-    vp = jnp.pad(v.reshape(B, S, K, Hv), ((0, 0), (0, nk * bk - S), (0, 0), (0, Hvp - Hv)))
-    out = _flash(st, qp, kp, vp, lens, jnp.asarray(sched), jnp.asarray(sched_t), bm, bm_t)
+    qp = jnp.pad(call.q.reshape(B, T, N, H), ((0, 0), (0, nq * bq - T), (0, 0), (0, Hp - H)))
+    kp = jnp.pad(call.k.reshape(B, S, K, H), ((0, 0), (0, nk * bk - S), (0, 0), (0, Hp - H)))
+    vp = jnp.pad(call.v.reshape(B, S, K, Hv), ((0, 0), (0, nk * bk - S), (0, 0), (0, Hvp - Hv)))
+    out = _flash(st, qp, kp, vp, info.lens, jnp.asarray(sched), jnp.asarray(sched_t), bm, bm_t)
     return out[:, :T, :, :Hv].reshape(*lead, T, N, Hv)
 
 

@@ -214,7 +214,6 @@ def make_static(
                     kinds_used=tuple(np.unique(kind).tolist()),
                     kinds_used_t=(),
                     compute_dtype=jnp.dtype(compute_dtype).name,
-                    backward="fused",
                 )
                 classes.append(RingClass(st=st, index=as_tuple(index), kind=as_tuple(kind)))
                 ids[key] = len(classes)

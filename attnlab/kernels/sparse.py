@@ -27,24 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
-from attnlab import scores as scores_lib
+from attnlab.call import Call, bind
 
-__all__ = ["sparse_attention", "edge_score"]
-
-
-def edge_score(score, scale, fn="sparse_attention"):
-    """Turns ``score`` into a per-edge function ``(q_e [E, K, G, H], k_e [E, K, H], H) -> fp32 [E, K, G]``.
-
-    Asks the score for its edge form (``attnlab.scores.Score.edge``): ``"dot"`` / ``scores.Dot``
-    (with ``scale``) and ``scores.Additive(w)`` (or ``functools.partial(scores.additive, w=w)``) have one.
-    """
-    s = scores_lib.as_score(score, scale, fn=fn)  # also checks that scale is one real number
-    if not s.has_edge_form:
-        raise ValueError(
-            f"{fn}: score must be 'dot', scores.Dot, scores.Additive(w) or functools.partial(attnlab.scores.additive, "
-            f"w=w) (a general score(q, k) callable needs the dense [T, S] form), got {score!r}"
-        )
-    return lambda q_e, k_e, h: s.edge(q_e, k_e)
+__all__ = ["sparse_attention", "attend", "call_reason"]
 
 
 # Edges per chunk of the dot-product path: bounds the gathered [chunk, N, H] temporaries.
@@ -153,7 +138,7 @@ def _one_graph(q, k, v, senders, receivers, *, score_e, scale_dot=None):
     return out.reshape(T, N, -1)  # [T, K, G, Hv] -> [T, N, Hv]
 
 
-def _drop_out_of_range(mask, T, S):
+def _drop_out_of_range(senders, receivers, T, S):
     """int32 senders, receivers [E] with every edge outside [0, S) x [0, T) sent to (S, T).
 
     (S, T) is the padding edge of ``_chunks``: segment sums drop it and its weight is 0, so an
@@ -161,9 +146,9 @@ def _drop_out_of_range(mask, T, S):
     indices out of range are an error instead (``graph_edges`` checks them; a hand-made
     ``GraphEdges`` is checked here).
     """
-    s = jnp.asarray(mask.senders, jnp.int32)
-    r = jnp.asarray(mask.receivers, jnp.int32)
-    for name, x, n in (("senders", mask.senders, S), ("receivers", mask.receivers, T)):
+    s = jnp.asarray(senders, jnp.int32)
+    r = jnp.asarray(receivers, jnp.int32)
+    for name, x, n in (("senders", senders, S), ("receivers", receivers, T)):
         if masks_lib._is_concrete(x) and np.size(x):
             vals = np.asarray(x)
             if vals.min() < 0 or vals.max() >= n:
@@ -199,29 +184,37 @@ def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
         >>> sparse_attention(q, k, v, mask=m).shape
         (3, 2, 4)
     """
-    fn = "sparse_attention"
-    if not isinstance(mask, masks_lib.GraphEdges):
-        raise ValueError(
-            f"mask: implementation='sparse' needs an edge list, masks.graph_edges(senders, "
-            f"receivers, num_nodes), got {type(mask).__name__}"
-        )
-    if bias is not None:
-        raise ValueError(
-            f"bias: {fn} does not support a bias yet; use implementation='blockwise' with masks.graph(adjacency)"
-        )
+    return attend(bind(q, k, v, mask=mask, score=score, scale=scale, bias=bias, fn="sparse_attention"), check=True)
+
+
+def call_reason(call: Call) -> str | None:
+    """None when the edge-list kernel can run the bound call, else why not (shapes only)."""
+    edges = None if call.mask is None else call.mask.edge_list()
+    if edges is None:
+        got = "None" if call.mask is None else type(call.mask).__name__
+        return f"needs mask=masks.graph_edges(...) (an edge list), got mask {got}"
+    if call.bias is not None:
+        return "takes no bias (per-edge biases are not supported yet)"
+    if not call.score.has_edge_form:
+        return f"needs a score with a per-edge form (Dot, Additive), got score {type(call.score).__name__}"
+    if (edges[2], edges[2]) != (call.T, call.S):
+        return f"mask: graph_edges has num_nodes={edges[2]} but attention is {call.T}x{call.S}"
+    return None
+
+
+def attend(call: Call, *, check: bool = False):
+    """The edge-list kernel on a bound call (``attnlab.call.bind``); ``check`` raises ``call_reason``."""
+    if check and (why := call_reason(call)) is not None:
+        raise ValueError(f"{call.fn}: {why}")
+    senders, receivers, _ = call.mask.edge_list()
+    q, k, v, score = call.q, call.k, call.v, call.score
     *lead, T, N, H = q.shape
-    S = k.shape[-3]
-    if (mask.num_nodes, mask.num_nodes) != (T, S):
-        raise ValueError(
-            f"mask: graph_edges has num_nodes={mask.num_nodes} but attention is {T}x{S} "
-            f"(T queries x S keys); both must equal num_nodes"
-        )
-    score_e = edge_score(score, scale, fn)
-    score_obj = scores_lib.as_score(score, scale, fn=fn)
-    if score_obj.is_dot:  # the dot product: the chunked custom-vjp path
-        score_e, scale = None, score_obj.scale
-    K, Hv = v.shape[-2], v.shape[-1]
-    senders, receivers = _drop_out_of_range(mask, T, S)
+    S, K, Hv = call.S, call.K, call.Hv
+    if score.is_dot:  # the dot product: the chunked custom-vjp path
+        score_e, scale = None, score.scale
+    else:
+        score_e, scale = (lambda q_e, k_e, h: score.edge(q_e, k_e)), None
+    senders, receivers = _drop_out_of_range(senders, receivers, T, S)
     one = functools.partial(_one_graph, senders=senders, receivers=receivers, score_e=score_e, scale_dot=scale)
     # [..., T, N, H] -> [B, T, N, H]; vmap adds the batch (the edge list is shared)
     qb, kb, vb = q.reshape(-1, T, N, H), k.reshape(-1, S, K, H), v.reshape(-1, S, K, Hv)

@@ -29,17 +29,17 @@ heads, G = N // K, H head dim (splash needs Hv == H).
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
-from attnlab.kernels import _tiles, pallas_flash
+from attnlab.call import Call, bind
+from attnlab.kernels import _tiles
 from attnlab.kernels._support import dot_call_reason
 
-__all__ = ["supports", "splash_attention", "DEFAULT_BLOCK"]
+__all__ = ["call_reason", "splash_attention", "attend", "DEFAULT_BLOCK"]
 
 DEFAULT_BLOCK = 128  # splash's default; segment ids need block_kv to be a multiple of 128 lanes
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -53,21 +53,6 @@ def _sa():
 
 # ------------------------------------------------------------------------------------------
 # Mask decomposition and adapter
-
-
-def _factors(m):
-    if isinstance(m, masks_lib.And):
-        return _factors(m.a) + _factors(m.b)
-    return [m]
-
-
-def _split(m):
-    """-> (Padding factors, the rest as one mask or None)."""
-    if m is None:
-        return [], None
-    pads = [f for f in _factors(m) if isinstance(f, masks_lib.Padding)]
-    rest = [f for f in _factors(m) if not isinstance(f, (masks_lib.Padding, masks_lib.Full))]
-    return pads, functools.reduce(lambda a, b: a & b, rest) if rest else None
 
 
 def _structure_reason(rest, N) -> str | None:
@@ -114,15 +99,23 @@ class _AttnlabMask:
 
 
 def _splash_mask(rest, T, S, Tp, Sp, head):
-    """attnlab mask (no padding factors) -> a splash Mask for one head on the padded [Tp, Sp] grid."""
+    """attnlab mask (no padding factors) -> a splash Mask for one head on the padded [Tp, Sp] grid.
+
+    A mask of the interval form ``t + lo <= s <= t + hi`` (``Mask.interval``: full, causal, windows
+    and their ``&``) becomes splash's own in-kernel mask; anything else the block-evaluating adapter.
+    """
     sa = _sa()
     shape = (Tp, Sp)
-    if rest is None:
+    bounds = (None, None) if rest is None else rest.interval()
+    if bounds == (None, None):
         return sa.FullMask(shape)
-    if isinstance(rest, masks_lib.Causal):
-        return sa.CausalMask(shape, offset=rest.offset)  # keys past S are cut by the segment ids
-    if isinstance(rest, masks_lib.Window):
-        return sa.LocalMask(shape, window_size=(rest.left, rest.right), offset=rest.offset)
+    if bounds is not None:
+        lo, hi = bounds
+        if lo is None:
+            return sa.CausalMask(shape, offset=hi)  # keys past S are cut by the segment ids
+        # LocalMask: t + offset - left <= s <= t + offset + right, with left, right >= 0
+        offset = 0 if lo <= 0 and (hi is None or hi >= 0) else lo
+        return sa.LocalMask(shape, window_size=(offset - lo, None if hi is None else hi - offset), offset=offset)
     # give the adapter splash's Mask base class (its & / | and type checks) without importing
     # splash at module import time
     return type("AttnlabSplashMask", (_AttnlabMask, sa.Mask), {})(rest, T, S, Tp, Sp, head)
@@ -155,43 +148,21 @@ def _first_allowed(rest, T, S, bq, bk, heads):
 # Public API
 
 
-def supports(q, k, v, *, mask=None, bias=None, score="dot", backend=None) -> str | None:
-    """None when ``splash_attention`` can run this call, else the reason (shapes and mask structure only).
+def call_reason(call: Call, backend: str) -> str | None:
+    """None when splash can run the bound call on ``backend``, else the reason (shapes and mask structure only).
 
     ``backend="tpu"`` runs the Mosaic kernel, ``"cpu"`` the same kernel in Pallas interpret mode
     (slow, for tests); GPUs are not splash's target (use ``"cudnn"`` or ``"pallas"``).
     """
-    backend = jax.default_backend() if backend is None else backend
     if backend not in ("tpu", "cpu"):
         return f"splash: a TPU kernel (backend {backend!r}; use 'cudnn' or 'pallas' on GPUs)"
-    reason = dot_call_reason("splash", q, k, v, score=score, bias=bias, dtypes=_DTYPES)
+    reason = dot_call_reason("splash", call, dtypes=_DTYPES)
     if reason is not None:
         return reason
-    N = q.shape[-2]
-    if v.shape[-1] != q.shape[-1]:
-        return f"splash: needs Hv == H (got H={q.shape[-1]}, Hv={v.shape[-1]})"
-    try:
-        m = masks_lib.as_mask(mask, "mask")
-    except ValueError as e:
-        return f"splash: {e}"
-    return _structure_reason(_split(m)[1], N)
-
-
-def _lengths(pads, lead, T, S):
-    B = math.prod(lead)
-    ql, kl = jnp.full((B,), T, jnp.int32), jnp.full((B,), S, jnp.int32)
-
-    def fit(x):
-        x = jnp.asarray(x, jnp.int32)
-        x = x.reshape(x.shape[max(0, x.ndim - len(lead)) :])
-        return jnp.broadcast_to(x, lead).reshape(B)
-
-    for p in pads:
-        if p.q_lengths is not None:
-            ql = jnp.minimum(ql, fit(p.q_lengths))
-        if p.kv_lengths is not None:
-            kl = jnp.minimum(kl, fit(p.kv_lengths))
-    return ql, kl
+    if call.Hv != call.H:
+        return f"splash: needs Hv == H (got H={call.H}, Hv={call.Hv})"
+    rest = None if call.mask is None else call.mask.split_padding()[1]
+    return _structure_reason(rest, call.N)
 
 
 def _block_sizes(block):
@@ -225,42 +196,38 @@ def splash_attention(q, k, v, *, mask=None, bias=None, scale=None, block=None):
         ``[..., T, N, H]`` in q's dtype; rows with no allowed key are zeros (zero gradients).
 
     Raises:
-        ValueError: when ``supports`` gives a reason, or on a bad block size.
+        ValueError: when ``call_reason`` gives a reason, or on a bad block size.
     """
-    reason = supports(q, k, v, mask=mask, bias=bias, backend="cpu")
-    if reason is not None:
-        raise ValueError(reason)
-    if v.shape[:-1] != k.shape[:-1] or k.shape[:-3] != q.shape[:-3] or k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"splash_attention: q {q.shape} [..., T, N, H], k {k.shape} and v {v.shape} [..., S, K, H] must agree"
-        )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"splash_attention: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    call = bind(q, k, v, mask=mask, bias=bias, scale=scale, fn="splash_attention")
+    return attend(call, block=block, check=True)
+
+
+def attend(call: Call, *, block=None, check: bool = False):
+    """``splash_attention`` on a bound call (``attnlab.call.bind``); ``check`` raises ``call_reason``."""
+    if check and (why := call_reason(call, "cpu")) is not None:
+        raise ValueError(f"{call.fn}: {why}")
+    q, k, v = call.q, call.k, call.v
     block = DEFAULT_BLOCK if block is None else block
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block <= 0 or block % 128:
         raise ValueError(f"block must be a positive multiple of 128, got {block!r}")
-    *lead, T, N, H = q.shape
-    S, K = k.shape[-3:-1]
-    lead = tuple(lead)
-    if T == 0 or S == 0:
-        return jnp.zeros(q.shape, q.dtype)
-    B, G = math.prod(lead), N // K
+    if call.empty:
+        return call.zeros()
+    lead, T, S, N, K, H = call.lead, call.T, call.S, call.N, call.K, call.H
+    B, G = call.batch, N // K
     Tp, Sp = -(-T // block) * block, -(-S // block) * block
-
-    m = masks_lib.as_mask(mask, "mask")
-    pallas_flash.check_mask_shape(m, lead, N, T, S, "splash_attention")
-    pads, rest = _split(m)
+    pads, rest = ((), None) if call.mask is None else call.mask.split_padding()
+    rest = None if rest is None else rest.for_tiles()
     head_dep = (
         rest is not None and len(jax.eval_shape(rest, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32)).shape) == 3
     )
     heads = (
         N if head_dep and jax.eval_shape(rest, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32)).shape[0] == N else 1
     )
-    ql, kl = _lengths(pads, lead, T, S)
+    ql, kl = masks_lib.padding_lengths(pads, lead, T, S)
     use_segments = bool(pads) or Sp != S
     first = _first_allowed(rest, T, S, block, block, heads)  # [heads, T]
 
-    scale = _tiles.default_scale(H, scale)
+    scale = _tiles.default_scale(H, call.score.scale)
     qs = (q.astype(jnp.float32) * scale).astype(q.dtype).reshape(B, T, K, G, H)
     qs = jnp.pad(qs, ((0, 0), (0, Tp - T), (0, 0), (0, 0), (0, 0))).transpose(0, 2, 3, 1, 4)  # [B, K, G, Tp, H]
     ks = jnp.pad(k.reshape(B, S, K, H), ((0, 0), (0, Sp - S), (0, 0), (0, 0))).transpose(0, 2, 1, 3)  # [B, K, Sp, H]

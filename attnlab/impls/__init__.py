@@ -1,0 +1,42 @@
+"""Attention implementations, one object per file, all with one signature (``attnlab.impls.base``).
+
+======================  =====================================================================
+``reference``           dense fp32, any mask / bias / score, dropout and lse (the judge)
+``xla``                 ``jax.nn.dot_product_attention`` (XLA), dot score, Hv == H
+``blockwise``           flash-style, skips the mask's EMPTY tiles, O(T + S) memory, dropout, lse
+``sparse``              segment softmax along a ``masks.graph_edges`` edge list, O(E)
+``cudnn``               cuDNN's fused kernel through jax.nn (GPU; causal, left windows, padding)
+``pallas``              block-sparse flash attention in Triton (GPU), loaded lazily
+``splash``              jax's TPU splash kernel, loaded lazily
+======================  =====================================================================
+
+Ring attention (``attnlab.kernels.ring``) runs across devices and is reached through
+``attnlab.parallel.attention(..., seq_axis=...)``, not through this registry.
+"""
+
+from attnlab.impls.base import Implementation, LazyImplementation, LazyKernel
+from attnlab.impls.blockwise import BLOCKWISE, BLOCKWISE_MIN_PAIRS
+from attnlab.impls.cudnn import CUDNN
+from attnlab.impls.pallas import PALLAS
+from attnlab.impls.reference import REFERENCE
+from attnlab.impls.sparse import SPARSE
+from attnlab.impls.splash import SPLASH
+from attnlab.impls.xla import XLA, XLA_MAX_LOGITS_BYTES
+
+ALL: tuple[Implementation, ...] = (REFERENCE, XLA, BLOCKWISE, SPARSE, CUDNN, PALLAS, SPLASH)
+
+__all__ = [
+    "ALL",
+    "BLOCKWISE",
+    "BLOCKWISE_MIN_PAIRS",
+    "CUDNN",
+    "Implementation",
+    "LazyImplementation",
+    "LazyKernel",
+    "PALLAS",
+    "REFERENCE",
+    "SPARSE",
+    "SPLASH",
+    "XLA",
+    "XLA_MAX_LOGITS_BYTES",
+]
