@@ -42,7 +42,7 @@ def _tiles(mask, T):
     try:
         from attnlab.kernels import blockwise as bw
 
-        bs = bw._pick_block_sizes(mask, T, T)
+        bs = bw.pick_block_sizes(mask, T, T)
     except Exception:  # an older tree with another signature
         return None
     layout = mask.block_layout(T, T, bs.block_q, bs.block_k)

@@ -92,3 +92,34 @@ def _no_x64():
     # Tests assume JAX's default 32-bit mode.
     assert not jax.config.jax_enable_x64
     yield
+
+
+def fwd_and_grads(fn, *args, seed=7):
+    """(out, grads of every argument) of ``fn`` with a fixed random cotangent, in one jit."""
+    out_shape = jax.eval_shape(fn, *args)
+    ct = jax.random.normal(jax.random.key(seed), out_shape.shape, jnp.float32).astype(out_shape.dtype)
+
+    @jax.jit
+    def run(*args):
+        out, vjp = jax.vjp(fn, *args)
+        return out, vjp(ct)
+
+    return run(*args)
+
+
+def compare(a, b, tolerance):
+    """assert_allclose in fp32 (half-precision inputs upcast) with a tolerance dict."""
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **tolerance)
+
+
+def brute_layout(dense, T, S, bq, bk):
+    """Block layout straight from a dense [..., T, S] array: the definition, written out."""
+    d = np.asarray(dense)
+    d = np.broadcast_to(d, d.shape[:-2] + (T, S)).reshape(-1, T, S)
+    nq, nk = -(-T // bq), -(-S // bk)
+    out = np.zeros((nq, nk), np.int8)
+    for i in range(nq):
+        for j in range(nk):
+            blk = d[:, i * bq : (i + 1) * bq, j * bk : (j + 1) * bk]
+            out[i, j] = 0 if not blk.any() else (2 if blk.all() else 1)
+    return out

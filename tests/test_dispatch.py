@@ -14,7 +14,6 @@ from conftest import grad_tol, np_attention, qkv, tol
 
 import attnlab
 from attnlab import dispatch, masks, scores
-from attnlab.attention import _choose
 from attnlab.kernels import blockwise as bw
 from attnlab.kernels import cudnn
 from attnlab.masks import base as masks_mod  # the layout internals live in masks/base.py
@@ -126,7 +125,7 @@ def test_implementation_sequence_takes_first_supporting():
     out = attnlab.attention(q, k, v, mask=mask, implementation=("cudnn", "sparse", "xla", "blockwise"))
     ref, _ = np_attention(q, k, v, mask=np.tril(np.ones((16, 16), bool)))
     np.testing.assert_allclose(out, ref, **tol(jnp.float32))
-    assert _choose(q, k, v, mask=mask, bias=None, score="dot") == "xla"
+    assert attnlab.explain(q, k, v, mask=mask).implementation == "xla"
     with pytest.raises(ValueError, match=r"implementation='cudnn' needs a GPU backend \(this is cpu\); "):
         attnlab.attention(q, k, v, mask=mask, implementation=("cudnn", "sparse"))
 
@@ -195,15 +194,15 @@ def test_traced_padding_keeps_the_tiles_of_concrete_padding():
     T = 1024
     bigbird = masks.bigbird(T, block_size=64)
     lengths = np.array([900, 500], np.int32)
-    concrete = bw._pick_block_sizes(bigbird & masks.padding(kv_lengths=lengths), T, T, "cpu")
+    concrete = bw.pick_block_sizes(bigbird & masks.padding(kv_lengths=lengths), T, T, "cpu")
     seen = {}
 
     def f(lengths):
         m = bigbird & masks.padding(kv_lengths=lengths)
         assert not m.is_static
-        seen["tiles"] = bw._pick_block_sizes(m, T, T, "cpu")
+        seen["tiles"] = bw.pick_block_sizes(m, T, T, "cpu")
         x = jax.ShapeDtypeStruct((2, T, 2, 8), jnp.float32)
-        seen["choice"] = _choose(x, x, x, mask=m, bias=None, score="dot", backend="cpu")
+        seen["choice"] = attnlab.explain(x, x, x, mask=m, backend="cpu").implementation
         return lengths
 
     jax.eval_shape(f, jnp.asarray(lengths))
@@ -214,7 +213,7 @@ def test_traced_padding_keeps_the_tiles_of_concrete_padding():
     def g(lengths):
         x = jax.ShapeDtypeStruct((256, 2, 8), jnp.float32)
         m = masks.window(16, 0) & masks.padding(kv_lengths=lengths)
-        small["choice"] = _choose(x, x, x, mask=m, bias=None, score="dot", backend="cpu")
+        small["choice"] = attnlab.explain(x, x, x, mask=m, backend="cpu").implementation
         return lengths
 
     jax.eval_shape(g, jnp.int32(200))
@@ -248,14 +247,12 @@ def test_traced_padding_is_correct_and_does_not_retrace():
     ],
     ids=["bigbird", "window_or_chunks", "causal_padding_batched", "graph_batched"],
 )
-def test_dense_layout_evaluation_equals_row_by_row(mask, monkeypatch):
+def test_dense_layout_evaluation_equals_row_by_row(mask):
     """The one-shot dense evaluation of a layout gives the same blocks as the row-by-row one."""
     T, S = 150, 190
     for bq, bk in ((16, 16), (32, 48), (64, 25)):
-        fast = masks_mod._layout_by_evaluation(mask, T, S, bq, bk)
-        monkeypatch.setattr(masks_mod, "_DENSE_EVAL_MAX", 0)
-        slow = masks_mod._layout_by_evaluation(mask, T, S, bq, bk)
-        monkeypatch.undo()
+        fast = masks_mod.layout_by_evaluation(mask, T, S, bq, bk)
+        slow = masks_mod.layout_by_evaluation(mask, T, S, bq, bk, dense_max=0)
         np.testing.assert_array_equal(fast, slow)
         # and both agree with the definition: EMPTY / FULL from the dense mask
         dense = np.broadcast_to(np.asarray(mask.dense(T, S)), np.asarray(mask.dense(T, S)).shape)
@@ -293,35 +290,33 @@ def test_lazy_kernel_registration(monkeypatch):
     import sys
     import types
 
+    from attnlab.impls import LazyImplementation
+
     fake = types.ModuleType("attnlab.kernels.fake_flash")
     calls = []
 
-    def supports(q, k, v, *, mask, bias, score, backend):
-        return None if isinstance(mask, (masks.Causal, type(None))) else "causal or no mask only"
+    def call_reason(call, backend):
+        return None if call.mask is None or call.mask.interval() == (None, 0) else "causal or no mask only"
 
-    def fake_attention(q, k, v, *, mask=None, bias=None, scale=None):
-        calls.append((type(mask).__name__, scale))
-        return attnlab.attention_reference(q, k, v, mask=mask, scale=scale)
+    def attend(call):
+        calls.append((type(call.mask).__name__, call.score.scale))
+        return attnlab.attention_reference(call.q, call.k, call.v, mask=call.mask, score=call.score)
 
-    fake.supports, fake.fake_attention = supports, fake_attention
+    fake.call_reason, fake.attend = call_reason, attend
     monkeypatch.setitem(sys.modules, "attnlab.kernels.fake_flash", fake)
-    sup, run = dispatch._lazy("fake_flash", "fake_attention")
-    monkeypatch.setitem(dispatch.IMPLEMENTATIONS, "pallas", dispatch.Implementation("pallas", sup, run))
+    monkeypatch.setitem(dispatch.IMPLEMENTATIONS, "pallas", LazyImplementation("pallas", "attnlab.kernels.fake_flash"))
 
     x = _sds((1, 4096, 8, 64), jnp.float32)  # fp32: cuDNN declines, the registered kernel is next
     assert attnlab.explain(x, x, x, mask=masks.causal(), backend="gpu").implementation == "pallas"
     ex = attnlab.explain(x, x, x, mask=masks.window(8, 8), backend="gpu")
     assert ex.reason("pallas") == "causal or no mask only"
-    assert "score='dot' only" in attnlab.explain(x, x, x, score=scores.Additive(jnp.ones(64)), backend="gpu").reason(
-        "pallas"
-    )
     q, k, v = qkv((8, 2, 4))
     out = attnlab.attention(q, k, v, mask=masks.causal(), scale=0.5, implementation="pallas")
     assert calls == [("Causal", 0.5)]
     np.testing.assert_allclose(out, attnlab.attention_reference(q, k, v, mask=masks.causal(), scale=0.5), rtol=1e-6)
 
-    missing, run_missing = dispatch._lazy("no_such_kernel", "f")
-    reason = missing(x, x, x, mask=None, bias=None, score=scores.Dot(), backend="gpu")
-    assert reason == "attnlab.kernels.no_such_kernel not available"
+    missing = LazyImplementation("pallas", "attnlab.kernels.no_such_kernel")
+    monkeypatch.setitem(dispatch.IMPLEMENTATIONS, "pallas", missing)
+    assert attnlab.explain(x, x, x, backend="gpu").reason("pallas") == "attnlab.kernels.no_such_kernel not available"
     with pytest.raises(ValueError, match="no_such_kernel not available"):
-        run_missing(q, k, v, mask=None, bias=None, score=scores.Dot())
+        attnlab.attention(q, k, v, implementation="pallas")

@@ -1,4 +1,5 @@
-"""The blockwise (flash-style) kernel against attention_reference: outputs and gradients."""
+"""The blockwise (flash-style) kernel: what is specific to it (tiles, schedules, dispatch); the
+outputs and gradients against the reference for every mask kind are in tests/conformance.py."""
 
 from __future__ import annotations
 
@@ -9,59 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import grad_tol, qkv, tol
+from conftest import compare, fwd_and_grads, grad_tol, qkv, tol
 
 import attnlab
 from attnlab import kernels, masks
-from attnlab.attention import _choose
 
 # Odd lengths, not multiples of the (small) tiles, so short last blocks are exercised.
 T, S = 37, 45
 SMALL = kernels.BlockSizes(8, 16)
-
-MASKS = {
-    "none": lambda: None,
-    "causal": lambda: masks.causal(offset=S - T),
-    "window": lambda: masks.window(5, 3),
-    "padding": lambda: masks.padding(q_lengths=jnp.array([30, 37]), kv_lengths=jnp.array([45, 10])),
-    "graph": lambda: masks.graph(np.random.default_rng(0).random((T, S)) < 0.1),
-    "combined": lambda: (
-        (masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([20, 45]))) | masks.window(0, 0)
-    ),
-    "array": lambda: np.random.default_rng(1).random((2, 1, T, S)) < 0.5,
-}
-
-
-def _fwd_and_grads(fn, q, k, v):
-    """(out, (dq, dk, dv)) of fn with a fixed random cotangent, in one jit."""
-    ct = jax.random.normal(jax.random.key(7), q.shape[:-1] + v.shape[-1:], jnp.float32).astype(q.dtype)
-
-    @jax.jit
-    def run(q, k, v):
-        out, vjp = jax.vjp(fn, q, k, v)
-        return out, vjp(ct)
-
-    return run(q, k, v)
-
-
-def _compare(a, b, tolerance):
-    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **tolerance)
-
-
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("mask_kind", list(MASKS))
-def test_matches_reference_fwd_and_grad(mask_kind, dtype):
-    q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, dtype=dtype)  # GQA: 4 query heads, 2 kv heads
-    mask = MASKS[mask_kind]()
-    fast = functools.partial(kernels.blockwise_attention, mask=mask, block_sizes=SMALL)
-    ref = functools.partial(attnlab.attention_reference, mask=mask)
-    out, grads = _fwd_and_grads(fast, q, k, v)
-    out_r, grads_r = _fwd_and_grads(ref, q, k, v)
-    assert out.shape == (2, T, 4, 8) and out.dtype == dtype
-    _compare(out, out_r, tol(dtype))
-    for g, g_r in zip(grads, grads_r, strict=True):
-        assert g.dtype == dtype
-        _compare(g, g_r, grad_tol(dtype))
 
 
 @pytest.mark.parametrize("block", [(8, 16), (16, 8), (64, 64), (1, 45)])
@@ -69,7 +25,7 @@ def test_block_sizes_do_not_change_the_result(block):
     q, k, v = qkv((T, 2, 8), s=S, seed=2)  # no batch dims at all
     mask = masks.window(7, 2) & masks.causal(offset=S - T)
     out = kernels.blockwise_attention(q, k, v, mask=mask, block_sizes=kernels.BlockSizes(*block))
-    _compare(out, attnlab.attention_reference(q, k, v, mask=mask), tol(jnp.float32))
+    compare(out, attnlab.attention_reference(q, k, v, mask=mask), tol(jnp.float32))
 
 
 def test_value_head_dim_and_leading_dims():
@@ -77,12 +33,12 @@ def test_value_head_dim_and_leading_dims():
     mask = masks.causal(offset=S - T)
     out = kernels.blockwise_attention(q, k, v, mask=mask, block_sizes=SMALL)
     assert out.shape == (2, 3, T, 2, 5)
-    _compare(out, attnlab.attention_reference(q, k, v, mask=mask), tol(jnp.float32))
+    compare(out, attnlab.attention_reference(q, k, v, mask=mask), tol(jnp.float32))
     # vmap over an unbatched call gives the batched result
     per_example = jax.vmap(
         jax.vmap(lambda q, k, v: kernels.blockwise_attention(q, k, v, mask=mask, block_sizes=SMALL))
     )(q, k, v)
-    _compare(per_example, out, tol(jnp.float32))
+    compare(per_example, out, tol(jnp.float32))
 
 
 @pytest.mark.parametrize("kind", ["padded_query", "empty_kv", "isolated_node", "neg_inf_bias"])
@@ -102,8 +58,8 @@ def test_fully_masked_rows_are_zero_with_finite_grads(kind):
         bias = lambda qi, ki: jnp.where(qi[:, None] < 4, -jnp.inf, 0.0)  # noqa: E731  rows 0..3 empty
     expected = attnlab.attention_reference(q, k, v, mask=mask, bias=bias)
     fast = functools.partial(kernels.blockwise_attention, mask=mask, bias=bias, block_sizes=SMALL)
-    out, grads = _fwd_and_grads(fast, q, k, v)
-    _compare(out, expected, tol(jnp.float32))
+    out, grads = fwd_and_grads(fast, q, k, v)
+    compare(out, expected, tol(jnp.float32))
     empty = ~np.asarray(masks.as_mask(mask).dense(T, S)).any(-1)  # [*B|1, 1|, T]
     if kind == "neg_inf_bias":
         empty = np.arange(T) < 4
@@ -141,14 +97,14 @@ def test_callable_bias_matches_dense_array_bias_with_grads():
 
     g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True), static_argnums=4)
     (gs, out), (gs_r, out_r) = g(q, k, v, slopes, "fast"), g(q, k, v, slopes, "dense")
-    _compare(out, out_r, tol(jnp.float32))
-    _compare(out, attnlab.attention_reference(q, k, v, mask=mask, bias=dense), tol(jnp.float32))
+    compare(out, out_r, tol(jnp.float32))
+    compare(out, attnlab.attention_reference(q, k, v, mask=mask, bias=dense), tol(jnp.float32))
     for a, b in zip(gs, gs_r, strict=True):  # dq, dk, dv and d slopes
-        _compare(a, b, grad_tol(jnp.float32))
+        compare(a, b, grad_tol(jnp.float32))
     # the public entry point takes the callable too, for every implementation
     for impl in ("reference", "xla", "blockwise", None):
         out_i = attnlab.attention(q, k, v, mask=mask, bias=_alibi(slopes), implementation=impl)
-        _compare(out_i, out_r, tol(jnp.float32))
+        compare(out_i, out_r, tol(jnp.float32))
 
 
 def test_padding_lengths_change_without_recompiling():
@@ -164,7 +120,7 @@ def test_padding_lengths_change_without_recompiling():
     for lengths in ([45, 3], [10, 0], [1, 44]):
         lengths = jnp.array(lengths)
         out = f(q, k, v, lengths)
-        _compare(out, attnlab.attention_reference(q, k, v, mask=masks.padding(kv_lengths=lengths)), tol(jnp.float32))
+        compare(out, attnlab.attention_reference(q, k, v, mask=masks.padding(kv_lengths=lengths)), tol(jnp.float32))
     assert len(traces) == 1
 
 
@@ -182,17 +138,20 @@ def test_dispatch_rule():
     q, k, v = qkv((16, 2, 8))
     big_q, big_k, big_v = (jax.ShapeDtypeStruct((512, 2, 8), jnp.float32),) * 3
     edges = masks.graph_edges(senders=[0, 1], receivers=[1, 0], num_nodes=16)
-    assert _choose(q, k, v, mask=edges, bias=None, score="dot", is_dot=True) == "sparse"
-    assert _choose(q, k, v, mask=None, bias=None, score="dot", is_dot=True) == "xla"
-    assert _choose(q, k, v, mask=masks.causal(), bias=None, score="dot", is_dot=True) == "xla"
+    assert attnlab.explain(q, k, v, mask=edges, backend="cpu").implementation == "sparse"
+    assert attnlab.explain(q, k, v, mask=None, backend="cpu").implementation == "xla"
+    assert attnlab.explain(q, k, v, mask=masks.causal(), backend="cpu").implementation == "xla"
     long = masks.window(128, 128).block_layout(1024, 1024, 128, 128)
     assert (long == masks.EMPTY).any()
     q1 = jax.ShapeDtypeStruct((1024, 2, 8), jnp.float32)
     win = masks.window(128, 128)
-    assert _choose(q1, q1, q1, mask=win, bias=None, score="dot", is_dot=True) == "blockwise"
-    assert _choose(big_q, big_k, big_v, mask=None, bias=None, score="dot", is_dot=True) == "blockwise"
+    assert attnlab.explain(q1, q1, q1, mask=win, backend="cpu").implementation == "blockwise"
+    assert attnlab.explain(big_q, big_k, big_v, mask=None, backend="cpu").implementation == "blockwise"
     # an array bias is already O(T*S): XLA
-    assert _choose(big_q, big_k, big_v, mask=None, bias=jnp.zeros((512, 512)), score="dot", is_dot=True) == "xla"
+    assert (
+        attnlab.explain(big_q, big_k, big_v, mask=None, backend="cpu", bias=jnp.zeros((512, 512))).implementation
+        == "xla"
+    )
 
 
 def test_errors_name_the_argument():
@@ -204,8 +163,6 @@ def test_errors_name_the_argument():
         attnlab.attention(q, k, v, score=lambda q, k: attnlab.scores.dot_product(q, k), implementation="blockwise")
     with pytest.raises(ValueError, match="block_q"):
         kernels.BlockSizes(0, 16)
-    with pytest.raises(ValueError, match="backward"):
-        kernels.BlockSizes(16, 16, backward="fast")
     with pytest.raises(ValueError, match="two-pass backward was removed"):
         kernels.BlockSizes(16, 16, backward="two_pass")
     with pytest.raises(ValueError, match="mask"):
@@ -244,8 +201,8 @@ def test_t5_bias_table_gets_gradients():
 
     g = jax.jit(jax.value_and_grad(loss), static_argnums=1)
     (val, grad), (val_r, grad_r) = g(t5.table, "blockwise"), g(t5.table, "reference")
-    _compare(val, val_r, tol(jnp.float32))
-    _compare(grad, grad_r, grad_tol(jnp.float32))
+    compare(val, val_r, tol(jnp.float32))
+    compare(grad, grad_r, grad_tol(jnp.float32))
     assert np.abs(np.asarray(grad)).sum() > 0
 
 
@@ -265,7 +222,7 @@ def test_sparse_family_masks(make_mask):
     q, k, v = qkv((40, 2, 8), s=40, seed=13)
     fast = functools.partial(kernels.blockwise_attention, mask=mask, block_sizes=SMALL)
     ref = functools.partial(attnlab.attention_reference, mask=mask)
-    (out, grads), (out_r, grads_r) = _fwd_and_grads(fast, q, k, v), _fwd_and_grads(ref, q, k, v)
-    _compare(out, out_r, tol(jnp.float32))
+    (out, grads), (out_r, grads_r) = fwd_and_grads(fast, q, k, v), fwd_and_grads(ref, q, k, v)
+    compare(out, out_r, tol(jnp.float32))
     for g, g_r in zip(grads, grads_r, strict=True):
-        _compare(g, g_r, grad_tol(jnp.float32))
+        compare(g, g_r, grad_tol(jnp.float32))

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import grad_tol, qkv, tol
+from conftest import compare, fwd_and_grads, grad_tol, qkv, tol
 
 import attnlab
 from attnlab import kernels, masks, scores
@@ -23,21 +23,6 @@ def _random_edges(seed, num_nodes=NODES, p=0.2, isolated=(0, 7)):
     receivers, senders = np.nonzero(adj)
     perm = np.random.default_rng(seed + 1).permutation(len(senders))  # edge order must not matter
     return masks.graph_edges(senders=senders[perm], receivers=receivers[perm], num_nodes=num_nodes), adj
-
-
-def _fwd_and_grads(fn, *args):
-    ct = jax.random.normal(jax.random.key(3), fn(*args).shape, jnp.float32)
-
-    @jax.jit
-    def run(*args):
-        out, vjp = jax.vjp(fn, *args)
-        return out, vjp(ct.astype(out.dtype))
-
-    return run(*args)
-
-
-def _compare(a, b, tolerance):
-    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **tolerance)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
@@ -65,12 +50,12 @@ def test_matches_dense_graph_fwd_and_grad(score_kind, kv_heads, dtype):
                 q, k, v, mask=masks.graph(adj), score=functools.partial(scores.additive, w=w)
             )
 
-    out, grads = _fwd_and_grads(sparse, q, k, v, w)
-    out_r, grads_r = _fwd_and_grads(dense, q, k, v, w)
+    out, grads = fwd_and_grads(sparse, q, k, v, w)
+    out_r, grads_r = fwd_and_grads(dense, q, k, v, w)
     assert out.shape == (2, NODES, 4, 8) and out.dtype == dtype
-    _compare(out, out_r, tol(dtype))
+    compare(out, out_r, tol(dtype))
     for g, g_r in zip(grads, grads_r, strict=True):  # dq, dk, dv, dw
-        _compare(g, g_r, grad_tol(dtype))
+        compare(g, g_r, grad_tol(dtype))
     # isolated nodes (no incoming edge) get zeros, with zero dq
     assert np.all(np.asarray(out, np.float32)[:, [0, 7]] == 0)
     assert np.all(np.asarray(grads[0], np.float32)[:, [0, 7]] == 0)
@@ -80,10 +65,10 @@ def test_dispatch_picks_sparse_and_blockwise_agrees():
     edges, adj = _random_edges(4)
     q, k, v = qkv((NODES, 2, 8), seed=5)  # no batch dims
     out = attnlab.attention(q, k, v, mask=edges)  # implementation=None -> sparse
-    _compare(out, kernels.sparse_attention(q, k, v, mask=edges), tol(jnp.float32))
-    _compare(out, attnlab.attention_reference(q, k, v, mask=masks.graph(adj)), tol(jnp.float32))
+    compare(out, kernels.sparse_attention(q, k, v, mask=edges), tol(jnp.float32))
+    compare(out, attnlab.attention_reference(q, k, v, mask=masks.graph(adj)), tol(jnp.float32))
     # the same edge list through the blockwise kernel (as a dense adjacency, evaluated per tile)
-    _compare(out, attnlab.attention(q, k, v, mask=edges, implementation="blockwise"), tol(jnp.float32))
+    compare(out, attnlab.attention(q, k, v, mask=edges, implementation="blockwise"), tol(jnp.float32))
 
 
 def test_traced_edges_under_jit_without_recompiling():
@@ -102,7 +87,7 @@ def test_traced_edges_under_jit_without_recompiling():
         s, r = jnp.asarray(edges.senders[:e]), jnp.asarray(edges.receivers[:e])
         sub = np.zeros_like(adj)
         sub[np.asarray(r), np.asarray(s)] = True
-        _compare(f(q, k, v, s, r), attnlab.attention_reference(q, k, v, mask=masks.graph(sub)), tol(jnp.float32))
+        compare(f(q, k, v, s, r), attnlab.attention_reference(q, k, v, mask=masks.graph(sub)), tol(jnp.float32))
     assert len(traces) == 1
 
 
@@ -153,10 +138,8 @@ def test_edge_chunks_do_not_change_the_result(monkeypatch):
     assert edges.senders.shape[0] % 16
     q, k, v = qkv((2, NODES, 4, 8), kv_heads=2, seed=9)
     monkeypatch.setattr(sparse_lib, "EDGE_CHUNK", 16)
-    out, grads = _fwd_and_grads(lambda q, k, v: kernels.sparse_attention(q, k, v, mask=edges), q, k, v)
-    out_r, grads_r = _fwd_and_grads(
-        lambda q, k, v: attnlab.attention_reference(q, k, v, mask=masks.graph(adj)), q, k, v
-    )
-    _compare(out, out_r, tol(jnp.float32))
+    out, grads = fwd_and_grads(lambda q, k, v: kernels.sparse_attention(q, k, v, mask=edges), q, k, v)
+    out_r, grads_r = fwd_and_grads(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=masks.graph(adj)), q, k, v)
+    compare(out, out_r, tol(jnp.float32))
     for g, g_r in zip(grads, grads_r, strict=True):
-        _compare(g, g_r, grad_tol(jnp.float32))
+        compare(g, g_r, grad_tol(jnp.float32))

@@ -6,21 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import brute_layout
 
 from attnlab import masks
-
-
-def brute_layout(dense, T, S, bq, bk):
-    """Block layout straight from a dense [..., T, S] array: the definition, written out."""
-    d = np.asarray(dense)
-    d = np.broadcast_to(d, d.shape[:-2] + (T, S)).reshape(-1, T, S)
-    nq, nk = -(-T // bq), -(-S // bk)
-    out = np.zeros((nq, nk), np.int8)
-    for i in range(nq):
-        for j in range(nk):
-            blk = d[:, i * bq : (i + 1) * bq, j * bk : (j + 1) * bk]
-            out[i, j] = 0 if not blk.any() else (2 if blk.all() else 1)
-    return out
 
 
 def test_dense_by_hand():

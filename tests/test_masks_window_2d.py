@@ -8,11 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import grad_tol, qkv, tol
+from conftest import brute_layout, grad_tol, qkv, tol
 
 import attnlab
 from attnlab import kernels, masks
-from attnlab.attention import _choose
 
 
 def np_window_2d(T, S, width, rr, rc):
@@ -21,17 +20,6 @@ def np_window_2d(T, S, width, rr, rc):
     for t in range(T):
         for s in range(S):
             out[t, s] = abs(t // width - s // width) <= rr and abs(t % width - s % width) <= rc
-    return out
-
-
-def brute_layout(dense, bq, bk):
-    T, S = dense.shape
-    nq, nk = -(-T // bq), -(-S // bk)
-    out = np.zeros((nq, nk), np.int8)
-    for i in range(nq):
-        for j in range(nk):
-            blk = dense[i * bq : (i + 1) * bq, j * bk : (j + 1) * bk]
-            out[i, j] = masks.EMPTY if not blk.any() else (masks.FULL if blk.all() else masks.PARTIAL)
     return out
 
 
@@ -57,12 +45,12 @@ def test_block_layout_agrees_with_dense(width, rr, rc, blocks):
     T, S = 45, 53  # not multiples of the blocks
     m = masks.window_2d(width, rr, rc)
     layout = m.block_layout(T, S, *blocks)
-    np.testing.assert_array_equal(layout, brute_layout(np_window_2d(T, S, width, rr, rc), *blocks))
+    np.testing.assert_array_equal(layout, brute_layout(np_window_2d(T, S, width, rr, rc), T, S, *blocks))
 
 
 def test_layout_skips_most_tiles_on_28x28_pixels():
     layout = masks.window_2d(28, 3).block_layout(784, 784, 64, 64)
-    np.testing.assert_array_equal(layout, brute_layout(np_window_2d(784, 784, 28, 3, 3), 64, 64))
+    np.testing.assert_array_equal(layout, brute_layout(np_window_2d(784, 784, 28, 3, 3), 784, 784, 64, 64))
     assert (layout == masks.EMPTY).mean() > 0.6  # a 7 x 7 window over 784 pixels: most tiles never run
 
 
@@ -95,7 +83,7 @@ def test_blockwise_kernel_matches_reference_fwd_and_grad():
 
 def test_dispatcher_takes_blockwise_for_local_pixels():
     q = jax.ShapeDtypeStruct((1, 784, 2, 8), jnp.float32)
-    assert _choose(q, q, q, mask=masks.window_2d(28, 3), bias=None, score="dot", is_dot=True) == "blockwise"
+    assert attnlab.explain(q, q, q, mask=masks.window_2d(28, 3), backend="cpu").implementation == "blockwise"
 
 
 @pytest.mark.parametrize(

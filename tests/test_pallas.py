@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import attnlab
 from attnlab import masks
 from attnlab.attention import attention_reference
-from attnlab.kernels import pallas_flash, splash
+from attnlab.kernels import pallas_flash, pallas_mask_info, splash
 
 TOL = {
     jnp.float32: dict(atol=2e-5, rtol=2e-5),
@@ -140,7 +141,7 @@ def test_pallas_empty_tiles_are_never_loaded():
 
 def test_pallas_schedule_lists_only_non_empty_tiles():
     layout = masks.window(16, 0).block_layout(64, 64, 16, 16)
-    sched = pallas_flash._schedule(layout)
+    sched = pallas_mask_info.mask_info(masks.window(16, 0), (1,), 64, 64, 16, 16).sched
     for i in range(layout.shape[0]):
         listed = {int(j) for j, kd in zip(sched[i, 0], sched[i, 1], strict=True) if kd}
         assert listed == set(np.nonzero(layout[i])[0].tolist())
@@ -150,19 +151,25 @@ def test_pallas_schedule_lists_only_non_empty_tiles():
 def test_pallas_supports_and_errors():
     q = jax.ShapeDtypeStruct((2, 100, 8, 64), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((2, 100, 2, 64), jnp.bfloat16)
-    assert pallas_flash.supports(q, kv, kv, mask=masks.causal(), backend="gpu") is None
-    assert pallas_flash.supports(q, kv, kv, backend="cpu") is None
-    assert "TPU" in pallas_flash.supports(q, kv, kv, backend="tpu")
-    assert "bias" in pallas_flash.supports(q, kv, kv, bias=jnp.zeros(()), backend="gpu")
-    assert "score" in pallas_flash.supports(q, kv, kv, score=lambda q, k: q, backend="gpu")
+    assert (
+        attnlab.explain(q, kv, kv, mask=masks.causal(), backend="gpu", implementation="pallas").reason("pallas") is None
+    )
+    assert attnlab.explain(q, kv, kv, backend="cpu", implementation="pallas").reason("pallas") is None
+    assert "TPU" in attnlab.explain(q, kv, kv, backend="tpu", implementation="pallas").reason("pallas")
+    assert "bias" in attnlab.explain(q, kv, kv, bias=jnp.zeros(()), backend="gpu", implementation="pallas").reason(
+        "pallas"
+    )
+    assert "score" in attnlab.explain(q, kv, kv, score=lambda q, k: q, backend="gpu", implementation="pallas").reason(
+        "pallas"
+    )
     big = jax.ShapeDtypeStruct((2, 100, 8, 512), jnp.bfloat16)
-    assert "head dims" in pallas_flash.supports(big, big, big, backend="gpu")
+    assert "head dims" in attnlab.explain(big, big, big, backend="gpu", implementation="pallas").reason("pallas")
     x = jnp.zeros((20, 2, 16))
     with pytest.raises(ValueError, match="bias"):
         pallas_flash.pallas_attention(x, x, x, bias=jnp.zeros((2, 20, 20)))
     with pytest.raises(ValueError, match="block_q"):
         pallas_flash.pallas_attention(x, x, x, block_q=24)
-    with pytest.raises(ValueError, match="kv heads"):
+    with pytest.raises(ValueError, match="multiple of key heads"):
         pallas_flash.pallas_attention(jnp.zeros((20, 3, 16)), x, x)
     with pytest.raises(ValueError, match="does not broadcast"):  # a [T, S] mask of the wrong size
         pallas_flash.pallas_attention(x, x, x, mask=np.ones((20, 19), bool))
@@ -202,16 +209,19 @@ def test_splash_matches_reference(case):
 
 def test_splash_mask_mapping_and_supports():
     sa = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention")
-    assert isinstance(splash._splash_mask(masks.causal(), 100, 100, 128, 128, 0), sa.CausalMask)
-    assert isinstance(splash._splash_mask(masks.window(4, 2), 100, 100, 128, 128, 0), sa.LocalMask)
-    adapted = splash._splash_mask(masks.chunks(10), 100, 90, 128, 128, 0)
+    assert isinstance(splash.splash_mask(masks.causal(), 100, 100, 128, 128, 0), sa.CausalMask)
+    assert isinstance(splash.splash_mask(masks.window(4, 2), 100, 100, 128, 128, 0), sa.LocalMask)
+    adapted = splash.splash_mask(masks.chunks(10), 100, 90, 128, 128, 0)
     np.testing.assert_array_equal(adapted[0:128, 0:128][:100, :90], np.asarray(masks.chunks(10).dense(100, 90)))
     assert not adapted[0:128, 0:128][100:].any() and not adapted[0:128, 0:128][:, 90:].any()
     q = jax.ShapeDtypeStruct((2, 256, 8, 128), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((2, 256, 2, 128), jnp.bfloat16)
-    assert splash.supports(q, kv, kv, mask=masks.causal(), backend="tpu") is None
-    assert "TPU" in splash.supports(q, kv, kv, backend="gpu")
-    assert "batch" in splash.supports(q, kv, kv, mask=masks.graph(np.ones((2, 256, 256), bool)), backend="tpu")
+    assert (
+        attnlab.explain(q, kv, kv, mask=masks.causal(), backend="tpu", implementation="splash").reason("splash") is None
+    )
+    assert "TPU" in attnlab.explain(q, kv, kv, backend="gpu", implementation="splash").reason("splash")
+    batched = masks.graph(np.ones((2, 256, 256), bool))
+    assert "batch" in attnlab.explain(q, kv, kv, mask=batched, backend="tpu", implementation="splash").reason("splash")
     with pytest.raises(ValueError, match="block"):
         x = jnp.zeros((20, 2, 16))
         splash.splash_attention(x, x, x, block=64)

@@ -197,9 +197,9 @@ def test_use_host_devices_in_a_fresh_process():
 def test_chunking_whole_tiles_little_padding():
     # 5000 positions over 8 chunks: ceil = 625; tiles of at most 512 -> 2 tiles of 313 (C = 626),
     # not one tile of 512 and a second one mostly padding (C = 1024).
-    assert ring._chunking(5000, 8, 512) == (626, 313)
-    assert ring._chunking(37, 8, 3) == (6, 3)  # ceil = 5 -> 2 tiles of 3
-    assert ring._chunking(4096, 16, 512) == (256, 256)  # a chunk smaller than the tile: one tile
+    assert ring.chunking(5000, 8, 512) == (626, 313)
+    assert ring.chunking(37, 8, 3) == (6, 3)  # ceil = 5 -> 2 tiles of 3
+    assert ring.chunking(4096, 16, 512) == (256, 256)  # a chunk smaller than the tile: one tile
 
 
 def test_zigzag_positions_by_hand():

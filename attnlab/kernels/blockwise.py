@@ -112,7 +112,7 @@ def default_block_sizes(backend: str | None = None, *, sparse: bool = False) -> 
 _TILE_OVERHEAD_PAIRS = 64 * 64
 
 
-def _pick_block_sizes(m, T: int, S: int, backend: str | None = None, layout_fn=None) -> BlockSizes:
+def pick_block_sizes(m, T: int, S: int, backend: str | None = None, layout_fn=None) -> BlockSizes:
     """The backend's dense or sparse tiles, whichever visits fewer pairs (plus a per-tile cost).
 
     The block layout is always safe, so it is consulted for every mask: a window, chunks or BigBird
@@ -267,7 +267,7 @@ def attend(call: Call, *, block_sizes: BlockSizes | None = None):
 
     plans = {}
     for platform in _PLATFORMS:
-        bs = _pick_block_sizes(m, T, S, platform, layout_fn) if block_sizes is None else block_sizes
+        bs = pick_block_sizes(m, T, S, platform, layout_fn) if block_sizes is None else block_sizes
         plans[platform] = _plan(layout_fn, call, bs, platform)
     branches = {}
     for platform, plan in plans.items():

@@ -76,8 +76,9 @@ def cudnn_flags(mask) -> CudnnFlags | str:
     if (hi is not None and hi < 0) or (lo is not None and lo > 0):
         return f"needs the diagonal allowed (t + {lo} <= s <= t + {hi} excludes the diagonal)"
     if hi != 0:
-        right = "unbounded" if hi is None else hi
-        return f"covers left windows only (keys s <= t), not a mask reaching {right} keys to the right without causal"
+        desc = " & ".join(repr(p) for p in rest.conjuncts())
+        right = "any key" if hi is None else f"s <= t + {hi}"
+        return f"has no flag for mask part {desc}: covers left windows only (keys s <= t), here {right}"
     return CudnnFlags(True, None if lo is None else (-lo, 0), padding)
 
 

@@ -78,7 +78,7 @@ def shard_layout(mask, T: int, S: int, D: int) -> np.ndarray:
     return layout
 
 
-def _chunking(L: int, n: int, block: int) -> tuple[int, int]:
+def chunking(L: int, n: int, block: int) -> tuple[int, int]:
     """(chunk length C, tile b) for L positions cut into n equal chunks of whole tiles b <= block.
 
     C = ceil(L / n) rounded up to a whole number of tiles, the tile shrunk so that little is
@@ -120,7 +120,7 @@ def pair_layouts(mask, T: int, S: int, D: int, block_sizes, layout: str = "conti
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     n = 1 if layout == "contiguous" else 2
-    (Cq, bq), (Ck, bk) = _chunking(T, n * D, block_sizes.block_q), _chunking(S, n * D, block_sizes.block_k)
+    (Cq, bq), (Ck, bk) = chunking(T, n * D, block_sizes.block_q), chunking(S, n * D, block_sizes.block_k)
     glob = np.full((n * D * Cq // bq, n * D * Ck // bk), masks_lib.EMPTY, np.int8)  # padded global tiles
     if mask is None:
         inner = np.full((-(-T // bq), -(-S // bk)), masks_lib.FULL, np.int8)

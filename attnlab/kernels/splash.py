@@ -98,7 +98,7 @@ class _AttnlabMask:
         raise NotImplementedError("use & and | on masks")
 
 
-def _splash_mask(rest, T, S, Tp, Sp, head):
+def splash_mask(rest, T, S, Tp, Sp, head):
     """attnlab mask (no padding factors) -> a splash Mask for one head on the padded [Tp, Sp] grid.
 
     A mask of the interval form ``t + lo <= s <= t + hi`` (``Mask.interval``: full, causal, windows
@@ -239,7 +239,7 @@ def attend(call: Call, *, block=None, check: bool = False):
 
     def run_group(kh, qg, kg, vg, qsg, kvsg, interpret):
         """One kv head: q [B, G, Tp, H], k/v [B, Sp, H] -> [B, G, Tp, H]."""
-        hm = [_splash_mask(rest, T, S, Tp, Sp, kh * G + g if heads > 1 else 0) for g in range(G)]
+        hm = [splash_mask(rest, T, S, Tp, Sp, kh * G + g if heads > 1 else 0) for g in range(G)]
         if heads == 1:
             hm = [hm[0]] * G
         kernel = sa.make_splash_mqa_single_device(

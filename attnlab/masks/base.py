@@ -93,7 +93,7 @@ class Mask:
         # otherwise call every block PARTIAL.
         if not self.is_static:
             return np.full((_num_blocks(T, bq), _num_blocks(S, bk)), PARTIAL, np.int8)
-        return _layout_by_evaluation(self, T, S, bq, bk)
+        return layout_by_evaluation(self, T, S, bq, bk)
 
     # ---- what the mask says about itself (kernels ask these; none of them lists mask classes)
 
@@ -160,17 +160,18 @@ def _classify(values: np.ndarray) -> int:
     return PARTIAL
 
 
-def _layout_by_evaluation(mask: Mask, T: int, S: int, bq: int, bk: int, todo=None) -> np.ndarray:
-    """Exact layout by evaluating ``mask`` on the blocks where ``todo`` is True (all by default).
+def layout_by_evaluation(mask: Mask, T: int, S: int, bq: int, bk: int, todo=None, *, dense_max=None) -> np.ndarray:
+    """Exact layout by evaluating ``mask`` (values known now) on the blocks where ``todo`` is True (all by default).
 
-    Each query-block row is evaluated once over the span of its key blocks still to decide, so a
-    banded set of PARTIAL blocks costs O(T * band), not O(T * S).
+    Up to ``dense_max`` pairs (default ``DENSE_EVAL_MAX`` = 2**23) the mask is evaluated once on
+    ``[T, S]``; beyond, each query-block row is evaluated once over the span of its key blocks
+    still to decide, so a banded set of PARTIAL blocks costs O(T * band), not O(T * S).
     """
     nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
     layout = np.full((nq, nk), PARTIAL, np.int8)
     if todo is None:
         todo = np.ones((nq, nk), bool)
-    if T * S <= _DENSE_EVAL_MAX:
+    if T * S <= (DENSE_EVAL_MAX if dense_max is None else dense_max):
         return np.where(todo, _layout_of_dense(mask, T, S, bq, bk), layout).astype(np.int8)
     with jax.ensure_compile_time_eval():
         for i in range(nq):
@@ -186,7 +187,7 @@ def _layout_by_evaluation(mask: Mask, T: int, S: int, bq: int, bk: int, todo=Non
     return layout
 
 
-_DENSE_EVAL_MAX = 2**23
+DENSE_EVAL_MAX = 2**23
 
 
 def _layout_of_dense(mask: Mask, T: int, S: int, bq: int, bk: int) -> np.ndarray:
@@ -206,7 +207,7 @@ def _layout_of_dense(mask: Mask, T: int, S: int, bq: int, bk: int) -> np.ndarray
 
 
 def _evaluation_cost(todo: np.ndarray, bq: int, bk: int) -> int:
-    """Elements `_layout_by_evaluation` would evaluate for `todo` (rows x spanned columns)."""
+    """Elements `layout_by_evaluation` would evaluate for `todo` (rows x spanned columns)."""
     rows = np.nonzero(todo.any(1))[0]
     cost = 0
     for i in rows:
@@ -347,7 +348,7 @@ def _refine(mask, layout, T, S, bq, bk):
     todo = layout == PARTIAL
     if not todo.any() or _evaluation_cost(todo, bq, bk) > _REFINE_BUDGET:
         return layout
-    exact = _layout_by_evaluation(mask, T, S, bq, bk, todo)
+    exact = layout_by_evaluation(mask, T, S, bq, bk, todo)
     return np.where(todo, exact, layout).astype(np.int8)
 
 

@@ -126,6 +126,9 @@ class GraphEdges(Mask):
         return jnp.take(jnp.take(adj, q_idx, axis=0), k_idx, axis=1)
 
     def for_tiles(self):
+        if self.is_static:  # concrete edges: a concrete adjacency (exact layouts, even inside jit)
+            with jax.ensure_compile_time_eval():
+                return Graph(self.adjacency())
         return Graph(self.adjacency())
 
     def edge_list(self):
