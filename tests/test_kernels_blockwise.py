@@ -163,8 +163,6 @@ def test_errors_name_the_argument():
         attnlab.attention(q, k, v, score=lambda q, k: attnlab.scores.dot_product(q, k), implementation="blockwise")
     with pytest.raises(ValueError, match="block_q"):
         kernels.BlockSizes(0, 16)
-    with pytest.raises(ValueError, match="two-pass backward was removed"):
-        kernels.BlockSizes(16, 16, backward="two_pass")
     with pytest.raises(ValueError, match="mask"):
         attnlab.attention(q, k, v, mask=np.ones((3, T, S), bool), implementation="blockwise")
 
