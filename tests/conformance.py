@@ -47,6 +47,7 @@ CASES = {
     "causal_padding": ((T, S), lambda: masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([20, 45]))),
     "empty_rows": ((T, S), lambda: masks.window(2, 0) & masks.padding(q_lengths=jnp.array([0, 20]))),
     "chunks": ((T, S), lambda: masks.chunks(8)),
+    "prefix_lm": ((T, S), lambda: masks.prefix_lm(jnp.array([5, 40]))),
     "combined": (
         (T, S),
         lambda: (masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([20, 45]))) | masks.window(0, 0),

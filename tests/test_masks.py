@@ -203,3 +203,16 @@ def test_bigbird_skips_most_blocks_at_length():
 def test_sparse_family_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_prefix_lm_by_hand_and_its_layout():
+    # prefix 2 of 5: rows 0-1 see keys 0-1 (the prefix, both ways); row t >= 2 sees keys 0..t
+    expected = [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert np.asarray(masks.prefix_lm(2).dense(5, 5))[0].astype(int).tolist() == expected
+    m = masks.prefix_lm(np.array([3, 9, 0]))  # batched lengths: [B, 1, T, S]
+    dense = np.asarray(m.dense(40, 40))
+    assert dense.shape == (3, 1, 40, 40)
+    np.testing.assert_array_equal(dense[2, 0], np.tril(np.ones((40, 40), bool)))  # no prefix: causal
+    np.testing.assert_array_equal(m.block_layout(40, 40, 8, 8), brute_layout(dense, 40, 40, 8, 8))
+    with pytest.raises(ValueError, match="prefix_lengths"):
+        masks.prefix_lm(np.array([1.5]))

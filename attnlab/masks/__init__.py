@@ -36,7 +36,7 @@ Layout of the package (each constructor beside its class):
 
 * ``base``: ``Mask``, layouts, ``And``/``Or``, ``Dense``, ``as_mask``, ``leaf``/``mask_class``;
 * ``structural``: full, causal, window, window_2d;
-* ``graph``: padding, graph, graph_edges (data-carrying);
+* ``graph``: padding, prefix_lm, graph, graph_edges (data-carrying);
 * ``sparse``: chunks, dilated, global_tokens, random_blocks, bigbird;
 * ``spec``: ``from_spec`` strings.
 
@@ -68,10 +68,12 @@ from attnlab.masks.graph import (
     Graph,
     GraphEdges,
     Padding,
+    PrefixLM,
     graph,
     graph_edges,
     padding,
     padding_lengths,
+    prefix_lm,
     with_self_loops,
 )
 from attnlab.masks.sparse import (
@@ -113,6 +115,8 @@ __all__ = [
     "as_mask",
     "and_all",
     "padding_lengths",
+    "PrefixLM",
+    "prefix_lm",
     "Chunks",
     "Dilated",
     "GlobalTokens",

@@ -236,6 +236,38 @@ def padding(q_lengths=None, kv_lengths=None) -> Mask:
     return Padding(q, k)
 
 
+@mask_class
+class PrefixLM(Mask):
+    """Prefix LM: every query sees the first ``prefix_lengths[b]`` keys (bidirectional) and, beyond, keys s <= t.
+
+    ``dense`` has shape ``[*B, 1, T, S]`` (``[1, T, S]`` for one Python int). The lengths are a pytree leaf (traced values reuse the
+    compiled program); with concrete lengths the block layout is exact, traced ones keep the EMPTY
+    tiles of the causal part only where no prefix can reach them (none: every tile PARTIAL).
+    """
+
+    prefix_lengths: Any = leaf()
+
+    def __call__(self, q_idx, k_idx):
+        p = jnp.asarray(self.prefix_lengths)[..., None, None, None]  # [*B] -> [*B, 1, 1, 1]
+        return (k_idx[None, :] < p) | (k_idx[None, :] <= q_idx[:, None])
+
+
+def prefix_lm(prefix_lengths) -> Mask:
+    """A prefix-LM mask (T5's / UniLM's): the prefix is attended bidirectionally, the rest causally.
+
+    Args:
+        prefix_lengths: int ``[*B]`` (one per example; may be traced under jit), or a Python int.
+
+    Example:
+        >>> prefix_lm(2).dense(4, 4)[0].astype(int).tolist()      # [N=1, T, S]: one head for all
+        [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    """
+    arr = _check_lengths_array("prefix_lengths", prefix_lengths)
+    if arr is None:
+        raise ValueError("prefix_lm: prefix_lengths must be an int or an integer array [*B], got None")
+    return PrefixLM(arr)
+
+
 def _check_adjacency(adjacency, *, square: bool):
     adj = adjacency if isinstance(adjacency, jax.Array) else np.asarray(adjacency)
     if adj.dtype != bool:
