@@ -16,6 +16,7 @@ EXAMPLES = {
     masks.Window: masks.window(2, 1),
     masks.Window2D: masks.window_2d(3, 1),
     masks.Padding: masks.padding(jnp.array([3, 6]), jnp.array([6, 2])),
+    masks.PrefixLM: masks.prefix_lm(jnp.array([2, 5])),
     masks.Graph: masks.graph(ADJ),
     masks.GraphEdges: masks.graph_edges([0, 1], [1, 2], 6),
     masks.Dense: masks.as_mask(ADJ),
@@ -30,6 +31,7 @@ EXAMPLES = {
 # the array fields, as declared with leaf() beside each field
 LEAVES = {
     masks.Padding: ("q_lengths", "kv_lengths"),
+    masks.PrefixLM: ("prefix_lengths",),
     masks.Graph: ("adjacency",),
     masks.GraphEdges: ("senders", "receivers"),
     masks.Dense: ("array",),
