@@ -44,7 +44,8 @@ import numpy as np
 from absl import app, flags
 
 import attnlab
-from attnlab import dispatch, masks
+from attnlab import impls, masks
+from attnlab.call import bind
 
 IMPLEMENTATIONS = ("cudnn", "pallas", "xla", "blockwise", "sparse")
 
@@ -272,7 +273,7 @@ def speed(sz: Sizes, t0, opts: Options) -> list[dict]:
         sds = jax.ShapeDtypeStruct((1, T, N, H), jnp.bfloat16)
         why = attnlab.explain(sds, sds, sds, mask=mask, implementation=(impl,)).reason(impl)
         if why is None and impl == "xla":
-            why = dispatch._xla_pays_off(sds, sds, sds, mask=mask, bias=None, score=None, backend="gpu")
+            why = impls.XLA.pays_off(bind(sds, sds, sds, mask=mask), "gpu")
         if why is not None:
             rows.append(row | dict(status="unsupported", reason=why))
             continue
@@ -314,7 +315,7 @@ def memory(sz: Sizes, t0, opts: Options) -> list[dict]:
         sds = jax.ShapeDtypeStruct((1, T, N, H), jnp.bfloat16)
         why = attnlab.explain(sds, sds, sds, implementation=(impl,)).reason(impl)
         if why is None and impl == "xla":
-            why = dispatch._xla_pays_off(sds, sds, sds, mask=None, bias=None, score=None, backend="gpu")
+            why = impls.XLA.pays_off(bind(sds, sds, sds), "gpu")
         if why is None and impl == "blockwise" and T > sz.blockwise_max:
             why = f"blockwise is timed up to T={sz.blockwise_max}"
         if why is not None or not _budget_left(t0, opts):
