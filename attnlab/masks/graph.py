@@ -240,9 +240,9 @@ def padding(q_lengths=None, kv_lengths=None) -> Mask:
 class PrefixLM(Mask):
     """Prefix LM: every query sees the first ``prefix_lengths[b]`` keys (bidirectional) and, beyond, keys s <= t.
 
-    ``dense`` has shape ``[*B, 1, T, S]`` (``[1, T, S]`` for one Python int). The lengths are a pytree leaf (traced values reuse the
-    compiled program); with concrete lengths the block layout is exact, traced ones keep the EMPTY
-    tiles of the causal part only where no prefix can reach them (none: every tile PARTIAL).
+    ``dense`` has shape ``[*B, 1, T, S]`` (``[1, T, S]`` for one Python int). The lengths are a
+    pytree leaf (traced values reuse the compiled program); with concrete lengths the block layout
+    is exact, with traced ones every tile is PARTIAL (safe).
     """
 
     prefix_lengths: Any = leaf()
