@@ -74,11 +74,14 @@ def cudnn_flags(mask) -> CudnnFlags | str:
     if hi is None and lo is None:
         return CudnnFlags(False, None, padding)
     if (hi is not None and hi < 0) or (lo is not None and lo > 0):
-        return f"needs the diagonal allowed (t + {lo} <= s <= t + {hi} excludes the diagonal)"
+        window = (None if lo is None else -lo, hi)
+        return f"needs a window with left, right >= 0 (window{window} excludes the diagonal)"
     if hi != 0:
-        desc = " & ".join(repr(p) for p in rest.conjuncts())
-        right = "any key" if hi is None else f"s <= t + {hi}"
-        return f"has no flag for mask part {desc}: covers left windows only (keys s <= t), here {right}"
+        if lo is None:  # causal(offset > 0), or no bound on the left with one on the right
+            desc = " & ".join(repr(p) for p in rest.conjuncts())
+            return f"has no flag for mask part {desc} (cuDNN: causal, left windows, padding lengths)"
+        right = "any" if hi is None else hi
+        return f"covers left windows only, not window(left={-lo}, right={right}) without causal"
     return CudnnFlags(True, None if lo is None else (-lo, 0), padding)
 
 
