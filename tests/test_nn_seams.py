@@ -219,8 +219,8 @@ def test_a_custom_learned_input_encoding_owns_its_param():
 def test_an_injected_attention_function():
     # A plain callable taking the full mask and bias: the blockwise kernel instead of the dispatcher.
     fn = functools.partial(attnlab.attention, implementation="blockwise")
-    got = _enc(attention=fn, posenc="alibi", window=2)
-    want = _enc(attention=nn.Softmax("reference"), posenc="alibi", window=2)
+    got = _enc(attention=fn, posenc=positional.AlibiBias(), attention_mask=masks.window(2, 2))
+    want = _enc(attention=nn.Softmax("reference"), posenc=positional.AlibiBias(), attention_mask=masks.window(2, 2))
     _same(got, want)
 
 
@@ -249,10 +249,10 @@ def test_an_attention_subclass_by_hand():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(posenc=positional.Sinusoidal(32), max_len=32), "configure a posenc name"),
-        (dict(windw=2), "unknown keyword arguments"),
         (dict(posenc="xpos"), "posenc must be one of"),
-        (dict(attention=nn.Linear(), attention_mask=masks.chunks(2)), "takes no window or attention_mask"),
+        (dict(posenc=32), "posenc must be an attnlab.positional.Encoding"),
+        (dict(posenc="sinusoidal_2d"), r"needs \['height', 'width'\]"),
+        (dict(attention=nn.Linear(), attention_mask=masks.chunks(2)), "takes no attention_mask"),
         (dict(attention="cosine"), "kind must be one of"),
         (dict(posenc=positional.Rope(), num_heads=16), "even head dim"),
     ],
@@ -260,3 +260,25 @@ def test_an_attention_subclass_by_hand():
 def test_bad_seams(kw, match):
     with pytest.raises(ValueError, match=match):
         _enc(**kw)
+
+
+@pytest.mark.parametrize(
+    "kw, instead",
+    [
+        (dict(max_len=32), r"for max_len= pass posenc=positional.Sinusoidal\(max_len\) or positional.Learned"),
+        (dict(t5_buckets=8, t5_max_distance=16), r"for t5_buckets= pass posenc=positional.T5\(num_buckets"),
+        (dict(grid=(3, 3)), r"for grid= pass posenc=positional.Sinusoidal2D\(height, width\)"),
+        (dict(window=2), r"for window= pass attention_mask=masks.window\(w, w\)"),
+        (dict(implementation="xla"), r"for implementation= pass attention=nn.Softmax\(implementation\)"),
+        (dict(num_features=32), r"for num_features= pass attention=nn.Performer\(num_features\)"),
+    ],
+)
+def test_keywords_that_are_objects_say_which_object(kw, instead):
+    with pytest.raises(ValueError, match="are not Encoder arguments") as e:
+        _enc(**kw)
+    assert e.match(instead)
+
+
+def test_an_unknown_keyword_is_a_type_error():
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['windw'\]"):
+        _enc(windw=2)

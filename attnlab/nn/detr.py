@@ -24,6 +24,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from attnlab import positional
 from attnlab.nn.layers import Encoder, _split
 from attnlab.nn.seq2seq import DecoderBlock
 
@@ -328,8 +329,7 @@ class DETR(nnx.Module):
             num_heads=num_heads,
             mlp_dim=mlp_dim,
             input_dim=width,
-            posenc="sinusoidal_2d",
-            grid=self.grid,
+            posenc=positional.Sinusoidal2D(side, side),
             dropout_rate=dropout_rate,
             rngs=rngs,
         )

@@ -21,6 +21,7 @@ from flax import nnx
 
 from attnlab import masks as masks_lib
 from attnlab import positional
+from attnlab.nn.attention import Softmax
 from attnlab.nn.layers import Encoder, MultiHeadAttention, _split, dropout
 
 __all__ = ["DecoderBlock", "EncoderDecoder", "subsampled_lengths"]
@@ -118,11 +119,10 @@ class EncoderDecoder(nnx.Module):
             num_heads=num_heads,
             mlp_dim=mlp_dim,
             input_dim=width,
-            posenc="sinusoidal",
-            max_len=max_source_len,
+            posenc=positional.Sinusoidal(max_source_len),
+            attention=Softmax(implementation),
             dropout_rate=dropout_rate,
             attention_mask=encoder_mask,
-            implementation=implementation,
             rngs=rngs,
         )
         self.embed = nnx.Embed(vocab_size, d_model, rngs=rngs)
