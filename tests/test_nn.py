@@ -149,3 +149,15 @@ def test_learned_positions_are_added():
     assert not np.allclose(y[0, 0], y[0, 1], atol=1e-6)
     enc.pos_table[...] = jnp.zeros((16, 8))
     np.testing.assert_allclose(enc(ids)[0, 0], enc(ids)[0, 1], atol=1e-6)
+
+
+def test_split_key_passes_none_through():
+    assert nn.split_key(None, 3) == (None, None, None)
+    key = jax.random.key(4)
+    got = nn.split_key(key, 3)
+    assert isinstance(got, tuple) and len(got) == 3
+    want = jax.random.split(key, 3)  # the same keys jax.random.split gives
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(jax.random.key_data(g), jax.random.key_data(w))
+    with pytest.raises(ValueError, match="split_key: n must be an int >= 0"):
+        nn.split_key(key, 2.0)

@@ -27,6 +27,7 @@ from attnlab.heads import init_multi_head_params, multi_head_attention
 from attnlab.nn.attention import KINDS, AttentionFn, Softmax, as_attention
 
 __all__ = [
+    "split_key",
     "dropout",
     "sequence_mask",
     "masked_mean",
@@ -43,16 +44,28 @@ __all__ = [
 ATTENTION_KINDS = KINDS  # softmax: attnlab.attention; linear, performer: attnlab.efficient
 
 
+def split_key(key: jax.Array | None, n: int) -> tuple:
+    """``n`` keys from ``key`` (``jax.random.split``) as a tuple, or ``n`` Nones when ``key`` is None.
+
+    The models' dropout keys: ``dropout_key=None`` means evaluation, and then every layer gets None.
+
+    Example:
+        >>> split_key(None, 2)
+        (None, None)
+        >>> len(split_key(jax.random.key(0), 3))
+        3
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"split_key: n must be an int >= 0, got {n!r}")
+    return (None,) * n if key is None else tuple(jax.random.split(key, n))
+
+
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
     """Inverted dropout; the identity when ``key`` is None or ``rate == 0``."""
     if key is None or rate == 0.0:
         return x
     keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
-
-
-def _split(key, n):
-    return (None,) * n if key is None else tuple(jax.random.split(key, n))
 
 
 def sequence_mask(lengths: jax.Array | None, T: int) -> jax.Array | None:
@@ -321,7 +334,7 @@ class TransformerBlock(nnx.Module):
         self, x, *, mask=None, bias=None, dropout_key=None, return_weights=False, rotary=None, kv_lengths=None
     ):
         """``[B, T, D] -> [B, T, D]`` (, attention weights ``[B, N, T, S]``); bias, rotary: see MultiHeadAttention."""
-        k1, k2, k3 = _split(dropout_key, 3)
+        k1, k2, k3 = split_key(dropout_key, 3)
         a = self.attn(
             self.ln1(x), mask=mask, return_weights=return_weights, bias=bias, rotary=rotary, kv_lengths=kv_lengths
         )
@@ -505,7 +518,7 @@ class Encoder(nnx.Module):
                     "use another posenc or fold the positional bias into yours"
                 )
             bias = pos_bias
-        keys = _split(dropout_key, len(self.blocks) + 1)
+        keys = split_key(dropout_key, len(self.blocks) + 1)
         x = dropout(x, self.dropout_rate, keys[0])
         takes_mask = self.attention.takes_mask
         own = self.mask(lengths, T) if takes_mask else None
