@@ -161,7 +161,7 @@ def dispatch_choice(model, inputs, lengths) -> dict[str, str]:
     D, N, H = wq.shape
     q = jax.ShapeDtypeStruct((B, T, N, H), jnp.float32)  # [B, T, N, H]
     score = "dot" if block.attn.score == "dot" else scores.Additive(block.attn.w_score[...])
-    mask = model.backbone.mask(jnp.asarray(lengths), T)
+    mask = model.backbone.mask(jnp.asarray(lengths))
     return {b: attnlab.explain(q, q, q, mask=mask, score=score, backend=b).implementation for b in BACKENDS}
 
 

@@ -495,7 +495,7 @@ class Encoder(nnx.Module):
             )
         return attention_mask
 
-    def mask(self, lengths, T=None):
+    def mask(self, lengths):
         """The attention mask for a batch: padding(lengths) & attention_mask (None when neither)."""
         m = None if lengths is None else masks_lib.padding(lengths, lengths)
         extra = self.attention_mask
@@ -521,7 +521,7 @@ class Encoder(nnx.Module):
         keys = split_key(dropout_key, len(self.blocks) + 1)
         x = dropout(x, self.dropout_rate, keys[0])
         takes_mask = self.attention.takes_mask
-        own = self.mask(lengths, T) if takes_mask else None
+        own = self.mask(lengths) if takes_mask else None
         mask = own if mask is None else (mask if own is None else own & mask)
         kv_lengths = None if takes_mask else lengths
         weights = []
