@@ -17,7 +17,6 @@ Legend: D model dim, Dkv source dim (cross-attention), N query heads, K key/valu
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -26,7 +25,14 @@ import jax.numpy as jnp
 from attnlab import scores as scores_lib
 from attnlab.attention import attention, attention_weights
 
-__all__ = ["split_heads", "merge_heads", "init_multi_head_params", "project_qkv", "multi_head_attention"]
+__all__ = [
+    "split_heads",
+    "merge_heads",
+    "init_multi_head_params",
+    "resolve_score",
+    "project_qkv",
+    "multi_head_attention",
+]
 
 
 def split_heads(x: jax.Array, num_heads: int) -> jax.Array:
@@ -83,7 +89,9 @@ def init_multi_head_params(
         head_dim: H (default D // N).
         kv_dim: Dkv, width of the key/value input for cross-attention (default D).
         use_bias: include ``bq, bk, bv, bo``.
-        score: ``"dot"`` or ``"additive"`` (adds ``w_score`` ``[N, H]`` for the tanh score).
+        score: ``"dot"``, ``"additive"`` (adds ``w_score`` ``[N, H]`` for the tanh score), or an
+            ``attnlab.scores.Score`` object such as ``scores.Dot(scale)`` or ``scores.Additive(w)``,
+            which carries its own weights (no ``w_score`` is added).
         dtype: parameter dtype.
 
     Returns:
@@ -108,8 +116,13 @@ def init_multi_head_params(
         head_dim = d // n
     h = _positive("head_dim", head_dim)
     dkv = _positive("kv_dim", d if kv_dim is None else kv_dim)
-    if score not in ("dot", "additive"):
+    if isinstance(score, str) and score not in ("dot", "additive"):
         raise ValueError(f"init_multi_head_params: score must be 'dot' or 'additive', got {score!r}")
+    if not isinstance(score, (str, scores_lib.Score)):
+        raise ValueError(
+            "init_multi_head_params: score must be 'dot', 'additive' or an attnlab.scores.Score "
+            f"(e.g. scores.Additive(w)), got {type(score).__name__}"
+        )
 
     kq, kk, kv, ko, ks = jax.random.split(key, 5)
 
@@ -129,9 +142,33 @@ def init_multi_head_params(
             "bv": jnp.zeros((kh, h), dtype),
             "bo": jnp.zeros((d,), dtype),
         }
-    if score == "additive":
+    if isinstance(score, str) and score == "additive":
         params["w_score"] = lecun(ks, (n, h), h)
     return params
+
+
+def resolve_score(score, params):
+    """The score ``multi_head_attention`` computes with these params.
+
+    The string ``"additive"`` becomes ``scores.Additive(params["w_score"])`` (the one place it does);
+    ``"dot"``, a score object or a callable is returned as given (``attnlab.attention`` takes them).
+
+    Raises:
+        ValueError: ``"additive"`` and params without ``w_score``.
+
+    Example:
+        >>> p = init_multi_head_params(jax.random.key(0), 8, 2, score="additive")
+        >>> type(resolve_score("additive", p)).__name__, resolve_score("dot", p)
+        ('Additive', 'dot')
+    """
+    if not (isinstance(score, str) and score == "additive"):
+        return score  # "dot", a score object or a callable: attnlab.attention resolves it
+    if "w_score" not in params:
+        raise ValueError(
+            "multi_head_attention: score='additive' needs params['w_score'] [N, H]; "
+            "create params with init_multi_head_params(..., score='additive') or pass score=scores.Additive(w)"
+        )
+    return scores_lib.Additive(params["w_score"])
 
 
 def _check_param(params, name, legend):
@@ -202,7 +239,8 @@ def multi_head_attention(
         x_q: ``[..., T, D]`` the sequence that asks.
         x_kv: ``[..., S, Dkv]`` the sequence attended to; default ``x_q`` (self-attention).
         mask, bias, scale, implementation: as ``attnlab.attention``.
-        score: ``"dot"``, ``"additive"`` (uses ``params["w_score"]``) or a callable.
+        score: ``"dot"``, ``"additive"`` (``scores.Additive(params["w_score"])``), a score object
+            (``scores.Dot(scale)``, ``scores.Additive(w)``) or a callable ``score(q, k)``.
         return_weights: also return the attention weights ``[..., N, T, S]`` (fp32).
         attention_fn: optional ``(q, k, v) -> [..., T, N, Hv]`` used instead of ``attnlab.attention``
             (e.g. ``functools.partial(attnlab.efficient.linear_attention, kv_lengths=lengths)``);
@@ -239,13 +277,7 @@ def multi_head_attention(
     q, k, v = project_qkv(params, x_q, x_kv)  # [..., T, N, H], [..., S, K, H], [..., S, K, Hv]
     if rotary is not None:
         q, k = rotary(q), rotary(k)  # e.g. RoPE: rotate q and k by their positions
-    if score == "additive":
-        if "w_score" not in params:
-            raise ValueError(
-                "multi_head_attention: score='additive' needs params['w_score'] [N, H]; "
-                "create params with init_multi_head_params(..., score='additive')"
-            )
-        score = functools.partial(scores_lib.additive, w=params["w_score"])
+    score = resolve_score(score, params)
     if attention_fn is not None:
         if mask is not None or bias is not None or return_weights:
             raise ValueError(

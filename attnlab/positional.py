@@ -14,8 +14,11 @@ clear best one". attnlab has them all, in three families:
   kernel can evaluate one block at a time, and ``.dense(T, S)`` gives the ``[N, T, S]`` array
   for ``attention(..., bias=...)``.
 
-``SCHEMES`` names them all, so one experiment flag ``--posenc=none|sinusoidal|learned|rope|alibi|t5``
-selects a scheme, and ``scheme(name)`` validates such a flag.
+Each scheme is also an ``Encoding`` object (``Sinusoidal``, ``Learned``, ``Rope``, ``AlibiBias``,
+``T5``, ``Sinusoidal2D``, ``NoPosition``): what ``attnlab.nn.Encoder(posenc=...)`` asks. ``SCHEMES``
+is the one registry of their names (``none | sinusoidal | learned | rope | alibi | t5 |
+sinusoidal_2d``), each with its constructor; ``scheme(name)`` validates a ``--posenc`` flag and
+``encoding(name, **options)`` builds its object.
 """
 
 from __future__ import annotations
@@ -332,40 +335,6 @@ def init_t5_bias(
 
 
 # ------------------------------------------------------------------------------------------
-# One place that names them all
-
-
-@dataclasses.dataclass(frozen=True)
-class Scheme:
-    """How a positional scheme enters the model."""
-
-    name: str
-    kind: str  # "none" | "input" (added to x) | "rotary" (applied to q, k) | "bias" (added to logits)
-    learned: bool
-    reference: str
-
-
-SCHEMES = {
-    s.name: s
-    for s in (
-        Scheme("none", "none", False, "no position information: attention is permutation-equivariant"),
-        Scheme("sinusoidal", "input", False, "Vaswani et al. 2017, arXiv 1706.03762"),
-        Scheme("learned", "input", True, "learned absolute table (BERT, GPT-2)"),
-        Scheme("rope", "rotary", False, "Su et al. 2021, arXiv 2104.09864"),
-        Scheme("alibi", "bias", False, "Press et al. 2021, arXiv 2108.12409"),
-        Scheme("t5", "bias", True, "Raffel et al. 2019, arXiv 1910.10683"),
-    )
-}
-
-
-def scheme(name: str) -> Scheme:
-    """Looks up a scheme by its flag value; ValueError lists the choices."""
-    if name not in SCHEMES:
-        raise ValueError(f"posenc must be one of {sorted(SCHEMES)}, got {name!r}")
-    return SCHEMES[name]
-
-
-# ------------------------------------------------------------------------------------------
 # Encodings as objects: how a scheme enters a model (the seam attnlab.nn.Encoder calls)
 
 
@@ -511,37 +480,71 @@ class Sinusoidal2D(Encoding):
         return sinusoidal_2d(self.height, self.width, d_model)
 
 
-def encoding(
-    name: str,
-    *,
-    max_len: int = 512,
-    t5_buckets: int = 32,
-    t5_max_distance: int = 128,
-    grid: tuple[int, int] | None = None,
-) -> Encoding:
-    """The ``Encoding`` for a ``--posenc`` flag value (``SCHEMES`` plus ``"sinusoidal_2d"``, which needs ``grid``).
+# ------------------------------------------------------------------------------------------
+# One place that names them all
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """A positional scheme: its flag name, how it enters the model, and the ``Encoding`` that implements it."""
+
+    name: str
+    kind: str  # "none" | "input" (added to x) | "rotary" (applied to q, k) | "bias" (added to logits)
+    learned: bool
+    reference: str
+    encoding: type[Encoding]  # the constructor: encoding(**hyperparameters) -> an Encoding
+    grid: bool = False  # True: for a (height, width) grid of patches, not a 1-D sequence
+
+
+SCHEMES: dict[str, Scheme] = {
+    s.name: s
+    for s in (
+        Scheme("none", "none", False, "no position information: attention is permutation-equivariant", NoPosition),
+        Scheme("sinusoidal", "input", False, "Vaswani et al. 2017, arXiv 1706.03762", Sinusoidal),
+        Scheme("learned", "input", True, "learned absolute table (BERT, GPT-2)", Learned),
+        Scheme("rope", "rotary", False, "Su et al. 2021, arXiv 2104.09864", Rope),
+        Scheme("alibi", "bias", False, "Press et al. 2021, arXiv 2108.12409", AlibiBias),
+        Scheme("t5", "bias", True, "Raffel et al. 2019, arXiv 1910.10683", T5),
+        Scheme("sinusoidal_2d", "input", False, "2-D sinusoidal for patch grids (ViT, MAE)", Sinusoidal2D, grid=True),
+    )
+}
+
+
+def scheme(name: str) -> Scheme:
+    """Looks up a scheme by its flag value; ValueError lists the choices."""
+    if name not in SCHEMES:
+        raise ValueError(f"posenc must be one of {sorted(SCHEMES)}, got {name!r}")
+    return SCHEMES[name]
+
+
+def encoding(name: str, **options) -> Encoding:
+    """The ``Encoding`` for a ``--posenc`` flag value, built by its ``SCHEMES`` constructor.
+
+    Args:
+        name: a key of ``SCHEMES``.
+        **options: hyperparameters, by field name (``max_len``, ``base``, ``num_buckets``,
+            ``max_distance``, ``bidirectional``, ``height``, ``width``). Each scheme takes the ones
+            its class has and ignores the rest, so one set of flag values configures every scheme.
+
+    Raises:
+        ValueError: an unknown name, an option no scheme has, or a required one missing
+            (``"sinusoidal_2d"`` needs ``height`` and ``width``).
 
     Example:
-        >>> encoding("t5", t5_buckets=8)
+        >>> encoding("t5", num_buckets=8, max_len=64)   # T5 has no max_len: ignored
         T5(num_buckets=8, max_distance=128, bidirectional=True)
     """
-    names = (*SCHEMES, "sinusoidal_2d")
-    if name not in names:
-        raise ValueError(f"posenc must be one of {names}, got {name!r}")
-    if (name == "sinusoidal_2d") != (grid is not None):
-        raise ValueError(f"grid=(height, width) goes with posenc='sinusoidal_2d', got grid={grid!r}")
-    match name:
-        case "none":
-            return NoPosition()
-        case "sinusoidal":
-            return Sinusoidal(max_len)
-        case "learned":
-            return Learned(max_len)
-        case "rope":
-            return Rope()
-        case "alibi":
-            return AlibiBias()
-        case "t5":
-            return T5(t5_buckets, t5_max_distance)
-        case _:
-            return Sinusoidal2D(*grid)
+    cls = scheme(name).encoding
+    known = {f.name for s in SCHEMES.values() for f in dataclasses.fields(s.encoding)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"encoding: unknown options {unknown}; the schemes take {sorted(known)}")
+    fields = dataclasses.fields(cls)
+    missing = [
+        f.name
+        for f in fields
+        if f.name not in options and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ValueError(f"encoding: posenc={name!r} needs {missing}, e.g. {cls.__name__}({', '.join(missing)})")
+    return cls(**{f.name: options[f.name] for f in fields if f.name in options})

@@ -40,7 +40,7 @@ import numpy as np
 from flax import nnx
 
 import attnlab
-from attnlab import nn, scores
+from attnlab import heads, nn
 from attnlab import train as train_lib
 from attnlab.data import brown
 from experiments import common, pos_tagging, posenc
@@ -160,8 +160,8 @@ def dispatch_choice(model, inputs, lengths) -> dict[str, str]:
     wq = block.attn.wq[...]
     D, N, H = wq.shape
     q = jax.ShapeDtypeStruct((B, T, N, H), jnp.float32)  # [B, T, N, H]
-    score = "dot" if block.attn.score == "dot" else scores.Additive(block.attn.w_score[...])
-    mask = model.backbone.mask(jnp.asarray(lengths), T)
+    score = heads.resolve_score(block.attn.score, block.attn.params())
+    mask = model.backbone.mask(jnp.asarray(lengths))
     return {b: attnlab.explain(q, q, q, mask=mask, score=score, backend=b).implementation for b in BACKENDS}
 
 

@@ -39,7 +39,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from attnlab import masks, nn
+from attnlab import masks, nn, positional
 from attnlab import train as train_lib
 from attnlab.data import fashion_mnist
 from experiments import common
@@ -113,8 +113,7 @@ def build_model(m: ml_collections.ConfigDict, image_hw: tuple[int, int], num_cla
             backbone = nn.Encoder(
                 num_heads=m.num_heads,
                 mlp_dim=m.mlp_dim,
-                posenc="sinusoidal_2d",
-                grid=grid,
+                posenc=positional.Sinusoidal2D(*grid),
                 attention_mask=attention_mask,
                 rngs=rngs,
                 **common,

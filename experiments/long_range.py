@@ -49,7 +49,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from attnlab import masks, nn
+from attnlab import masks, nn, positional
 from attnlab import train as train_lib
 from attnlab.data import listops
 from experiments import common
@@ -88,20 +88,22 @@ def build_backbone(
             cell="gru", d_model=m.d_model, hidden=m.d_model // 2, num_layers=m.num_layers, vocab_sizes=vocab_size,
             dropout_rate=m.dropout, rngs=rngs,
         )  # fmt: skip
-    options = dict(attention="softmax", attention_mask=None, implementation=None)
+    options = dict(attention=nn.Softmax(), attention_mask=None)
     match kind:
         case "full":
             pass
         case "full_dense":
-            options["implementation"] = "xla"
+            options["attention"] = nn.Softmax("xla")
         case "local":
             options["attention_mask"] = masks.chunks(local_chunk)
         case "bigbird":
             options["attention_mask"] = masks.bigbird(
                 max_len, block_size=bigbird_block, window_blocks=3, num_global=2, num_random=bigbird_random, seed=seed
             )
-        case "linear" | "performer":
-            options["attention"] = kind
+        case "linear":
+            options["attention"] = nn.Linear()
+        case "performer":
+            options["attention"] = nn.Performer(m.num_features)
         case _:
             raise ValueError(f"model kind must be one of {sorted(LABELS)}, got {kind!r}")
     return nn.Encoder(
@@ -110,10 +112,8 @@ def build_backbone(
         num_layers=m.num_layers,
         num_heads=m.num_heads,
         mlp_dim=m.mlp_dim,
-        posenc="sinusoidal",
-        max_len=max_len,
+        posenc=positional.Sinusoidal(max_len),
         dropout_rate=m.dropout,
-        num_features=m.num_features,
         rngs=rngs,
         **options,
     )

@@ -43,7 +43,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from attnlab import nn
+from attnlab import nn, positional
 from attnlab import train as train_lib
 from attnlab.data import molecules as mol_data
 from experiments import common
@@ -118,7 +118,7 @@ def build_model(name: str, m: ml_collections.ConfigDict, seed: int, **inputs) ->
             num_layers=m.num_layers,
             num_heads=m.num_heads,
             mlp_dim=m.mlp_dim,
-            posenc="none",  # atoms have no order
+            posenc=positional.NoPosition(),  # atoms have no order
             dropout_rate=m.dropout,
             rngs=rngs,
             **inputs,

@@ -42,7 +42,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from attnlab import nn
+from attnlab import masks, nn, positional
 from attnlab import train as train_lib
 from attnlab.data import brown, pku
 from experiments import common
@@ -119,9 +119,8 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_sizes, num_tags: int, *, n
                 num_layers=m.num_layers,
                 num_heads=m.num_heads,
                 mlp_dim=m.mlp_dim,
-                posenc=m.posenc,
-                window=m.window,
-                max_len=512,
+                posenc=positional.encoding(m.posenc, max_len=512),
+                attention_mask=None if m.window is None else masks.window(m.window, m.window),
                 **common,
             )
         case "mlp":

@@ -2,10 +2,11 @@
 
 The course note says self-attention alone has no notion of position, that the original fix adds a
 hand-made vector e_i to each input, and that "there are many methods and no clear best one". Here
-every scheme of ``attnlab.positional`` (``--config.schemes``, the names of ``positional.SCHEMES``:
-none, sinusoidal, learned, rope, alibi, t5) trains the same small ``nn.Encoder`` on a generated
-copy-with-offset task ("shift": output the token k places to the left), several seeds each, and
-is evaluated at the training length L and at 2L and 4L (length generalisation).
+every sequence scheme of ``attnlab.positional`` (``--config.schemes``, the names of
+``positional.SCHEMES`` that are not 2-D grids: none, sinusoidal, learned, rope, alibi, t5) trains
+the same small ``nn.Encoder`` on a generated copy-with-offset task ("shift": output the token k
+places to the left), several seeds each, and is evaluated at the training length L and at 2L and
+4L (length generalisation).
 
 Commands:
 
@@ -40,12 +41,14 @@ from flax import nnx
 from attnlab import nn, positional
 from attnlab import train as train_lib
 from experiments import common
+from experiments.configs.posenc import SCHEMES
 
 
 def _names(text) -> list[str]:
     names = common.names(str(text))
     for n in names:
-        positional.scheme(n)  # ValueError naming the choices
+        if positional.scheme(n).grid:  # an unknown name: ValueError naming the choices
+            raise ValueError(f"posenc {n!r} is for 2-D grids; the shift task takes one of {SCHEMES}")
     return names
 
 
@@ -111,10 +114,12 @@ def build_model(cfg: ml_collections.ConfigDict, scheme: str, seed: int) -> nnx.M
         num_heads=m.num_heads,
         mlp_dim=m.mlp_dim,
         dropout_rate=m.dropout,
-        posenc=scheme,
-        max_len=max(common.ints(t.eval_multiples)) * t.train_length,  # the absolute tables cover the eval lengths
-        t5_buckets=m.t5_buckets,
-        t5_max_distance=m.t5_max_distance,
+        posenc=positional.encoding(
+            scheme,
+            max_len=max(common.ints(t.eval_multiples)) * t.train_length,  # the absolute tables cover the eval lengths
+            num_buckets=m.t5_buckets,
+            max_distance=m.t5_max_distance,
+        ),
         rngs=rngs,
     )
     return nn.TokenClassifier(encoder, t.vocab + 1, rngs=rngs)
@@ -262,7 +267,7 @@ def report(folder: Path) -> str:
 
 
 def _scheme_flag():
-    flags.DEFINE_string("posenc", None, "scheme(s) to run, comma-separated, of " + "|".join(positional.SCHEMES))
+    flags.DEFINE_string("posenc", None, "scheme(s) to run, comma-separated, of " + "|".join(SCHEMES))
 
 
 def _configure(cfg):

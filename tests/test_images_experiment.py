@@ -21,8 +21,7 @@ def test_encoder_2d_positions_and_local_mask_match_hand_composition():
         d_model=8,
         num_layers=1,
         num_heads=2,
-        posenc="sinusoidal_2d",
-        grid=(3, 4),
+        posenc=positional.Sinusoidal2D(3, 4),
         attention_mask=masks.window_2d(4, 1),
         rngs=nnx.Rngs(0),
     )
@@ -37,7 +36,7 @@ def test_encoder_2d_positions_and_local_mask_match_hand_composition():
     assert np.all(np.asarray(weights[0])[:, :, ~allowed] == 0)
     with pytest.raises(ValueError, match="grid"):
         enc(jnp.ones((1, 10, 4)))
-    with pytest.raises(ValueError, match="grid"):
+    with pytest.raises(ValueError, match=r"posenc='sinusoidal_2d' needs \['height', 'width'\]"):
         nn.Encoder(input_dim=4, d_model=8, num_layers=1, num_heads=2, posenc="sinusoidal_2d", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="attention_mask"):
         nn.Encoder(

@@ -60,7 +60,9 @@ def test_block_matches_hand_composition():
 
 
 def test_encoder_matches_hand_composition_sinusoidal():
-    enc = nn.Encoder(vocab_sizes=(20, 5), d_model=16, num_layers=2, num_heads=4, window=2, rngs=nnx.Rngs(0))
+    enc = nn.Encoder(
+        vocab_sizes=(20, 5), d_model=16, num_layers=2, num_heads=4, attention_mask=masks.window(2, 2), rngs=nnx.Rngs(0)
+    )
     ids = jax.random.randint(jax.random.key(1), (2, 7, 2), 0, 5)
     lengths = jnp.array([7, 4])
     x = enc.embed.embeds[0].embedding[...][ids[..., 0]] + enc.embed.embeds[1].embedding[...][ids[..., 1]]
@@ -76,7 +78,7 @@ def _models(rngs):
     return {
         "encoder_full": nn.Encoder(num_layers=2, num_heads=4, posenc="sinusoidal", **common),
         "encoder_learned_window": nn.Encoder(
-            num_layers=1, num_heads=2, posenc="learned", window=1, max_len=16, **common
+            num_layers=1, num_heads=2, posenc=positional.Learned(16), attention_mask=masks.window(1, 1), **common
         ),
         "encoder_additive_gqa": nn.Encoder(
             num_layers=1, num_heads=4, num_kv_heads=2, score="additive", posenc="none", **common
@@ -140,10 +142,22 @@ def test_input_projection_encoder():
 
 def test_learned_positions_are_added():
     enc = nn.Encoder(
-        vocab_sizes=30, d_model=8, num_layers=1, num_heads=2, posenc="learned", max_len=16, rngs=nnx.Rngs(0)
+        vocab_sizes=30, d_model=8, num_layers=1, num_heads=2, posenc=positional.Learned(16), rngs=nnx.Rngs(0)
     )
     ids = jnp.array([[3, 3, 3, 3]])  # the same token everywhere: only positions tell them apart
     y = enc(ids)
     assert not np.allclose(y[0, 0], y[0, 1], atol=1e-6)
     enc.pos_table[...] = jnp.zeros((16, 8))
     np.testing.assert_allclose(enc(ids)[0, 0], enc(ids)[0, 1], atol=1e-6)
+
+
+def test_split_key_passes_none_through():
+    assert nn.split_key(None, 3) == (None, None, None)
+    key = jax.random.key(4)
+    got = nn.split_key(key, 3)
+    assert isinstance(got, tuple) and len(got) == 3
+    want = jax.random.split(key, 3)  # the same keys jax.random.split gives
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(jax.random.key_data(g), jax.random.key_data(w))
+    with pytest.raises(ValueError, match="split_key: n must be an int >= 0"):
+        nn.split_key(key, 2.0)

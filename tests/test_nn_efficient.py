@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import attnlab
-from attnlab import efficient, masks, nn
+from attnlab import efficient, masks, nn, positional
 
 
 def _projections(p, x):
@@ -52,16 +52,18 @@ def test_performer_mha_uses_its_fixed_projection_and_approximates_softmax():
 
 
 def _encoder(**kw):
-    kw = dict(vocab_sizes=12, d_model=16, num_layers=1, num_heads=2, max_len=40) | kw
+    kw = dict(vocab_sizes=12, d_model=16, num_layers=1, num_heads=2, posenc=positional.Sinusoidal(40)) | kw
     return nn.Encoder(rngs=nnx.Rngs(0), **kw)
 
 
 def test_encoder_chunks_of_one_equal_window_zero():
-    # Same seed, same params: attention_mask=chunks(1) must give exactly the existing window=0 model.
+    # Same seed, same params: attention_mask=chunks(1) must give exactly the window(0, 0) model.
     ids = jax.random.randint(jax.random.key(2), (2, 12), 0, 12)
     lengths = jnp.array([12, 7])
     np.testing.assert_allclose(
-        _encoder(attention_mask=masks.chunks(1))(ids, lengths), _encoder(window=0)(ids, lengths), atol=1e-5
+        _encoder(attention_mask=masks.chunks(1))(ids, lengths),
+        _encoder(attention_mask=masks.window(0, 0))(ids, lengths),
+        atol=1e-5,
     )
 
 
@@ -71,14 +73,14 @@ def test_encoder_bigbird_blockwise_matches_dense_reference():
     bigbird = masks.bigbird(t, block_size=8, num_global=1, num_random=1, seed=3)
     ids = jax.random.randint(jax.random.key(3), (2, t), 0, 12)
     lengths = jnp.array([t, 29])
-    fast = _encoder(attention_mask=bigbird, implementation="blockwise")(ids, lengths)
-    ref = _encoder(attention_mask=bigbird, implementation="reference")(ids, lengths)
+    fast = _encoder(attention_mask=bigbird, attention=nn.Softmax("blockwise"))(ids, lengths)
+    ref = _encoder(attention_mask=bigbird, attention=nn.Softmax("reference"))(ids, lengths)
     np.testing.assert_allclose(fast, ref, atol=2e-5)
 
 
 @pytest.mark.parametrize("kind", ["linear", "performer"])
 def test_padding_never_changes_real_positions(kind):
-    enc = _encoder(num_features=32, attention=kind)
+    enc = _encoder(attention=nn.Linear() if kind == "linear" else nn.Performer(32))
     ids = jax.random.randint(jax.random.key(4), (1, 16), 0, 12)
     other = ids.at[:, 10:].set(5)
     lengths = jnp.array([10])
@@ -93,7 +95,7 @@ def test_padding_never_changes_real_positions(kind):
     [
         (lambda: nn.MultiHeadAttention(8, 2, kind="cosine", rngs=nnx.Rngs(0)), "kind must be one of"),
         (lambda: nn.MultiHeadAttention(8, 2, kind="linear", score="additive", rngs=nnx.Rngs(0)), "needs score='dot'"),
-        (lambda: _encoder(attention="linear", window=2), "takes no window or attention_mask"),
+        (lambda: _encoder(attention=nn.Linear(), attention_mask=masks.window(2, 2)), "takes no attention_mask"),
         (lambda: _encoder(attention_mask=np.ones((4, 4), bool)), "attention_mask must be an attnlab.masks Mask"),
         (
             lambda: nn.MultiHeadAttention(8, 2, rngs=nnx.Rngs(0))(jnp.ones((3, 8)), kv_lengths=jnp.array(3)),

@@ -22,12 +22,16 @@ def test_shift_task_by_hand():
 
 
 def test_config_variants():
+    # the config runs every sequence scheme of positional.SCHEMES (written out: the measured table's rows)
+    assert posenc_config.SCHEMES == ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
     assert posenc_config.get_config("default").schemes.split(",") == list(posenc_config.SCHEMES)
     assert len(posenc_config.get_config("default").seeds.split(",")) >= 3
     with pytest.raises(ValueError, match="unknown"):
         posenc_config.get_config("nope")
     with pytest.raises(ValueError, match="posenc must be one of"):
         posenc._names("rope,xpos")
+    with pytest.raises(ValueError, match="is for 2-D grids"):
+        posenc._names("rope,sinusoidal_2d")
 
 
 def test_smoke_end_to_end(tmp_path):

@@ -140,10 +140,48 @@ def test_t5_bias_table_lookup_and_grads():
 
 
 def test_schemes_name_them_all():
-    assert sorted(positional.SCHEMES) == ["alibi", "learned", "none", "rope", "sinusoidal", "t5"]
+    assert sorted(positional.SCHEMES) == ["alibi", "learned", "none", "rope", "sinusoidal", "sinusoidal_2d", "t5"]
     assert positional.scheme("rope").kind == "rotary"
+    assert [n for n, s in positional.SCHEMES.items() if s.grid] == ["sinusoidal_2d"]
     with pytest.raises(ValueError, match="posenc must be one of"):
         positional.scheme("xpos")
+
+
+ENCODINGS = {  # each flag name -> the object it must build (options a scheme does not have are ignored)
+    "none": ({}, positional.NoPosition()),
+    "sinusoidal": (dict(max_len=64, num_buckets=8), positional.Sinusoidal(64)),
+    "learned": ({}, positional.Learned(512)),
+    "rope": (dict(max_len=64, base=500.0), positional.Rope(500.0)),
+    "alibi": (dict(max_len=64), positional.AlibiBias()),
+    "t5": (dict(num_buckets=8, max_distance=16, max_len=64), positional.T5(8, 16)),
+    "sinusoidal_2d": (dict(height=3, width=4, max_len=64), positional.Sinusoidal2D(3, 4)),
+}
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_encoding_builds_each_scheme(name):
+    options, want = ENCODINGS[name]
+    got = positional.encoding(name, **options)
+    assert type(got) is type(want) and got == want
+    assert isinstance(got, positional.scheme(name).encoding)
+
+
+def test_every_scheme_has_an_encoding_case():
+    assert sorted(ENCODINGS) == sorted(positional.SCHEMES)
+
+
+@pytest.mark.parametrize(
+    "name, options, match",
+    [
+        ("xpos", {}, "posenc must be one of"),
+        ("t5", dict(t5_buckets=8), r"unknown options \['t5_buckets'\]"),
+        ("sinusoidal_2d", {}, r"posenc='sinusoidal_2d' needs \['height', 'width'\]"),
+        ("sinusoidal_2d", dict(height=0, width=2), "height must be a positive int"),
+    ],
+)
+def test_bad_encoding(name, options, match):
+    with pytest.raises(ValueError, match=match):
+        positional.encoding(name, **options)
 
 
 @pytest.mark.parametrize(

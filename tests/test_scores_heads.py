@@ -111,6 +111,50 @@ def test_cross_attention_and_additive_params():
     np.testing.assert_allclose(y, attnlab.merge_heads(o) @ p["wo"].reshape(6, 8), **tol(jnp.float32))
 
 
+def test_multi_head_attention_takes_score_objects():
+    # scores.Additive(w) and scores.Dot(scale) stand in for the strings. Expected: the matrix form in
+    # numpy with the tanh score sum_h w[n, h] tanh(q[t, n, h] + k[s, n, h]) and the dot score scale * q . k.
+    d, n, T = 8, 2, 5
+    p = attnlab.init_multi_head_params(jax.random.key(0), d, n, score="additive")
+    p = jax.tree.map(lambda a: a + 0.1 * jax.random.normal(jax.random.key(1), a.shape), p)  # non-zero biases
+    x = jax.random.normal(jax.random.key(2), (2, T, d))
+    P = {key: np.asarray(val, np.float64) for key, val in p.items()}
+    X = np.asarray(x, np.float64)
+    Q, K, V = (
+        (X @ P[w].reshape(d, -1) + P[b].reshape(-1)).reshape(2, T, n, -1)
+        for w, b in [("wq", "bq"), ("wk", "bk"), ("wv", "bv")]
+    )
+    logits = {
+        "additive": np.einsum("btsnh,nh->bnts", np.tanh(Q[:, :, None] + K[:, None]), P["w_score"]),
+        "dot": 0.3 * np.einsum("btnh,bsnh->bnts", Q, K),
+    }
+
+    def np_mha(lg):  # softmax over keys, then Y = merge(O) Wo + bo
+        a = np.exp(lg - lg.max(-1, keepdims=True))
+        a = a / a.sum(-1, keepdims=True)
+        o = np.einsum("bnts,bsnh->btnh", a, V)
+        return o.reshape(2, T, -1) @ P["wo"].reshape(-1, d) + P["bo"], a
+
+    w = p["w_score"]
+    resolved = attnlab.heads.resolve_score("additive", p)  # the one place the string becomes an object
+    assert isinstance(resolved, scores.Additive) and resolved.w is w
+    assert attnlab.heads.resolve_score("dot", p) == "dot"
+    for score, form in [("additive", "additive"), (scores.Additive(w), "additive"), (scores.Dot(0.3), "dot")]:
+        y, weights = attnlab.multi_head_attention(p, x, score=score, return_weights=True)
+        want_y, want_w = np_mha(logits[form])
+        np.testing.assert_allclose(y, want_y, atol=1e-4)
+        np.testing.assert_allclose(weights, want_w, atol=1e-5)
+    # a score object carries its own weights: init adds no w_score, and the other params are the same draws
+    q = attnlab.init_multi_head_params(jax.random.key(0), d, n, score=scores.Additive(w))
+    assert "w_score" not in q
+    raw = attnlab.init_multi_head_params(jax.random.key(0), d, n, score="additive")
+    np.testing.assert_array_equal(q["wq"], raw["wq"])
+    with pytest.raises(ValueError, match=r"score must be 'dot', 'additive' or an attnlab.scores.Score"):
+        attnlab.init_multi_head_params(jax.random.key(0), d, n, score=3)
+    with pytest.raises(ValueError, match=r"score='additive' needs params\['w_score'\]"):
+        attnlab.multi_head_attention(q, x, score="additive")
+
+
 def test_multi_head_attention_grad_and_jit():
     p = attnlab.init_multi_head_params(jax.random.key(0), 8, 2, use_bias=False)
     assert "bq" not in p

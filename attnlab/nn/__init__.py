@@ -18,6 +18,7 @@ from attnlab.nn.layers import (
     masked_max,
     masked_mean,
     sequence_mask,
+    split_key,
 )
 from attnlab.nn.seq2seq import DecoderBlock, EncoderDecoder, subsampled_lengths
 
@@ -51,4 +52,5 @@ __all__ = [
     "masked_mean",
     "gin_layer",
     "sequence_mask",
+    "split_key",
 ]

@@ -1,7 +1,7 @@
 """Attention as an injected object: what ``MultiHeadAttention`` does between its projections.
 
-``MultiHeadAttention``, ``TransformerBlock`` and ``Encoder`` take ``attention=`` one of these (or,
-for the old spelling, its name ``"softmax" | "linear" | "performer"``):
+``MultiHeadAttention``, ``TransformerBlock`` and ``Encoder`` take ``attention=`` one of these (or
+its name ``"softmax" | "linear" | "performer"``, built with its defaults):
 
 * ``Softmax(implementation=None)``: ``attnlab.attention`` with any mask and bias (the default);
 * ``Linear()``: elu+1 linear attention (Katharopoulos et al. 2020, arXiv 2006.16236), O(N);

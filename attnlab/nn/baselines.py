@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnlab.nn.layers import Chars, TokenEmbedding, _split, dropout, sequence_mask
+from attnlab.nn.layers import Chars, TokenEmbedding, dropout, sequence_mask, split_key
 
 __all__ = ["TokenMLP", "CNN", "BiRNN"]
 
@@ -44,7 +44,7 @@ class TokenMLP(nnx.Module):
 
     def __call__(self, inputs, lengths=None, *, dropout_key=None):
         del lengths  # each token alone: padding cannot leak
-        keys = _split(dropout_key, len(self.layers) + 1)
+        keys = split_key(dropout_key, len(self.layers) + 1)
         x = dropout(self.embed(inputs), self.dropout_rate, keys[0])
         for layer, k in zip(self.layers, keys[1:], strict=True):
             x = x + dropout(jax.nn.gelu(layer(x)), self.dropout_rate, k)
@@ -84,7 +84,7 @@ class CNN(nnx.Module):
         self.dropout_rate = dropout_rate
 
     def __call__(self, inputs, lengths=None, *, dropout_key=None):
-        keys = _split(dropout_key, len(self.convs) + 1)
+        keys = split_key(dropout_key, len(self.convs) + 1)
         x = dropout(self.embed(inputs), self.dropout_rate, keys[0])  # [B, T, D]
         valid = sequence_mask(lengths, x.shape[1])
         keep = 1.0 if valid is None else valid[..., None].astype(x.dtype)  # [B, T, 1]
@@ -143,7 +143,7 @@ class BiRNN(nnx.Module):
         return (h, h) if self.cell == "lstm" else h
 
     def __call__(self, inputs, lengths=None, *, dropout_key=None):
-        keys = _split(dropout_key, len(self.layers) + 1)
+        keys = split_key(dropout_key, len(self.layers) + 1)
         x = dropout(self.embed(inputs), self.dropout_rate, keys[0])
         if lengths is None:
             lengths = jnp.full(x.shape[:1], x.shape[1], jnp.int32)

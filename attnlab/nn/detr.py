@@ -24,7 +24,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from attnlab.nn.layers import Encoder, _split
+from attnlab import positional
+from attnlab.nn.layers import Encoder, split_key
 from attnlab.nn.seq2seq import DecoderBlock
 
 __all__ = [
@@ -328,8 +329,7 @@ class DETR(nnx.Module):
             num_heads=num_heads,
             mlp_dim=mlp_dim,
             input_dim=width,
-            posenc="sinusoidal_2d",
-            grid=self.grid,
+            posenc=positional.Sinusoidal2D(side, side),
             dropout_rate=dropout_rate,
             rngs=rngs,
         )
@@ -368,10 +368,10 @@ class DETR(nnx.Module):
     def __call__(self, images, *, dropout_key=None, return_weights=False, all_layers=False):
         if images.ndim != 3 or images.shape[1:] != (self.image_size, self.image_size):
             raise ValueError(f"DETR: images must be [B, {self.image_size}, {self.image_size}], got {images.shape}")
-        k_enc, k_dec = _split(dropout_key, 2)
+        k_enc, k_dec = split_key(dropout_key, 2)
         memory = self.encoder(self.tokens(images), dropout_key=k_enc)  # [B, S, D]
         x = jnp.broadcast_to(self.queries[...], (images.shape[0], *self.queries.shape))  # [B, Q, D]
-        keys = _split(k_dec, len(self.blocks))
+        keys = split_key(k_dec, len(self.blocks))
         weights, states = [], []
         for block, k in zip(self.blocks, keys, strict=True):
             # object queries see each other (no causal mask) and every image cell

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attnlab import masks as masks_lib
-from attnlab.nn.layers import Encoder, TokenEmbedding, _split, dropout
+from attnlab.nn.layers import Encoder, TokenEmbedding, dropout, split_key
 
 __all__ = ["GRAPH_MODES", "distance_buckets", "distance_bias", "GraphEncoder", "gin_layer", "GIN"]
 
@@ -182,7 +182,7 @@ class GIN(nnx.Module):
         del lengths, distances
         if adjacency is None:
             raise ValueError("GIN: pass adjacency= bool [B, T, T]")
-        keys = _split(dropout_key, len(self.layers) + 1)
+        keys = split_key(dropout_key, len(self.layers) + 1)
         h = dropout(self.embed(inputs), self.dropout_rate, keys[0])  # [B, T, D]
         adjacency = jnp.asarray(adjacency)
         for i, k in enumerate(keys[1:]):

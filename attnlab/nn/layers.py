@@ -27,6 +27,7 @@ from attnlab.heads import init_multi_head_params, multi_head_attention
 from attnlab.nn.attention import KINDS, AttentionFn, Softmax, as_attention
 
 __all__ = [
+    "split_key",
     "dropout",
     "sequence_mask",
     "masked_mean",
@@ -40,8 +41,23 @@ __all__ = [
     "SequenceClassifier",
 ]
 
-POSENCS = (*positional.SCHEMES, "sinusoidal_2d")  # none, sinusoidal, learned, rope, alibi, t5; 2-D grids
 ATTENTION_KINDS = KINDS  # softmax: attnlab.attention; linear, performer: attnlab.efficient
+
+
+def split_key(key: jax.Array | None, n: int) -> tuple:
+    """``n`` keys from ``key`` (``jax.random.split``) as a tuple, or ``n`` Nones when ``key`` is None.
+
+    The models' dropout keys: ``dropout_key=None`` means evaluation, and then every layer gets None.
+
+    Example:
+        >>> split_key(None, 2)
+        (None, None)
+        >>> len(split_key(jax.random.key(0), 3))
+        3
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"split_key: n must be an int >= 0, got {n!r}")
+    return (None,) * n if key is None else tuple(jax.random.split(key, n))
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -50,10 +66,6 @@ def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
         return x
     keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
-
-
-def _split(key, n):
-    return (None,) * n if key is None else tuple(jax.random.split(key, n))
 
 
 def sequence_mask(lengths: jax.Array | None, T: int) -> jax.Array | None:
@@ -322,7 +334,7 @@ class TransformerBlock(nnx.Module):
         self, x, *, mask=None, bias=None, dropout_key=None, return_weights=False, rotary=None, kv_lengths=None
     ):
         """``[B, T, D] -> [B, T, D]`` (, attention weights ``[B, N, T, S]``); bias, rotary: see MultiHeadAttention."""
-        k1, k2, k3 = _split(dropout_key, 3)
+        k1, k2, k3 = split_key(dropout_key, 3)
         a = self.attn(
             self.ln1(x), mask=mask, return_weights=return_weights, bias=bias, rotary=rotary, kv_lengths=kv_lengths
         )
@@ -333,15 +345,15 @@ class TransformerBlock(nnx.Module):
         return (x, w) if return_weights else x
 
 
-# The Encoder's keyword spellings from before the seams: each is folded into an object at init.
-_LEGACY = {
-    "max_len": "positional.Sinusoidal(max_len) / Learned(max_len)",
-    "t5_buckets": "positional.T5(num_buckets, ...)",
-    "t5_max_distance": "positional.T5(..., max_distance)",
-    "grid": "positional.Sinusoidal2D(height, width)",
+# Keywords the Encoder does not take, each with what to pass instead (a ValueError says so).
+_NOT_KEYWORDS = {
+    "max_len": "posenc=positional.Sinusoidal(max_len) or positional.Learned(max_len)",
+    "t5_buckets": "posenc=positional.T5(num_buckets, max_distance)",
+    "t5_max_distance": "posenc=positional.T5(num_buckets, max_distance)",
+    "grid": "posenc=positional.Sinusoidal2D(height, width)",
     "window": "attention_mask=masks.window(w, w)",
-    "implementation": "attention=nn.attention.Softmax(implementation)",
-    "num_features": "attention=nn.attention.Performer(num_features)",
+    "implementation": "attention=nn.Softmax(implementation)",
+    "num_features": "attention=nn.Performer(num_features)",
 }
 
 
@@ -353,27 +365,29 @@ class Encoder(nnx.Module):
         vocab_sizes / input_dim / chars: see ``TokenEmbedding``.
         posenc: an ``attnlab.positional.Encoding``, which says what to add to the inputs, how to
             rotate q and k, and what bias to add to the logits of every layer:
-            ``NoPosition()``, ``Sinusoidal(max_len)`` (Vaswani 2017, added), ``Learned(max_len)`` (a
-            ``[max_len, D]`` table ``pos_table``, added), ``Rope()`` (``positional.rope`` on q and k),
-            ``AlibiBias()`` (``positional.alibi(N)``, a callable bias), ``T5(num_buckets,
-            max_distance)`` (bucketed relative bias, a learnable ``t5_table [num_buckets, N]`` shared
-            by all layers), ``Sinusoidal2D(height, width)`` (for grids of image patches or pixels,
-            T = height * width), or your own subclass. Callable biases are evaluated per tile by
-            the blockwise kernel: no ``[T, S]`` array is built there. Or a name from
-            ``positional.encoding`` (``"none" | "sinusoidal" | "learned" | "rope" | "alibi" | "t5" |
-            "sinusoidal_2d"``), configured by the legacy keywords ``max_len`` (default 512),
-            ``t5_buckets``, ``t5_max_distance``, ``grid``.
-        attention: an ``attnlab.nn.attention`` object (``Softmax(implementation)``, ``Linear()``,
-            ``Performer(num_features)``, any ``AttentionFn`` or a callable ``fn(q, k, v, *, mask,
-            bias)``) or a name ``"softmax" | "linear" | "performer"`` (legacy keywords
-            ``implementation``, ``num_features``). The O(N) kinds take padding as ``kv_lengths``.
+            ``NoPosition()``, ``Sinusoidal(max_len=512)`` (Vaswani 2017, added; the default ``"sinusoidal"``),
+            ``Learned(max_len=512)`` (a ``[max_len, D]`` table ``pos_table``, added), ``Rope()``
+            (``positional.rope`` on q and k), ``AlibiBias()`` (``positional.alibi(N)``, a callable
+            bias), ``T5(num_buckets=32, max_distance=128)`` (bucketed relative bias, a learnable
+            ``t5_table [num_buckets, N]`` shared by all layers), ``Sinusoidal2D(height, width)`` (for
+            grids of image patches or pixels, T = height * width), or your own subclass. Callable
+            biases are evaluated per tile by the blockwise kernel: no ``[T, S]`` array is built
+            there. Or a name of ``positional.SCHEMES``, built with its defaults by
+            ``positional.encoding(name)`` (use ``positional.encoding(name, **options)`` to configure it).
+        attention: an ``attnlab.nn.attention`` object: ``Softmax(implementation=None)`` (the default ``"softmax"``),
+            ``Linear()``, ``Performer(num_features=256)``, any ``AttentionFn``, or a callable ``fn(q,
+            k, v, *, mask, bias)``; or a name ``"softmax" | "linear" | "performer"`` (its defaults).
+            The O(N) kinds take padding as ``kv_lengths``.
         attention_mask: a structural mask ANDed with padding for attention that takes masks, or its
             ``masks.from_spec`` string (``"window:4:4"``, ``"chunks:64 & causal"``), e.g.
             ``masks.window(w, w)``, ``masks.chunks(c)`` (LRA's local attention),
             ``masks.bigbird(max_len, ...)`` or ``masks.window_2d(width, r)``; it is static module
-            structure, so it holds no arrays (not padding or a dense mask). The legacy keyword
-            ``window=w`` is ``masks.window(w, w)`` ANDed into it.
+            structure, so it holds no arrays (not padding or a dense mask).
         dropout_rate, num_kv_heads, score: passed to each block.
+
+    Raises:
+        ValueError: a bad posenc, attention or attention_mask, a keyword of ``_NOT_KEYWORDS``
+            (``max_len``, ``window``, ...: the message says which object to pass instead).
 
     Call: ``encoder(inputs, lengths=None, *, dropout_key=None, return_weights=False)`` with inputs
     ``[B, T]`` / ``[B, T, F]`` and lengths int ``[B]`` -> ``[B, T, D]`` (, list of L weights
@@ -400,32 +414,32 @@ class Encoder(nnx.Module):
         vocab_sizes: int | Sequence[int] | None = None,
         input_dim: int | None = None,
         chars: Chars | None = None,
-        posenc: str | positional.Encoding = "sinusoidal",
-        attention: str | AttentionFn = "softmax",
+        posenc: positional.Encoding | str = "sinusoidal",
+        attention: AttentionFn | str = "softmax",
         attention_mask: masks_lib.Mask | str | None = None,
         dropout_rate: float = 0.0,
         num_kv_heads: int | None = None,
         score: str = "dot",
         rngs: nnx.Rngs,
-        **legacy,
+        **not_keywords,
     ):
-        unknown = sorted(set(legacy) - set(_LEGACY))
-        if unknown:
-            raise ValueError(f"Encoder: unknown keyword arguments {unknown}")
-        posenc = self._encoding(posenc, legacy)
-        attention = as_attention(
-            attention, implementation=legacy.get("implementation"), num_features=legacy.get("num_features", 256)
-        )
-        attention_mask = self._structure(attention_mask, legacy.get("window"))
+        if not_keywords:
+            self._refuse(not_keywords)
+        posenc = self._encoding(posenc)
+        try:
+            attention = as_attention(attention)
+        except ValueError as e:
+            raise ValueError(f"Encoder: {e}") from None
+        attention_mask = self._structure(attention_mask)
         if not attention.takes_mask and attention_mask is not None:
             raise ValueError(
-                f"Encoder: attention={attention!r} takes no window or attention_mask (it takes padding as kv_lengths)"
+                f"Encoder: attention={attention!r} takes no attention_mask (it takes padding as kv_lengths)"
             )
         posenc.check(d_model=d_model, num_heads=num_heads)
         self.features = d_model
         self.embed = TokenEmbedding(d_model, vocab_sizes=vocab_sizes, input_dim=input_dim, chars=chars, rngs=rngs)
         self.posenc = posenc
-        if posenc.param_name:  # e.g. pos_table, t5_table: drawn here, after the embeddings, as before
+        if posenc.param_name:  # e.g. pos_table, t5_table: drawn here, after the embeddings
             init = posenc.init(rngs.params(), d_model=d_model, num_heads=num_heads)
             setattr(self, posenc.param_name, nnx.Param(init))
         self.num_heads = num_heads
@@ -450,34 +464,38 @@ class Encoder(nnx.Module):
         self.attention_mask = attention_mask
 
     @staticmethod
-    def _encoding(posenc, legacy) -> positional.Encoding:
-        names = ("max_len", "t5_buckets", "t5_max_distance", "grid")
+    def _refuse(kwargs):
+        unknown = sorted(set(kwargs) - set(_NOT_KEYWORDS))
+        if unknown:
+            raise TypeError(f"Encoder.__init__() got unexpected keyword arguments {unknown}")
+        instead = "; ".join(f"for {n}= pass {_NOT_KEYWORDS[n]}" for n in sorted(kwargs))
+        raise ValueError(f"Encoder: {sorted(kwargs)} are not Encoder arguments: {instead}")
+
+    @staticmethod
+    def _encoding(posenc) -> positional.Encoding:
         if isinstance(posenc, positional.Encoding):
-            given = [n for n in names if legacy.get(n) is not None]
-            if given:
-                raise ValueError(f"Encoder: {given} configure a posenc name; pass them to the encoding object")
             return posenc
+        if not isinstance(posenc, str):
+            raise ValueError(
+                f"Encoder: posenc must be an attnlab.positional.Encoding or a name of positional.SCHEMES, "
+                f"got {type(posenc).__name__}"
+            )
         try:
-            return positional.encoding(posenc, **{n: legacy[n] for n in names if n in legacy})
+            return positional.encoding(posenc)
         except ValueError as e:
             raise ValueError(f"Encoder: {e}") from None
 
     @staticmethod
-    def _structure(attention_mask, window) -> masks_lib.Mask | None:
+    def _structure(attention_mask) -> masks_lib.Mask | None:
         if isinstance(attention_mask, str):
             attention_mask = masks_lib.from_spec(attention_mask)  # e.g. "window:4:4", "chunks:64 | global:0"
         if attention_mask is not None and not isinstance(attention_mask, masks_lib.Mask):
             raise ValueError(
                 f"Encoder: attention_mask must be an attnlab.masks Mask, got {type(attention_mask).__name__}"
             )
-        if window is None:
-            return attention_mask
-        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-            raise ValueError(f"Encoder: window must be None or an int >= 0, got {window!r}")
-        w = masks_lib.window(window, window)
-        return w if attention_mask is None else w & attention_mask
+        return attention_mask
 
-    def mask(self, lengths, T=None):
+    def mask(self, lengths):
         """The attention mask for a batch: padding(lengths) & attention_mask (None when neither)."""
         m = None if lengths is None else masks_lib.padding(lengths, lengths)
         extra = self.attention_mask
@@ -500,10 +518,10 @@ class Encoder(nnx.Module):
                     "use another posenc or fold the positional bias into yours"
                 )
             bias = pos_bias
-        keys = _split(dropout_key, len(self.blocks) + 1)
+        keys = split_key(dropout_key, len(self.blocks) + 1)
         x = dropout(x, self.dropout_rate, keys[0])
         takes_mask = self.attention.takes_mask
-        own = self.mask(lengths, T) if takes_mask else None
+        own = self.mask(lengths) if takes_mask else None
         mask = own if mask is None else (mask if own is None else own & mask)
         kv_lengths = None if takes_mask else lengths
         weights = []

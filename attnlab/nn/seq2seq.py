@@ -21,7 +21,8 @@ from flax import nnx
 
 from attnlab import masks as masks_lib
 from attnlab import positional
-from attnlab.nn.layers import Encoder, MultiHeadAttention, _split, dropout
+from attnlab.nn.attention import Softmax
+from attnlab.nn.layers import Encoder, MultiHeadAttention, dropout, split_key
 
 __all__ = ["DecoderBlock", "EncoderDecoder", "subsampled_lengths"]
 
@@ -47,13 +48,13 @@ class DecoderBlock(nnx.Module):
         self.dropout_rate = dropout_rate
 
     def mlp(self, x, key=None):
-        k1, k2 = _split(key, 2)
+        k1, k2 = split_key(key, 2)
         h = dropout(jax.nn.gelu(self.mlp_in(self.ln3(x))), self.dropout_rate, k1)
         return x + dropout(self.mlp_out(h), self.dropout_rate, k2)
 
     def __call__(self, x, memory, *, self_mask, cross_mask, dropout_key=None, return_weights=False):
         """``x [B, U, D]``, ``memory [B, S, D]`` -> ``[B, U, D]`` (, cross-attention weights ``[B, N, U, S]``)."""
-        k1, k2, k3 = _split(dropout_key, 3)
+        k1, k2, k3 = split_key(dropout_key, 3)
         x = x + dropout(self.self_attn(self.ln1(x), mask=self_mask), self.dropout_rate, k1)
         a = self.cross_attn(self.ln2(x), memory, mask=cross_mask, return_weights=return_weights)
         a, w = a if return_weights else (a, None)
@@ -118,11 +119,10 @@ class EncoderDecoder(nnx.Module):
             num_heads=num_heads,
             mlp_dim=mlp_dim,
             input_dim=width,
-            posenc="sinusoidal",
-            max_len=max_source_len,
+            posenc=positional.Sinusoidal(max_source_len),
+            attention=Softmax(implementation),
             dropout_rate=dropout_rate,
             attention_mask=encoder_mask,
-            implementation=implementation,
             rngs=rngs,
         )
         self.embed = nnx.Embed(vocab_size, d_model, rngs=rngs)
@@ -176,7 +176,7 @@ class EncoderDecoder(nnx.Module):
         U = tokens.shape[1]
         if U > self.max_target_len:
             raise ValueError(f"EncoderDecoder.decode: {U} tokens exceed max_target_len={self.max_target_len}")
-        keys = _split(dropout_key, len(self.blocks) + 1)
+        keys = split_key(dropout_key, len(self.blocks) + 1)
         x = dropout(self.embed_tokens(tokens, jnp.arange(U)), self.dropout_rate, keys[0])
         self_mask = masks_lib.causal()
         if token_lengths is not None:
@@ -194,6 +194,6 @@ class EncoderDecoder(nnx.Module):
         return (logits, weights) if return_weights else logits
 
     def __call__(self, features, lengths, tokens, token_lengths=None, *, dropout_key=None):
-        k_enc, k_dec = _split(dropout_key, 2)
+        k_enc, k_dec = split_key(dropout_key, 2)
         memory, mem_lengths = self.encode(features, lengths, dropout_key=k_enc)
         return self.decode(tokens, memory, mem_lengths, token_lengths, dropout_key=k_dec)

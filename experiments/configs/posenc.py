@@ -34,7 +34,10 @@ Every field can be overridden, e.g. `--config.train.num_steps=3000 --config.sche
 
 import ml_collections
 
-SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
+from attnlab import positional
+
+# every sequence scheme of the registry (not the 2-D grid ones): none, sinusoidal, learned, rope, alibi, t5
+SCHEMES = tuple(name for name, s in positional.SCHEMES.items() if not s.grid)
 
 
 def get_config(variant: str = "default") -> ml_collections.ConfigDict:
