@@ -48,6 +48,13 @@ CASES = {
     "empty_rows": ((T, S), lambda: masks.window(2, 0) & masks.padding(q_lengths=jnp.array([0, 20]))),
     "chunks": ((T, S), lambda: masks.chunks(8)),
     "prefix_lm": ((T, S), lambda: masks.prefix_lm(jnp.array([5, 40]))),
+    "document": ((SQ, SQ), lambda: masks.document(np.array([[0] * 10 + [1] * 20 + [2] * 6, [0] * 36]))),
+    "document_causal_pad": (
+        (SQ, SQ),
+        lambda: (
+            masks.document(np.array([[0] * 10 + [1] * 20 + [7] * 6, [4] * 30 + [7] * 6]), padding_id=7) & masks.causal()
+        ),
+    ),
     "combined": (
         (T, S),
         lambda: (masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([20, 45]))) | masks.window(0, 0),

@@ -224,3 +224,48 @@ def test_sparse_family_masks(make_mask):
     compare(out, out_r, tol(jnp.float32))
     for g, g_r in zip(grads, grads_r, strict=True):
         compare(g, g_r, grad_tol(jnp.float32))
+
+
+def test_traced_document_ids_skip_tiles_at_run_time_without_retracing():
+    """Packed documents with ids (and lengths) traced: one trace for new ids, the reference's values and
+    gradients, and the schedule built on device visits only the tiles the ids make non-empty."""
+    import chex  # noqa: PLC0415
+
+    T = 200
+    q, k, v = qkv((2, T, 4, 8), kv_heads=2, seed=9)
+    bs = kernels.BlockSizes(16, 32)
+
+    def mask(ids, lengths):
+        return masks.document(ids, padding_id=99) & masks.causal() & masks.padding(kv_lengths=lengths)
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def run(q, k, v, ids, lengths):
+        return fwd_and_grads(
+            lambda q, k, v: kernels.blockwise_attention(q, k, v, mask=mask(ids, lengths), block_sizes=bs), q, k, v
+        )
+
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        cuts = np.sort(rng.choice(np.arange(1, T), 6, replace=False))
+        row = np.searchsorted(cuts, np.arange(T), side="right").astype(np.int32)
+        ids = np.stack([row, np.where(np.arange(T) < 170, row, 99)])
+        lengths = rng.integers(100, T + 1, (2,)).astype(np.int32)
+        out, grads = run(q, k, v, ids, lengths)
+        ref = functools.partial(attnlab.attention_reference, mask=mask(ids, lengths))
+        out_r, grads_r = fwd_and_grads(ref, q, k, v)
+        compare(out, out_r, tol(jnp.float32))
+        for g, g_r in zip(grads, grads_r, strict=True):
+            compare(g, g_r, grad_tol(jnp.float32))
+    # the on-device schedule lists every tile the ids make non-empty (safe) and skips most of the rest
+    nq, nk = -(-T // 16), -(-T // 32)
+    static = np.full((nq, nk), masks.PARTIAL, np.int32)
+    static = np.where(masks.causal().block_layout(T, T, 16, 32) == masks.EMPTY, masks.EMPTY, static)
+    runtime = jax.jit(lambda i, ln: mask(i, ln).runtime_layout(T, T, 16, 32))(ids, lengths)
+    index, kind, count = kernels.blockwise.runtime_schedule(static, runtime, T, 32, nk)
+    exact = mask(ids, lengths).block_layout(T, T, 16, 32)
+    for i in range(nq):
+        listed = set(np.asarray(index[i, : int(count[i])]).tolist())
+        assert set(np.nonzero(exact[i])[0].tolist()) <= listed <= set(np.nonzero(static[i])[0].tolist())
+    visited, nonempty, scheduled = int(count.sum()), int((exact != masks.EMPTY).sum()), int((static != 0).sum())
+    assert visited <= nonempty + nq < scheduled  # at most one extra tile per row (the AND of safe layouts)

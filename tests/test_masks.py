@@ -216,3 +216,57 @@ def test_prefix_lm_by_hand_and_its_layout():
     np.testing.assert_array_equal(m.block_layout(40, 40, 8, 8), brute_layout(dense, 40, 40, 8, 8))
     with pytest.raises(ValueError, match="prefix_lengths"):
         masks.prefix_lm(np.array([1.5]))
+
+
+def _packed_ids(T, docs, seed, batch=2):
+    """Segment ids of `docs` documents of random lengths packed into rows of T (non-decreasing)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(batch):
+        cuts = np.sort(rng.choice(np.arange(1, T), docs - 1, replace=False))
+        rows.append(np.searchsorted(cuts, np.arange(T), side="right"))
+    return np.stack(rows).astype(np.int32)
+
+
+def test_document_by_hand():
+    ids = np.array([[0, 0, 1, 1, 1], [0, 1, 1, 9, 9]])
+    d = np.asarray(masks.document(ids, padding_id=9).dense(5, 5))  # [B, 1, T, S]
+    expected0 = [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 1, 1, 1]]
+    expected1 = [[1, 0, 0, 0, 0], [0, 1, 1, 0, 0], [0, 1, 1, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
+    assert d[0, 0].astype(int).tolist() == expected0 and d[1, 0].astype(int).tolist() == expected1
+    cross = masks.document(np.array([[0, 1]]), np.array([[1, 1, 0]]))  # q and kv ids differ (cross-attention)
+    assert np.asarray(cross.dense(2, 3))[0, 0].astype(int).tolist() == [[0, 0, 1], [1, 1, 0]]
+    with pytest.raises(ValueError, match="q_segment_ids"):
+        masks.document(np.array([0.5, 1.0]))
+    with pytest.raises(ValueError, match="batch dims"):
+        masks.document(np.zeros((2, 4), int), np.zeros((3, 4), int))
+
+
+@pytest.mark.parametrize("padding_id", [None, 3])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_runtime_layout_from_traced_ids_is_exact_for_packed_rows(seed, padding_id):
+    T, bq, bk = 77, 8, 16
+    ids = _packed_ids(T, 5, seed)
+    exact = brute_layout(masks.document(ids, padding_id=padding_id).dense(T, T), T, T, bq, bk)
+    runtime = jax.jit(lambda i: masks.document(i, padding_id=padding_id).runtime_layout(T, T, bq, bk))(ids)
+    np.testing.assert_array_equal(np.asarray(runtime), exact)
+    assert masks.document(ids).runtime_layout(T, T, bq, bk) is None  # concrete ids: the static layout is exact
+
+
+def test_runtime_layout_is_safe_for_any_data_and_combines():
+    T, S, bq, bk = 50, 61, 8, 16
+    rng = np.random.default_rng(4)
+    for _ in range(5):
+        q_ids, kv_ids = rng.integers(0, 4, (2, T)), rng.integers(0, 4, (2, S))  # unsorted: ranges overlap
+        lengths = rng.integers(0, S + 1, (2,))
+
+        def make(qi, ki, ln):
+            return (masks.document(qi, ki) & masks.causal(offset=S - T)) | masks.padding(kv_lengths=ln)
+
+        exact = brute_layout(make(q_ids, kv_ids, lengths).dense(T, S), T, S, bq, bk)
+        runtime = np.asarray(
+            jax.jit(lambda a, b, c: make(a, b, c).runtime_layout(T, S, bq, bk))(q_ids, kv_ids, lengths)
+        )
+        assert ((runtime == masks.EMPTY) <= (exact == masks.EMPTY)).all()  # EMPTY only when certain
+        assert ((runtime == masks.FULL) <= (exact == masks.FULL)).all()  # FULL only when certain
+    assert masks.causal().runtime_layout(8, 8, 4, 4) is None  # structural: nothing to learn at run time

@@ -120,6 +120,7 @@ class Static:
     kinds_used_t: tuple  # the same for the transposed schedule (key block -> query blocks)
     compute_dtype: str
     dropout_rate: float = 0.0
+    runtime_schedule: bool = False  # the schedule comes from the mask's runtime_layout (per-row counts, on device)
     # the Pallas kernels' extra statics (attnlab.kernels.pallas_flash); defaults elsewhere
     H: int = 0
     Hv: int = 0
@@ -208,16 +209,47 @@ def _logits(qi, kj, bias_fn, consts, i, j, st: Static):
 # Forward: lax.map over query blocks, lax.scan over that block's non-empty key blocks
 
 
-def forward(q, k, v, mask, consts, index, kind, *, st: Static, bias_fn, seed=None):
+def forward(q, k, v, mask, consts, index, kind, *, st: Static, bias_fn, seed=None, count=None):
     """q [nq, B*K, G*bq, H] (pre-scaled), k [nk, B*K, bk, H], v [nk, B*K, bk, Hv].
 
+    ``count`` (int32 [nq] or None): how many leading entries of each schedule row to visit (a schedule
+    made on device, ``runtime_schedule``); None visits every entry (kind 0 entries are skipped).
     Returns out [nq, B*K, G*bq, Hv] (compute dtype) and lse = (m, log l), each [nq, B*K, G*bq] (fp32).
     """
+    carry = init_carry(q, v.shape[-1])
     return finalize(
-        *forward_carry(
-            q, k, v, mask, consts, index, kind, init_carry(q, v.shape[-1]), st=st, bias_fn=bias_fn, seed=seed
-        )
+        *forward_carry(q, k, v, mask, consts, index, kind, carry, st=st, bias_fn=bias_fn, seed=seed, count=count)
     )
+
+
+def runtime_schedule(layout, runtime, S: int, bk: int, J: int):
+    """The static (adjusted) layout refined by a mask's runtime layout -> (index, kind, count), on device.
+
+    ``layout`` int [nq, nk] (static, ``adjust_layout``-ed), ``runtime`` int8 [nq, nk] (traced): a tile
+    is EMPTY if either says so, FULL if either says so (both are safe for the same mask), PARTIAL
+    otherwise; the short last key block stays at most PARTIAL. Each row lists its non-empty tiles first
+    (``index``, ``kind`` int32 [nq, J], J the static schedule's width) and ``count`` [nq] says how many.
+    """
+    layout = jnp.asarray(layout, jnp.int32)
+    runtime = runtime.astype(jnp.int32)
+    empty = (layout == masks_lib.EMPTY) | (runtime == masks_lib.EMPTY)
+    full = (layout == masks_lib.FULL) | (runtime == masks_lib.FULL)
+    refined = jnp.where(empty, masks_lib.EMPTY, jnp.where(full, masks_lib.FULL, masks_lib.PARTIAL))
+    if S % bk:
+        refined = refined.at[:, -1].set(jnp.minimum(refined[:, -1], masks_lib.PARTIAL))
+    nonempty = refined != masks_lib.EMPTY
+    order = jnp.argsort(~nonempty, axis=1, stable=True)[:, :J].astype(jnp.int32)  # non-empty first, in order
+    count = nonempty.sum(1).astype(jnp.int32)
+    kind = jnp.take_along_axis(refined, order, axis=1)
+    kind = jnp.where(jnp.arange(J)[None, :] < count[:, None], kind, 0)
+    return order, kind.astype(jnp.int32), count
+
+
+def _loop(step, carry, index_i, kind_i, count_i):
+    """Folds ``step(carry, (j, kind))`` over a schedule row: a scan, or a loop of ``count_i`` steps."""
+    if count_i is None:
+        return jax.lax.scan(step, carry, (index_i, kind_i))[0]
+    return jax.lax.fori_loop(0, count_i, lambda t, c: step(c, (index_i[t], kind_i[t]))[0], carry)
 
 
 def init_carry(q, Hv):
@@ -256,7 +288,7 @@ def tile_probs(s, m, log_l):
     return jnp.exp((s - m) - log_l)
 
 
-def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: Static, bias_fn, seed=None):
+def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: Static, bias_fn, seed=None, count=None):
     """The block step: folds the key blocks of the schedule into the running (m, l, acc).
 
     ``carry`` is ``(m [nq, B*K, G*bq], l [same], acc [nq, B*K, G*bq, Hv])`` (fp32) from
@@ -268,7 +300,7 @@ def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: Static, bias
     """
 
     def one_query_block(args):
-        qi, i, idx_i, kind_i, m0, l0, acc0 = args
+        qi, i, idx_i, kind_i, count_i, m0, l0, acc0 = args
 
         def step(carry, jk):
             j, kd = jk
@@ -302,10 +334,10 @@ def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: Static, bias
                 return branches[st.kinds_used[0]](carry), None
             return jax.lax.switch(kd, [branches[0], branches[1], branches[2]], carry), None
 
-        return jax.lax.scan(step, (m0, l0, acc0), (idx_i, kind_i))[0]
+        return _loop(step, (m0, l0, acc0), idx_i, kind_i, count_i)
 
     iq = jnp.arange(q.shape[0], dtype=jnp.int32)
-    return jax.lax.map(one_query_block, (q, iq, index, kind, *carry))
+    return jax.lax.map(one_query_block, (q, iq, index, kind, count, *carry))
 
 
 # ------------------------------------------------------------------------------------------
@@ -330,6 +362,7 @@ def backward(
     dv0=None,
     seed=None,
     dlse=None,
+    count=None,
 ):
     """FlashAttention-2-style backward: scan over query blocks; dk, dv are carried full-size.
 
@@ -350,7 +383,7 @@ def backward(
 
     def one_query_block(carry, args):
         dk, dv, dconsts = carry  # transposed: [nk, B*K, H, bk], [nk, B*K, Hv, bk]
-        qi, doi, lse_i, delta_i, i, idx_i, kind_i = args
+        qi, doi, lse_i, delta_i, i, idx_i, kind_i, count_i = args
         qt_i, dot_i = jnp.swapaxes(qi, -1, -2), jnp.swapaxes(doi, -1, -2)  # [B*K, H, G*bq], [B*K, Hv, G*bq]
 
         def step(c, jk):
@@ -408,7 +441,7 @@ def backward(
             return (dq_i + dq_c, dk.at[j].add(dk_j), dv.at[j].add(dv_j), dconsts), None
 
         dq0 = jnp.zeros((BK, R, H), jnp.float32)
-        (dq_i, dk, dv, dconsts), _ = jax.lax.scan(step, (dq0, dk, dv, dconsts), (idx_i, kind_i))
+        dq_i, dk, dv, dconsts = _loop(step, (dq0, dk, dv, dconsts), idx_i, kind_i, count_i)
         return (dk, dv, dconsts), dq_i
 
     dk0 = jnp.zeros(k.shape, jnp.float32) if dk0 is None else dk0
@@ -416,7 +449,7 @@ def backward(
     dc0 = tuple(jnp.zeros(c.shape, jnp.float32) for c in consts)
     iq = jnp.arange(nq, dtype=jnp.int32)
     carry0 = (jnp.swapaxes(dk0, -1, -2), jnp.swapaxes(dv0, -1, -2), dc0)
-    (dk, dv, dconsts), dq = jax.lax.scan(one_query_block, carry0, (q, dout, lse, delta, iq, index, kind))
+    (dk, dv, dconsts), dq = jax.lax.scan(one_query_block, carry0, (q, dout, lse, delta, iq, index, kind, count))
     dconsts = tuple(d.astype(c.dtype) for d, c in zip(dconsts, consts, strict=True))
     return dq, jnp.swapaxes(dk, -1, -2), jnp.swapaxes(dv, -1, -2), dconsts
 

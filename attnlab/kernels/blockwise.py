@@ -47,13 +47,23 @@ from attnlab.kernels._tiles import (  # the shared tile machinery (also used by 
     forward,
     layout_rows,
     lse_value,
+    runtime_schedule,
     tile_kv,
     tile_q,
     untile,
     zero_cotangents,
 )
 
-__all__ = ["BlockSizes", "default_block_sizes", "blockwise_attention", "attend", "block_schedule", "dropout_keep"]
+__all__ = [
+    "BlockSizes",
+    "default_block_sizes",
+    "pick_block_sizes",
+    "blockwise_attention",
+    "attend",
+    "block_schedule",
+    "runtime_schedule",
+    "dropout_keep",
+]
 
 
 BiasFn = Callable[[jax.Array, jax.Array], jax.Array]
@@ -134,17 +144,17 @@ def pick_block_sizes(m, T: int, S: int, backend: str | None = None, layout_fn=No
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
 def _flash(q, k, v, mask, consts, seed, sched, st, bias_fn):
-    """sched = (index, kind, index_t, kind_t): the schedule and its transpose, int32 arrays.
+    """sched = (index, kind, count): the schedule, int32 arrays (count [nq] or None: see ``_tiles.forward``).
 
     seed: uint32 [2], the dropout seed (unused when ``st.dropout_rate == 0``).
     Returns (out [nq, B*K, G*bq, Hv], lse [nq, B*K, G*bq] fp32, -inf on empty rows).
     """
-    out, lse = forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn, seed=seed)
+    out, lse = forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn, seed=seed, count=sched[2])
     return out, lse_value(lse)
 
 
 def _flash_fwd(q, k, v, mask, consts, seed, sched, st, bias_fn):
-    out, lse = forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn, seed=seed)
+    out, lse = forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn, seed=seed, count=sched[2])
     return (out, lse_value(lse)), (q, k, v, mask, consts, seed, sched, out, lse)
 
 
@@ -152,8 +162,9 @@ def _flash_bwd(st, bias_fn, res, cts):
     q, k, v, mask, consts, seed, sched, out, lse = res
     dout, dlse = cts
     dq, dk, dv, dconsts = backward(
-        q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn, seed=seed, dlse=dlse
-    )
+        q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn, seed=seed, dlse=dlse,
+        count=sched[2],
+    )  # fmt: skip
     grads = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
     return (*grads, zero_cotangents(mask), dconsts, zero_cotangents(seed), zero_cotangents(sched))
 
@@ -292,7 +303,7 @@ class _Plan:
     """One platform's static plan: tiles, schedule and the bias function (compared by value)."""
 
     st: Static
-    sched: tuple  # numpy (index, kind, index_t, kind_t)
+    sched: tuple  # numpy (index, kind, layout): the static schedule and the adjusted layout it came from
     bias_fn: object
     consts: tuple
 
@@ -303,7 +314,13 @@ class _Plan:
 
     def branch(self):
         def run(q, k, v, m, seed):
-            sched = tuple(jnp.asarray(x) for x in self.sched)
+            index, kind, layout = self.sched
+            if self.st.runtime_schedule:  # refined on device from the mask's (traced) data
+                st = self.st
+                runtime = m.runtime_layout(st.T, st.S, st.bq, st.bk)
+                sched = runtime_schedule(layout, runtime, st.S, st.bk, index.shape[1])
+            else:
+                sched = (jnp.asarray(index), jnp.asarray(kind), None)
             return _blockwise(q, k, v, m, self.consts, seed, sched, self.st, self.bias_fn)
 
         return run
@@ -314,8 +331,19 @@ def _plan(layout_fn, call: Call, block_sizes: BlockSizes, platform: str) -> _Pla
     bq, bk = min(block_sizes.block_q, T), min(block_sizes.block_k, S)
     layout = adjust_layout(layout_fn(bq, bk), S, bk)
     index, kind = layout_rows(layout)
-    index_t, kind_t = layout_rows(layout.T)  # key block -> the query blocks that see it
     bias_fn, consts = _bias_fn(call, bq, bk)
+    m = call.tile_mask
+    kinds = set(np.unique(kind).tolist())
+    # a mask whose data is traced refines the static layout on device (EMPTY tiles skipped, FULL
+    # tiles unmasked), with no recompile when the data changes
+    runtime = (
+        m is not None
+        and not m.is_static
+        and masks_lib.PARTIAL in kinds
+        and jax.eval_shape(lambda mm: mm.runtime_layout(T, S, bq, bk), m) is not None
+    )
+    if runtime:
+        kinds |= {masks_lib.FULL}
     st = Static(
         T=T,
         S=S,
@@ -326,12 +354,13 @@ def _plan(layout_fn, call: Call, block_sizes: BlockSizes, platform: str) -> _Pla
         K=call.K,
         scale=default_scale(call.H, call.score.scale),
         has_bias=bias_fn is not None,
-        kinds_used=tuple(np.unique(kind).tolist()),
-        kinds_used_t=tuple(np.unique(kind_t).tolist()),
+        kinds_used=tuple(sorted(kinds)),
+        kinds_used_t=(),
         compute_dtype=compute_dtype(call.dtype, platform).name,
         dropout_rate=call.dropout_rate,
+        runtime_schedule=runtime,
     )
-    return _Plan(st, (index, kind, index_t, kind_t), bias_fn, consts)
+    return _Plan(st, (index, kind, layout), bias_fn, consts)
 
 
 @functools.partial(jax.jit, static_argnums=(7, 8))

@@ -36,14 +36,14 @@ Layout of the package (each constructor beside its class):
 
 * ``base``: ``Mask``, layouts, ``And``/``Or``, ``Dense``, ``as_mask``, ``leaf``/``mask_class``;
 * ``structural``: full, causal, window, window_2d;
-* ``graph``: padding, prefix_lm, graph, graph_edges (data-carrying);
+* ``graph``: padding, prefix_lm, document, graph, graph_edges (data-carrying);
 * ``sparse``: chunks, dilated, global_tokens, random_blocks, bigbird;
 * ``spec``: ``from_spec`` strings.
 
 What a mask says about itself, for the kernels (none of them lists mask classes):
 ``conjuncts()``, ``split_padding()``, ``is_full``, ``is_padding``, ``interval()`` (the ``t + lo <= s
 <= t + hi`` form that flag-driven kernels take), ``in_kernel`` (evaluable from positions alone),
-``for_tiles()``, ``edge_list()``, ``block_layout``.
+``for_tiles()``, ``edge_list()``, ``block_layout`` and ``runtime_layout`` (the layout from traced data, on device).
 
 A new mask: a ``@mask_class`` subclass of ``Mask`` with array fields declared ``leaf()``, its
 constructor beside it, both exported here; set ``in_kernel`` / override ``interval`` where they
@@ -65,10 +65,12 @@ from attnlab.masks.base import (
     mask_class,
 )
 from attnlab.masks.graph import (
+    Document,
     Graph,
     GraphEdges,
     Padding,
     PrefixLM,
+    document,
     graph,
     graph_edges,
     padding,
@@ -117,6 +119,8 @@ __all__ = [
     "padding_lengths",
     "PrefixLM",
     "prefix_lm",
+    "Document",
+    "document",
     "Chunks",
     "Dilated",
     "GlobalTokens",

@@ -88,6 +88,18 @@ class Mask:
         layout = np.asarray(self._layout(T, S, block_q, block_k), dtype=np.int8)
         return layout
 
+    def runtime_layout(self, T: int, S: int, block_q: int, block_k: int) -> jax.Array | None:
+        """The block layout computed *on device* from the mask's arrays, or None when it has no such rule.
+
+        For masks whose data may be traced (padding lengths, document ids): an int8 jax array
+        ``[ceil(T/block_q), ceil(S/block_k)]``, as safe as ``block_layout`` (EMPTY or FULL only when
+        certain for every batch element) and at least as exact, whatever the values; a new value never
+        recompiles. Kernels schedule from the static ``block_layout`` and refine it with this one at run
+        time (a tile it calls EMPTY costs nothing, a FULL one skips the element mask). None means the
+        static layout is all there is (structural masks, or data known at trace time).
+        """
+        return None
+
     def _layout(self, T: int, S: int, bq: int, bk: int) -> np.ndarray:
         # Safe default: evaluate the mask block by block when its values are known now,
         # otherwise call every block PARTIAL.
@@ -272,12 +284,28 @@ def _from_flags(empty, full):
     return np.where(empty, EMPTY, np.where(full, FULL, PARTIAL)).astype(np.int8)
 
 
-def _combine_layouts(a, b, op):
+def _combine_layouts(a, b, op, xp=np):
+    """Layouts of two masks -> the layout of their ``&`` (op "and") or ``|``; ``xp`` numpy or jax.numpy."""
     if op == "and":
-        out = np.where((a == EMPTY) | (b == EMPTY), EMPTY, np.where((a == FULL) & (b == FULL), FULL, PARTIAL))
+        out = xp.where((a == EMPTY) | (b == EMPTY), EMPTY, xp.where((a == FULL) & (b == FULL), FULL, PARTIAL))
     else:
-        out = np.where((a == FULL) | (b == FULL), FULL, np.where((a == EMPTY) & (b == EMPTY), EMPTY, PARTIAL))
-    return out.astype(np.int8)
+        out = xp.where((a == FULL) | (b == FULL), FULL, xp.where((a == EMPTY) & (b == EMPTY), EMPTY, PARTIAL))
+    return out.astype(xp.int8)
+
+
+def _combine_runtime(mask, T, S, bq, bk, op):
+    """runtime_layout of an ``&`` / ``|``: the parts' runtime layouts, a part without one by its static layout."""
+    a, b = mask.a.runtime_layout(T, S, bq, bk), mask.b.runtime_layout(T, S, bq, bk)
+    if a is None and b is None:
+        return None
+    a = jnp.asarray(mask.a.block_layout(T, S, bq, bk)) if a is None else a
+    b = jnp.asarray(mask.b.block_layout(T, S, bq, bk)) if b is None else b
+    return _combine_layouts(a, b, op, xp=jnp)
+
+
+def block_ranges(length: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) position of each block of ``block`` positions in ``[0, length)``."""
+    return _block_ranges(length, block)
 
 
 @mask_class
@@ -308,6 +336,9 @@ class And(Mask):
     def for_tiles(self):
         return And(self.a.for_tiles(), self.b.for_tiles())
 
+    def runtime_layout(self, T, S, bq, bk):
+        return _combine_runtime(self, T, S, bq, bk, "and")
+
     def dense(self, T, S):
         return self.a.dense(T, S) & self.b.dense(T, S)
 
@@ -332,6 +363,9 @@ class Or(Mask):
 
     def for_tiles(self):
         return Or(self.a.for_tiles(), self.b.for_tiles())
+
+    def runtime_layout(self, T, S, bq, bk):
+        return _combine_runtime(self, T, S, bq, bk, "or")
 
     def dense(self, T, S):
         return self.a.dense(T, S) | self.b.dense(T, S)

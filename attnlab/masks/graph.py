@@ -33,6 +33,11 @@ class Padding(Mask):
     kv_lengths: Any = leaf(default=None)
     is_padding = True
 
+    def runtime_layout(self, T, S, bq, bk):
+        if self.is_static:
+            return None  # the static layout is exact
+        return _padding_runtime(self.q_lengths, self.kv_lengths, T, S, bq, bk)
+
     def __call__(self, q_idx, k_idx):
         ok = jnp.ones((q_idx.shape[0], k_idx.shape[0]), bool)
         if self.q_lengths is not None:
@@ -65,6 +70,23 @@ class Padding(Mask):
         all_empty = (per_example == EMPTY).all(0)
         all_full = (per_example == FULL).all(0)
         return np.where(all_empty, EMPTY, np.where(all_full, FULL, PARTIAL)).astype(np.int8)
+
+
+def _padding_runtime(q_lengths, kv_lengths, T, S, bq, bk):
+    """Padding's block layout from (possibly traced) lengths, on device: int8 [nq, nk]."""
+
+    def axis_state(lengths, n, block, size):  # -> [B, n]
+        start = jnp.arange(n) * block
+        stop = jnp.minimum(start + block, size)
+        if lengths is None:
+            return jnp.full((1, n), FULL, jnp.int8)
+        ln = jnp.asarray(lengths).reshape(-1, 1)
+        return jnp.where(ln <= start, EMPTY, jnp.where(ln >= stop, FULL, PARTIAL))
+
+    sq = axis_state(q_lengths, _num_blocks(T, bq), bq, T)[:, :, None]
+    sk = axis_state(kv_lengths, _num_blocks(S, bk), bk, S)[:, None, :]
+    per = jnp.where((sq == EMPTY) | (sk == EMPTY), EMPTY, jnp.where((sq == FULL) & (sk == FULL), FULL, PARTIAL))
+    return jnp.where((per == EMPTY).all(0), EMPTY, jnp.where((per == FULL).all(0), FULL, PARTIAL)).astype(jnp.int8)
 
 
 @mask_class
@@ -266,6 +288,91 @@ def prefix_lm(prefix_lengths) -> Mask:
     if arr is None:
         raise ValueError("prefix_lm: prefix_lengths must be an int or an integer array [*B], got None")
     return PrefixLM(arr)
+
+
+@mask_class
+class Document(Mask):
+    """Packed documents: query t attends to key s iff they carry the same segment id (and it is not the padding id).
+
+    ``q_ids`` ``[*B, T]`` and ``kv_ids`` ``[*B, S]`` are pytree leaves: traced ids reuse the compiled
+    program, and ``runtime_layout`` finds the empty tiles on device from each block's id range
+    (exact for ids that do not decrease along the row, as packing makes them; safe for any ids).
+    ``dense`` has shape ``[*B, 1, T, S]``.
+    """
+
+    q_ids: Any = leaf()
+    kv_ids: Any = leaf()
+    padding_id: int | None = None
+
+    def __call__(self, q_idx, k_idx):
+        qi = jnp.take(jnp.asarray(self.q_ids), q_idx, axis=-1)[..., None, :, None]  # [*B, 1, T', 1]
+        ki = jnp.take(jnp.asarray(self.kv_ids), k_idx, axis=-1)[..., None, None, :]  # [*B, 1, 1, S']
+        ok = qi == ki
+        if self.padding_id is not None:
+            ok = ok & (qi != self.padding_id)
+        return ok
+
+    def runtime_layout(self, T, S, bq, bk):
+        if self.is_static:
+            return None  # evaluated exactly at trace time
+        big = jnp.iinfo(jnp.int32).max
+
+        def ranges(ids, n, block):  # ids [*B, L] -> per block (min, max, has_pad) [B, n]
+            ids = jnp.asarray(ids, jnp.int32)
+            ids = ids.reshape(-1, ids.shape[-1])
+            L = ids.shape[-1]
+            pad = ids == self.padding_id if self.padding_id is not None else jnp.zeros(ids.shape, bool)
+            fill = n * block - L  # the short last block: filled with padding entries
+            ids = jnp.pad(ids, ((0, 0), (0, fill)))
+            pad = jnp.pad(pad, ((0, 0), (0, fill)), constant_values=True)
+            ids, pad = ids.reshape(-1, n, block), pad.reshape(-1, n, block)
+            lo = jnp.where(pad, big, ids).min(-1)
+            hi = jnp.where(pad, -big, ids).max(-1)
+            # a short last block's fill is out of range, not padding: it never spoils FULL
+            real_pad = pad.at[:, -1, block - fill :].set(False) if fill else pad
+            return lo, hi, real_pad.any(-1)
+
+        qlo, qhi, qpad = ranges(self.q_ids, _num_blocks(T, bq), bq)
+        klo, khi, kpad = ranges(self.kv_ids, _num_blocks(S, bk), bk)
+        qlo, qhi, qpad = qlo[:, :, None], qhi[:, :, None], qpad[:, :, None]
+        klo, khi, kpad = klo[:, None, :], khi[:, None, :], kpad[:, None, :]
+        empty = (qhi < klo) | (khi < qlo)  # disjoint id ranges (an all-padding block: lo > hi)
+        full = (qlo == qhi) & (klo == khi) & (qlo == klo) & ~qpad & ~kpad
+        empty, full = empty.all(0), full.all(0)
+        return jnp.where(empty, EMPTY, jnp.where(full, FULL, PARTIAL)).astype(jnp.int8)
+
+
+def document(q_segment_ids, kv_segment_ids=None, *, padding_id: int | None = None) -> Mask:
+    """Packed sequences: several documents in one row, each attending only within itself.
+
+    Args:
+        q_segment_ids: int ``[*B, T]``, the document of each query position (may be traced).
+        kv_segment_ids: int ``[*B, S]`` for the keys; default the same as the queries (self-attention).
+        padding_id: an id that marks padding: positions with it attend to nothing and are attended
+            by nothing (their rows return zeros). None: every id is a document.
+
+    ``document(ids) & causal()`` is the packed causal LM.
+
+    Example:
+        >>> document(jnp.array([0, 0, 1])).dense(3, 3)[0].astype(int).tolist()
+        [[1, 1, 0], [1, 1, 0], [0, 0, 1]]
+    """
+    q = _check_ids("q_segment_ids", q_segment_ids)
+    k = q if kv_segment_ids is None else _check_ids("kv_segment_ids", kv_segment_ids)
+    if q.shape[:-1] != k.shape[:-1]:
+        raise ValueError(
+            f"q_segment_ids {q.shape} ([*B, T]) and kv_segment_ids {k.shape} ([*B, S]) must have the same batch dims"
+        )
+    if padding_id is not None:
+        padding_id = _check_int("padding_id", padding_id)
+    return Document(q, k, padding_id)
+
+
+def _check_ids(name, ids):
+    arr = ids if isinstance(ids, jax.Array) else np.asarray(ids)
+    if arr.ndim < 1 or not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise ValueError(f"{name} must be an integer array [*B, length] of segment ids, got {arr.dtype} {arr.shape}")
+    return arr
 
 
 def _check_adjacency(adjacency, *, square: bool):
