@@ -45,7 +45,7 @@ from absl import app, flags
 
 import attnlab
 from attnlab import masks, parallel
-from experiments.sweep import memory_record
+from experiments import common
 
 _SUITES = flags.DEFINE_list("suites", ["full", "full_bwd", "window", "window_bwd", "graph", "memory"], "Suites to run.")
 _FULL = flags.DEFINE_list("full_lengths", ["1024", "2048", "4096", "8192"], "N for full attention forward.")
@@ -452,22 +452,15 @@ def suite_graph(torch):
     # memory of the compiled attention fwd+bwd, at E and 4E
     for r in recs:
         if r["impl"] == "attnlab.sparse (attention)":
-            ma = attn_fwd_bwd.lower(q, k, v, mask, ct).compile().memory_analysis()
-            r["temp_mb"] = round(ma.temp_size_in_bytes / 2**20, 1)
+            compiled = attn_fwd_bwd.lower(q, k, v, mask, ct).compile()
+            r["temp_mb"] = round(common.compiled_memory(compiled)["temp_bytes"] / 2**20, 1)
     return recs
-
-
-def _memory_stats():
-    try:
-        return jax.devices()[0].memory_stats()
-    except Exception:  # noqa: BLE001  (backends without stats)
-        return None
 
 
 def suite_memory(torch):
     """Compiled fwd+bwd memory of the blockwise kernel (XLA's buffer assignment), and where the
     device keeps statistics (GPU, TPU; not XLA:CPU) the device's peak while running it once, above
-    what was in use before (``experiments.sweep.memory_record``: only when it is this run's)."""
+    what was in use before (``experiments.common.memory_record``: only when it is this run's)."""
     recs = []
     h, d = _HEADS.value, _HEAD_DIM.value
     for n in map(int, _MEM.value):
@@ -483,17 +476,17 @@ def suite_memory(torch):
             suite="memory fwd+bwd (compiled)",
             impl="attnlab.blockwise",
             N=n,
-            temp_mb=round(ma.temp_size_in_bytes / 2**20, 1),
+            temp_mb=round(common.compiled_memory(compiled)["temp_bytes"] / 2**20, 1),
             args_out_mb=round((ma.argument_size_in_bytes + ma.output_size_in_bytes) / 2**20, 1),
             dense_logits_mb=round(n * n * h * 4 / 2**20, 1),
             compile_ms=round((time.perf_counter() - t0) * 1e3, 1),
             memory_source="xla_memory_analysis",
         )
-        if _memory_stats() is not None:  # run it once and read the device's own peak
+        if common.memory_stats() is not None:  # run it once and read the device's own peak
             args = _qkv(n)
-            before = _memory_stats()
+            before = common.memory_stats()
             jax.block_until_ready(compiled(*args))
-            mem = memory_record(compiled, before, _memory_stats())
+            mem = common.memory_record(compiled, before, common.memory_stats())
             rec["memory_source"] = mem["memory_source"]
             if "device_peak_bytes" in mem:
                 rec["device_peak_mb"] = round(mem["device_peak_bytes"] / 2**20, 1)

@@ -13,6 +13,11 @@ An experiment module keeps only its task: data, model, metrics, figures. It writ
 and gets ``--config file.py:variant`` (any field overridable: ``--config.train.num_steps=50``),
 ``--out`` and ``--report``. ``docs/experiments.md`` walks through it.
 
+A runner that needs more than an append (the sweep) takes the pieces of ``experiments.runner``,
+re-exported here: ``lock_out`` (one writer per results folder), ``write_jsonl`` (an atomic
+rewrite), ``CellWorker`` (each cell in a subprocess, killed at a hard timeout) and
+``failure_record``.
+
 Resume: a grid's records live in one JSONL file, one line per finished cell; a cell whose key
 fields match a line is not run again. Lines are appended with one ``write`` of the whole line
 (``append_jsonl``); a line cut short by a crash (a torn line) is skipped with a warning when read
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging as py_logging
+import os
+import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -36,6 +43,7 @@ import optax
 from absl import app, flags, logging
 
 from attnlab import train as train_lib
+from experiments.runner import CellWorker, OutLockedError, failure_record, lock_out, write_jsonl
 
 __all__ = [
     "launch",
@@ -46,12 +54,19 @@ __all__ = [
     "append_jsonl",
     "pending",
     "run_grid",
+    "lock_out",
+    "OutLockedError",
+    "write_jsonl",
+    "failure_record",
+    "CellWorker",
     "predict",
     "classification_loss",
     "summarize",
     "mean_std",
     "markdown_table",
     "compiled_memory",
+    "memory_stats",
+    "memory_record",
     "time_steps",
     "measure_train_step",
     "save_config",
@@ -177,8 +192,20 @@ def ints(spec) -> list[int]:
 
 
 def env() -> dict:
-    """The fields every result record carries about where it ran."""
-    return {"jax": jax.__version__, "backend": jax.default_backend()}
+    """The fields every result record carries about where it ran: backend, device kind and count,
+    jax and jaxlib versions, host CPUs, Python version and OS platform."""
+    import jaxlib
+
+    return {
+        "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind,
+        "num_devices": jax.device_count(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "host_cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 # ------------------------------------------------------------------------------------------
@@ -331,6 +358,57 @@ def compiled_memory(compiled) -> dict:
     ma = compiled.memory_analysis()
     peak = ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
     return {"peak_bytes": int(peak), "temp_bytes": int(ma.temp_size_in_bytes), "memory_source": "xla_memory_analysis"}
+
+
+def memory_stats() -> dict | None:
+    """The first device's ``memory_stats()`` (``bytes_in_use``, ``peak_bytes_in_use``, ...), None
+    where the backend keeps none (XLA:CPU)."""
+    try:
+        return jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001  (backends without stats)
+        return None
+
+
+def memory_record(compiled, before: dict | None = None, after: dict | None = None, *, isolated: bool = False) -> dict:
+    """A run's memory: the device's own peak where it is the run's, XLA's analysis otherwise.
+
+    Args:
+        compiled: the compiled program (``compiled_memory``: arguments + outputs + temporaries).
+        before, after: ``memory_stats()`` before building the run and after it (None where the
+            backend keeps none, as XLA:CPU).
+        isolated: the process ran only this (a subprocess per cell), so its peak is the run's.
+
+    ``memory_bytes`` is the device peak when it can be attributed to this run (isolated, or the
+    process-wide peak rose during it: then the peak minus what was in use before it), else the
+    compiled analysis; ``memory_source`` says which.
+    """
+    rec = {}
+    try:
+        cm = compiled_memory(compiled)
+        rec.update(
+            memory_bytes=cm["peak_bytes"],
+            compiled_memory_bytes=cm["peak_bytes"],
+            temp_bytes=cm["temp_bytes"],
+            memory_source=cm["memory_source"],
+        )
+    except Exception:  # noqa: BLE001  (some backends give no analysis)
+        rec.update(memory_bytes=None, memory_source="unavailable")
+    after = after or {}
+    if "peak_bytes_in_use" not in after:
+        return rec
+    peak, prev_peak = int(after["peak_bytes_in_use"]), int((before or {}).get("peak_bytes_in_use", 0))
+    if isolated:
+        rec.update(device_peak_bytes=peak, memory_bytes=peak, memory_source="device_peak (cell in its own process)")
+    elif peak > prev_peak:
+        cell_peak = peak - int((before or {}).get("bytes_in_use", 0))
+        rec.update(
+            device_peak_bytes=cell_peak,
+            memory_bytes=cell_peak,
+            memory_source="device_peak (reached during this cell, above the bytes in use before it)",
+        )
+    else:  # an earlier cell peaked higher: this cell's own peak is not visible in process-wide stats
+        rec["memory_source"] += " (device peak not attributable: --fresh_process_per_cell gives every cell its own)"
+    return rec
 
 
 def time_steps(step: Callable, state: tuple, *, repeats: int, max_step_s: float | None = None) -> tuple[dict, Any]:

@@ -30,7 +30,7 @@ Backends: ``--dtypes=auto`` is bfloat16 on GPU/TPU and float32 on CPU. ``memory_
 device's own peak where it belongs to the cell (always with ``--fresh_process_per_cell``), XLA's
 analysis of the compiled program otherwise (CPU keeps no device statistics).
 ``experiments/plot.py`` then draws the figures and a markdown summary from the JSONL alone (the
-sweep calls it at the end).
+sweep calls it at the end; ``--report FOLDER`` only redraws them and prints the table).
 
 Figure to expect from ``default`` on a 2-core CPU (``results/sweep/time_vs_n.png``): every dense
 implementation grows as N^2 (slope 2 on the log-log plot) for every mask, including the window;
@@ -39,8 +39,9 @@ forward+backward costs about 2-3x forward.
 
 Implementations: every name in ``attnlab.IMPLEMENTATIONS`` (through ``attnlab.attention``), and the
 peer ``jax.nn`` (``jax.nn.dot_product_attention`` called directly with its own mask flags).
-``sparse`` (the edge-list kernel) runs only on ``graph:`` masks, which it receives as an edge list;
-other combinations are left out of the sweep.
+A cell of attnlab's runs only where ``attnlab.explain`` says its implementation can run that call on
+the backend (``sparse``, the edge-list kernel, only on ``graph:`` masks, which it receives as an edge
+list; ``cudnn`` only on GPU); other combinations are left out of the sweep.
 Masks: ``full``, ``causal``, ``window:L:R``, ``graph:DENSITY`` (random graph, fixed seed,
 self-loops), ``padding:FRACTION`` (the last FRACTION of every sequence is padding).
 
@@ -58,39 +59,41 @@ takes precedence when set):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
+import functools
 import itertools
 import json
 import math
-import multiprocessing
 import os
-import platform
-import signal
-import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
 import attnlab
 from attnlab import masks, parallel
 from experiments import common
-from experiments.plot import BadResultsLineError, describe_bad_lines, make_plots, read_results
+from experiments.common import (
+    CellWorker,
+    OutLockedError,  # noqa: F401  (run_sweep raises it)
+    failure_record,
+    lock_out,
+    memory_record,
+    write_jsonl,
+)
+from experiments.plot import BadResultsLineError, describe_bad_lines, load_results, make_plots, read_results
 
 _CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sweep.py")
 FLAGS = flags.FLAGS
 
 
 def define_flags():
-    """Defines the command-line flags; only when run as a program, so experiments can be imported together."""
-    config_flags.DEFINE_config_file("config", f"{_CONFIGS}:default", "Sweep config file and variant.")
+    """The sweep's flags beside ``common.launch``'s --config, --out and --report (only when run as a program)."""
     flags.DEFINE_list("seq_lens", None, "Sequence lengths N (T = S = N); overrides the config.")
     flags.DEFINE_list("num_heads", None, "Head counts; overrides the config.")
     flags.DEFINE_list("implementations", None, "Implementations; overrides the config.")
@@ -102,7 +105,6 @@ def define_flags():
     flags.DEFINE_integer("head_dim", None, "Head dimension H; overrides the config.")
     flags.DEFINE_integer("batch", None, "Batch size B; overrides the config.")
     flags.DEFINE_integer("repeats", None, "Timed calls per cell after one warm-up; overrides the config.")
-    flags.DEFINE_string("out", "results/sweep", "Results folder (results.jsonl, config.json, plots).")
     flags.DEFINE_bool("force", False, "Redo cells already in results.jsonl (bad lines in it are set aside).")
     flags.DEFINE_bool(
         "skip_bad_lines",
@@ -201,7 +203,9 @@ def mesh_advice(spec: str, backend: str, num_devices: int, cpus: int | None = No
 def expand(config, backend: str | None = None) -> list[Cell]:
     """All cells of a config, in the order they run (small N first within each group).
 
-    ``backend`` (default: JAX's) resolves the dtype "auto"."""
+    An attnlab cell is left out where ``attnlab.explain`` says its implementation cannot run that
+    call on ``backend`` (default: JAX's; it also resolves the dtype "auto"); the peer ``jax.nn``
+    runs everywhere but on a mesh."""
     for mode in config.modes:
         if mode not in MODES:
             raise ValueError(f"modes: unknown mode {mode!r}, expected one of {MODES}")
@@ -209,24 +213,30 @@ def expand(config, backend: str | None = None) -> list[Cell]:
         if impl not in attnlab.IMPLEMENTATIONS + PEERS:
             raise ValueError(f"implementations: unknown {impl!r}, expected one of {attnlab.IMPLEMENTATIONS + PEERS}")
     for spec in config.masks:  # validate each spec before any cell runs
-        if spec.startswith("padding"):
-            parse_mask(spec, 8, 1)
-        else:
-            masks.from_spec(spec, seq_len=min(config.seq_lens))
+        make_mask(spec, min(config.seq_lens), 1)
     mesh = config.get("mesh", "") or ""
     axes = parallel.parse_mesh(mesh) if mesh else {}
     if set(axes) - {"sp", "heads"}:
         raise ValueError(f"mesh: axes must be named 'sp' (sequence) and/or 'heads', got {mesh!r}")
-    dtypes = resolve_dtypes(config.dtypes, backend or jax.default_backend())
+    backend = backend or jax.default_backend()
+    dtypes = resolve_dtypes(config.dtypes, backend)
+
+    def runs(impl, spec, n, h, dt) -> bool:
+        if mesh and (impl in PEERS or ("sp" in axes and impl != "blockwise") or h % axes.get("heads", 1)):
+            return False  # the ring uses the blockwise step; peers do not take a mesh
+        if impl in PEERS:
+            return True
+        x = jax.ShapeDtypeStruct((int(config.batch), n, h, int(config.head_dim)), dt)  # [B, T, N, H]
+        mask = for_implementation(impl, make_mask(spec, n, int(config.batch), config.seed), n)
+        return attnlab.explain(x, x, x, mask=mask, implementation=impl, backend=backend).implementation is not None
+
     prod = itertools.product(
         config.modes, dtypes, config.masks, config.num_heads, config.implementations, config.seq_lens
     )
     return [
         Cell(impl, m, int(n), int(h), int(config.head_dim), int(config.batch), mode, dt, mesh)
         for mode, dt, m, h, impl, n in prod
-        if impl != "sparse" or m.startswith("graph:")  # the edge-list kernel only takes graphs
-        if not mesh
-        or (impl not in PEERS and ("sp" not in axes or impl == "blockwise") and h % axes.get("heads", 1) == 0)
+        if runs(impl, m, int(n), int(h), dt)
     ]
 
 
@@ -234,10 +244,12 @@ def expand(config, backend: str | None = None) -> list[Cell]:
 # Masks and the work they allow
 
 
-def window_pairs(n: int, left: int, right: int) -> int:
-    """Number of (t, s) pairs in [0, n)^2 with t - left <= s <= t + right."""
+def window_pairs(n: int, left: int | None, right: int | None) -> int:
+    """Number of (t, s) pairs in [0, n)^2 with t - left <= s <= t + right (None: unbounded)."""
     t = np.arange(n)
-    return int((np.minimum(n - 1, t + right) - np.maximum(0, t - left) + 1).clip(min=0).sum())
+    lo = np.zeros(n, int) if left is None else np.maximum(0, t - left)
+    hi = np.full(n, n - 1) if right is None else np.minimum(n - 1, t + right)
+    return int((hi - lo + 1).clip(min=0).sum())
 
 
 def _allowed_pairs(mask, n: int, rows: int = 1024) -> int:
@@ -249,40 +261,60 @@ def _allowed_pairs(mask, n: int, rows: int = 1024) -> int:
     return total
 
 
-def parse_mask(spec: str, n: int, batch: int, seed: int = 0):
-    """Mask spec -> (attnlab mask or None, allowed (t, s) pairs summed over the batch, jax.nn kwargs).
-
-    Every structural spec of ``attnlab.masks.from_spec`` (``full``, ``causal``, ``window:L:R``,
-    ``graph:DENSITY``, ``chunks:C``, ``bigbird``, combinations with ``&`` / ``|`` ...), plus the
-    sweep's own ``padding:FRACTION`` (every sequence padded by that fraction: data, not structure).
-    jax.nn gets its native arguments for full, causal, windows, graphs and padding, and a dense
-    mask for the rest (``None`` here: ``build`` makes it only for a jax.nn cell).
-    """
+@functools.lru_cache(maxsize=8)  # expand and then build each cell of a (spec, n) use one mask
+def make_mask(spec: str, n: int, batch: int, seed: int = 0):
+    """Mask spec -> attnlab mask: every spec of ``attnlab.masks.from_spec`` (``full``, ``causal``,
+    ``window:L:R``, ``graph:DENSITY``, ``chunks:C``, ``&`` / ``|`` ...), plus the sweep's own
+    ``padding:FRACTION`` (every sequence of the batch padded by that fraction: data, not structure).
+    Masks are immutable, so the last few are kept (a random graph of 16K nodes takes seconds)."""
     name, *args = spec.split(":")
-    if name == "padding":
-        try:
-            if len(args) != 1:
-                raise ValueError("expected padding:FRACTION")
-            length = max(1, round(n * (1 - float(args[0]))))
-        except ValueError as e:
-            raise ValueError(f"masks: bad spec {spec!r}: {e}") from e
-        lengths = jnp.full((batch,), length, jnp.int32)
-        return (
-            masks.padding(lengths, lengths),
-            batch * length * length,
-            {"query_seq_lengths": lengths, "key_value_seq_lengths": lengths},
-        )
-    mask = masks.from_spec(spec, seq_len=n, seed=seed)  # ValueError naming the spec
-    if isinstance(mask, masks.Full):
+    if name != "padding":
+        return masks.from_spec(spec, seq_len=n, seed=seed)  # ValueError naming the spec
+    try:
+        if len(args) != 1:
+            raise ValueError("expected padding:FRACTION")
+        length = max(1, round(n * (1 - float(args[0]))))
+    except ValueError as e:
+        raise ValueError(f"masks: bad spec {spec!r}: {e}") from e
+    lengths = jnp.full((batch,), length, jnp.int32)
+    return masks.padding(lengths, lengths)
+
+
+@functools.lru_cache(maxsize=8)  # the cells of one (spec, n) in a row count its pairs once
+def parse_mask(spec: str, n: int, batch: int, seed: int = 0):
+    """Mask spec (``make_mask``) -> (attnlab mask or None, allowed (t, s) pairs summed over the
+    batch, jax.nn kwargs).
+
+    jax.nn gets its native arguments where the mask says it has that form: per-example lengths for
+    padding, ``is_causal`` for the interval ``(None, 0)``, ``local_window_size`` for a finite one,
+    and a dense mask for the rest (``None`` here: ``build`` makes it only for a jax.nn cell; a
+    graph's dense mask is its adjacency).
+    """
+    mask = make_mask(spec, n, batch, seed)
+    if mask.is_full:
         return None, batch * n * n, {}
-    if isinstance(mask, masks.Causal) and mask.offset == 0:
-        return mask, batch * n * (n + 1) // 2, {"is_causal": True}
-    if isinstance(mask, masks.Window) and mask.offset == 0:
-        return mask, batch * window_pairs(n, mask.left, mask.right), {"local_window_size": (mask.left, mask.right)}
-    if isinstance(mask, masks.Graph):
-        adj = jnp.asarray(mask.adjacency)
-        return mask, batch * int(adj.sum()), {"mask": adj}
-    return mask, batch * _allowed_pairs(mask, n), None  # None: jax.nn takes the dense mask (build makes it)
+    pads, rest = mask.split_padding()
+    if pads:  # only padding:FRACTION has padding, and nothing beside it
+        (pad,) = pads
+        pairs = int(np.sum(np.asarray(pad.q_lengths) * np.asarray(pad.kv_lengths)))
+        return mask, pairs, {"query_seq_lengths": pad.q_lengths, "key_value_seq_lengths": pad.kv_lengths}
+    if mask.interval() is None:
+        return mask, batch * _allowed_pairs(mask, n), None
+    lo, hi = mask.interval()  # t + lo <= s <= t + hi
+    pairs = batch * window_pairs(n, None if lo is None else -lo, hi)
+    if (lo, hi) == (None, 0):
+        return mask, pairs, {"is_causal": True}
+    if lo is not None and hi is not None:
+        return mask, pairs, {"local_window_size": (-lo, hi)}
+    return mask, pairs, None
+
+
+def for_implementation(implementation: str, mask, n: int):
+    """The mask as ``implementation`` takes it: the edge-list kernel gets a graph as its edge list."""
+    if implementation == "sparse" and isinstance(mask, masks.Graph):
+        receivers, senders = np.nonzero(np.asarray(mask.dense(n, n)))
+        return masks.graph_edges(senders, receivers, n)
+    return mask
 
 
 def useful_flops(cell: Cell, pairs: int) -> int:
@@ -298,14 +330,11 @@ def useful_flops(cell: Cell, pairs: int) -> int:
 def build(cell: Cell, seed: int = 0):
     """-> (function of (q, k, v, mask), its arguments, allowed pairs)."""
     mask, pairs, jnn_kwargs = parse_mask(cell.mask, cell.seq_len, cell.batch, seed)
+    mask = for_implementation(cell.implementation, mask, cell.seq_len)
     dtype = jnp.dtype(cell.dtype)
     shape = (cell.batch, cell.seq_len, cell.num_heads, cell.head_dim)  # [B, T, N, H]
     kq, kk, kv, kc = jax.random.split(jax.random.key(seed), 4)
     q, k, v = (jax.random.normal(key, shape, jnp.float32).astype(dtype) for key in (kq, kk, kv))
-
-    if cell.implementation == "sparse":  # the O(E) kernel takes the same graph as an edge list
-        receivers, senders = np.nonzero(np.asarray(mask.adjacency))
-        mask = masks.graph_edges(senders, receivers, cell.seq_len)
 
     if cell.implementation == "jax.nn":
         if jnn_kwargs is None:  # no native jax.nn form: the dense mask
@@ -341,64 +370,15 @@ def build(cell: Cell, seed: int = 0):
     return fn, (q, k, v, mask), pairs
 
 
-def memory_record(compiled, before: dict | None = None, after: dict | None = None, *, isolated: bool = False) -> dict:
-    """The cell's memory: the device's own peak where it is the cell's, XLA's analysis otherwise.
-
-    Args:
-        compiled: the compiled cell (its ``memory_analysis()``: arguments + outputs + temporaries).
-        before, after: ``device.memory_stats()`` before building the cell and after timing it
-            (None where the backend keeps none, as XLA:CPU).
-        isolated: the process ran only this cell (a subprocess per cell), so its peak is the cell's.
-
-    ``memory_bytes`` is the device peak when it can be attributed to this cell (isolated, or the
-    process-wide peak rose during the cell: then the peak minus what was in use before it), else
-    the compiled analysis; ``memory_source`` says which.
-    """
-    rec = {}
-    try:
-        cm = common.compiled_memory(compiled)
-        rec.update(
-            memory_bytes=cm["peak_bytes"],
-            compiled_memory_bytes=cm["peak_bytes"],
-            temp_bytes=cm["temp_bytes"],
-            memory_source=cm["memory_source"],
-        )
-    except Exception:  # noqa: BLE001  (some backends give no analysis)
-        rec.update(memory_bytes=None, memory_source="unavailable")
-    after = after or {}
-    if "peak_bytes_in_use" not in after:
-        return rec
-    peak, prev_peak = int(after["peak_bytes_in_use"]), int((before or {}).get("peak_bytes_in_use", 0))
-    if isolated:
-        rec.update(device_peak_bytes=peak, memory_bytes=peak, memory_source="device_peak (cell in its own process)")
-    elif peak > prev_peak:
-        cell_peak = peak - int((before or {}).get("bytes_in_use", 0))
-        rec.update(
-            device_peak_bytes=cell_peak,
-            memory_bytes=cell_peak,
-            memory_source="device_peak (reached during this cell, above the bytes in use before it)",
-        )
-    else:  # an earlier cell peaked higher: this cell's own peak is not visible in process-wide stats
-        rec["memory_source"] += " (device peak not attributable: --fresh_process_per_cell gives every cell its own)"
-    return rec
-
-
-def _memory_stats() -> dict | None:
-    try:
-        return jax.devices()[0].memory_stats()
-    except Exception:  # noqa: BLE001  (backends without stats)
-        return None
-
-
 def time_cell(
     cell: Cell, *, repeats: int, timeout_s: float = float("inf"), seed: int = 0, isolated: bool = False
 ) -> dict:
     """Compiles once, warms up once, times `repeats` calls of the compiled program.
 
     `isolated`: this process runs this cell alone (a subprocess per cell), so the device's peak
-    memory is the cell's own.
+    memory is the cell's own (``common.memory_record``).
     """
-    before = _memory_stats()
+    before = common.memory_stats()
     fn, args, pairs = build(cell, seed)
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
@@ -428,36 +408,12 @@ def time_cell(
         allowed_pairs=pairs,
         useful_flops=flops,
         useful_gflops=flops / best / 1e9,
-        **memory_record(compiled, before, _memory_stats(), isolated=isolated),
-    )
-
-
-def environment() -> dict:
-    import jaxlib
-
-    dev = jax.devices()[0]
-    return dict(
-        backend=jax.default_backend(),
-        device_kind=dev.device_kind,
-        num_devices=jax.device_count(),
-        jax=jax.__version__,
-        jaxlib=jaxlib.__version__,
-        host_cpus=os.cpu_count(),
-        python=platform.python_version(),
-        platform=platform.platform(),
+        **memory_record(compiled, before, common.memory_stats(), isolated=isolated),
     )
 
 
 # ------------------------------------------------------------------------------------------
 # The sweep
-
-
-def write_results(path: str, records: list[dict]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half of one
 
 
 def record_key(r: dict) -> tuple:
@@ -480,145 +436,8 @@ def _load_previous(path: str, *, set_aside: bool) -> list[dict]:
         for lineno, text, why in bad:
             f.write(json.dumps({"line": lineno, "why": why, "text": text, "set_aside_at": time.time()}) + "\n")
     print(f"warning: set aside {len(bad)} bad line(s) into {path}.bad:\n{where}", file=sys.stderr, flush=True)
-    write_results(path, previous)  # the file holds only good records from here on
+    write_jsonl(path, previous)  # the file holds only good records from here on
     return previous
-
-
-class OutLockedError(RuntimeError):
-    """Another sweep holds the lock on this results folder."""
-
-
-@contextlib.contextmanager
-def lock_out(out: str):
-    """Holds an exclusive lock on `<out>/.sweep.lock` (flock) for the duration; one writer per folder.
-
-    The kernel drops the lock when its holder exits, however it exits (SIGKILL included), so a
-    crashed sweep leaves no stale lock. Raises OutLockedError, naming the holder, when another
-    process (or another sweep in this one) holds it.
-    """
-    path = os.path.join(out, ".sweep.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "an unknown process"
-        os.close(fd)
-        raise OutLockedError(
-            f"sweep: another sweep is writing into {out} ({holder}); two sweeps in one folder would "
-            "lose each other's cells. Wait for it to finish (then rerun: its cells are kept and "
-            "yours are added), or use another --out."
-        ) from None
-    try:
-        me = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}, "
-        me += "command: " + " ".join(sys.argv)[:500]
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, me.encode(), 0)
-        yield path
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def failure_record(e: BaseException) -> dict:
-    """The record of a cell that raised: status oom (out of memory) or error, with the message."""
-    msg = f"{type(e).__name__}: {e}" if isinstance(e, BaseException) else str(e)
-    oom = isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in msg or "out of memory" in msg.lower()
-    return dict(status="oom" if oom else "error", error=msg[:2000])
-
-
-def _worker_main(conn, runner, host_devices, isolated):
-    """Body of a cell subprocess: says it is ready (imports done), then runs cells until told to stop."""
-    if host_devices > 1:
-        parallel.use_host_devices(host_devices)
-    conn.send(("ready", None))
-    while (msg := conn.recv()) is not None:
-        cell, kwargs = msg
-        try:
-            rec = runner(cell, isolated=isolated, **kwargs)
-        except Exception as e:  # noqa: BLE001  (sent to the parent, which records it)
-            rec = failure_record(e)
-        conn.send(("done", rec))
-    conn.close()
-
-
-class CellWorker:
-    """Runs cells in a subprocess and kills it when a cell passes its deadline.
-
-    The subprocess (spawned: a fresh interpreter) is reused from cell to cell, so JAX starts once,
-    and replaced after a cell that was killed or crashed. With ``fresh=True`` every cell gets a
-    new process: slower (JAX starts each time) but the device's peak memory is then the cell's own.
-    ``runner(cell, isolated=..., **kwargs) -> record`` must be importable (a module-level
-    function); it defaults to ``time_cell``.
-    """
-
-    def __init__(self, runner=None, *, host_devices: int = 1, fresh: bool = False, startup_timeout_s: float = 300.0):
-        self.runner = runner or time_cell
-        self.host_devices, self.fresh, self.startup_timeout_s = host_devices, fresh, startup_timeout_s
-        self.proc = self.conn = None
-
-    def _start(self) -> str | None:
-        """Starts the subprocess; -> None when ready, else why not."""
-        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked JAX runtime
-        self.conn, child = ctx.Pipe()
-        args = (child, self.runner, self.host_devices, self.fresh)
-        self.proc = ctx.Process(target=_worker_main, args=args, daemon=True)
-        self.proc.start()
-        child.close()  # the child holds the other end; EOF here when it dies
-        try:
-            if self.conn.poll(self.startup_timeout_s) and self.conn.recv()[0] == "ready":
-                return None
-        except EOFError:
-            pass
-        why = f"did not start within {self.startup_timeout_s:g} s" if self.proc.is_alive() else self._death()
-        self.close(kill=True)
-        return f"cell process {why}"
-
-    def _death(self) -> str:
-        self.proc.join(5)
-        code = self.proc.exitcode
-        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        hint = " (the kernel's out-of-memory killer sends SIGKILL)" if code == -signal.SIGKILL else ""
-        return f"died: {how}{hint}"
-
-    def run(self, cell: Cell, *, hard_timeout_s: float, **kwargs) -> dict:
-        """The cell's record; status "timeout" if it ran past ``hard_timeout_s`` (counted from when
-        the process is ready: building, compiling and timing the cell), "error" if its process died."""
-        if self.proc is not None and not self.proc.is_alive():  # died while idle: start anew
-            self.close(kill=True)
-        if self.proc is None and (why := self._start()):
-            return dict(status="error", error=why)
-        self.conn.send((cell, kwargs))
-        t0 = time.perf_counter()
-        rec = None
-        try:
-            if self.conn.poll(hard_timeout_s):
-                rec = self.conn.recv()[1]
-            else:
-                rec = dict(
-                    status="timeout",
-                    error=f"hard timeout: cell process killed after {time.perf_counter() - t0:.1f} s "
-                    f"(cell_hard_timeout_s={hard_timeout_s:g})",
-                )
-                self.close(kill=True)
-        except EOFError:  # the process died before sending its record
-            rec = dict(status="error", error=f"cell process {self._death()}")
-            self.close(kill=True)
-        if self.fresh:
-            self.close()
-        return rec
-
-    def close(self, *, kill: bool = False) -> None:
-        """Stops the subprocess: asks it to finish (or kills it at once with ``kill``)."""
-        if self.proc is None:
-            return
-        if self.proc.is_alive() and not kill:
-            with contextlib.suppress(OSError):
-                self.conn.send(None)  # ask it to stop; killed below if it does not
-            self.proc.join(10)
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join()
-        self.conn.close()
-        self.proc = self.conn = None
 
 
 def _host_devices(cell: Cell) -> int:
@@ -631,8 +450,9 @@ def _host_devices(cell: Cell) -> int:
 def run_sweep(config, out: str, *, force: bool = False, plot: bool = True, skip_bad_lines: bool = False) -> list[dict]:
     """Runs every cell of `config` not already done in `<out>/results.jsonl`; returns this sweep's records.
 
-    The sweep holds a lock on `<out>` while it runs; cells run in this process, or each in a
-    subprocess killed after ``config.cell_hard_timeout_s`` seconds when that is > 0.
+    The sweep holds a lock on `<out>` (``common.lock_out``) while it runs; cells run in this
+    process, or each in a subprocess (``common.CellWorker``) killed after
+    ``config.cell_hard_timeout_s`` seconds when that is > 0. ``plot``: draw the figures after.
 
     Raises:
         OutLockedError: another sweep is writing into `<out>` (the message names its process).
@@ -642,10 +462,14 @@ def run_sweep(config, out: str, *, force: bool = False, plot: bool = True, skip_
     os.makedirs(out, exist_ok=True)
     cells = expand(config)
     with lock_out(out):
-        return _run_locked(config, cells, out, force=force, plot=plot, skip_bad_lines=skip_bad_lines)
+        records = _run_locked(config, cells, out, force=force, skip_bad_lines=skip_bad_lines)
+    if plot:
+        files = make_plots(os.path.join(out, "results.jsonl"), out)
+        print("wrote " + ", ".join([os.path.join(out, "results.jsonl")] + files))
+    return records
 
 
-def _run_locked(config, cells, out, *, force, plot, skip_bad_lines):
+def _run_locked(config, cells, out, *, force, skip_bad_lines):
     path = os.path.join(out, "results.jsonl")
     fields = [f.name for f in dataclasses.fields(Cell) if f.default is dataclasses.MISSING]
     previous = _load_previous(path, set_aside=force or skip_bad_lines)
@@ -654,9 +478,10 @@ def _run_locked(config, cells, out, *, force, plot, skip_bad_lines):
         print(f"sweep: dropping {len(previous) - len(by_key)} records of an older format from {path}")
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config.to_dict() if hasattr(config, "to_dict") else dict(config), f, indent=2)
-    env = environment()
+    env = common.env()
     hard_timeout_s = float(config.get("cell_hard_timeout_s", 0) or 0)
     fresh, worker = bool(config.get("fresh_process_per_cell", False)), None
+    process = ("fresh subprocess" if fresh else "subprocess") if hard_timeout_s > 0 else "in-process"
     todo = [c for c in cells if force or by_key.get(c.key(), {}).get("status") in (None, "error")]
     print(
         f"sweep: {len(cells)} cells, {len(cells) - len(todo)} already done, {len(todo)} to run "
@@ -668,8 +493,7 @@ def _run_locked(config, cells, out, *, force, plot, skip_bad_lines):
         for i, cell in enumerate(todo, 1):
             kwargs = dict(repeats=config.repeats, timeout_s=config.cell_timeout_s, seed=config.seed)
             if hard_timeout_s > 0:
-                if worker is None:
-                    worker = CellWorker(time_cell, host_devices=_host_devices(cell), fresh=fresh)
+                worker = worker or CellWorker(time_cell, host_devices=_host_devices(cell), fresh=fresh)
                 rec = worker.run(cell, hard_timeout_s=hard_timeout_s, **kwargs)
             else:
                 try:
@@ -677,10 +501,9 @@ def _run_locked(config, cells, out, *, force, plot, skip_bad_lines):
                 except Exception as e:  # record and go on: one bad cell must not end the sweep
                     rec = failure_record(e)
             rec = {**dataclasses.asdict(cell), **rec, **env, "variant": config.get("variant", "custom")}
-            process = ("fresh subprocess" if fresh else "subprocess") if hard_timeout_s > 0 else "in-process"
             rec["cell_process"] = process
             by_key[cell.key()] = rec
-            write_results(path, list(by_key.values()))
+            write_jsonl(path, by_key.values())
             elapsed = time.perf_counter() - start
             eta = elapsed / i * (len(todo) - i)
             what = (
@@ -696,46 +519,44 @@ def _run_locked(config, cells, out, *, force, plot, skip_bad_lines):
     finally:
         if worker is not None:
             worker.close()
-    records = [by_key[c.key()] for c in cells]
-    print_table(records)
-    if plot:
-        files = make_plots(path, out)
-        print("wrote " + ", ".join([path] + files))
-    return records
+    return [by_key[c.key()] for c in cells]
 
 
-def print_table(records: list[dict]) -> None:
-    cols = [
-        ("implementation", 10, "s"),
-        ("mask", 14, "s"),
-        ("mode", 7, "s"),
-        ("seq_len", 6, "d"),
-        ("num_heads", 5, "d"),
-        ("min_ms", 9, ".2f"),
-        ("median_ms", 9, ".2f"),
-        ("useful_gflops", 7, ".1f"),
-        ("compile_s", 7, ".2f"),
-    ]
-    names = {
-        "implementation": "impl",
-        "seq_len": "N",
-        "num_heads": "heads",
-        "min_ms": "min ms",
-        "median_ms": "med ms",
-        "useful_gflops": "GF/s",
-        "compile_s": "compile",
-    }
-    print("\n" + " ".join(f"{names.get(c, c):>{w}s}" for c, w, _ in cols) + "  status")
+_COLUMNS = [  # (field, header, width, format)
+    ("implementation", "impl", 10, "s"),
+    ("mask", "mask", 14, "s"),
+    ("mode", "mode", 7, "s"),
+    ("seq_len", "N", 6, "d"),
+    ("num_heads", "heads", 5, "d"),
+    ("min_ms", "min ms", 9, ".2f"),
+    ("median_ms", "med ms", 9, ".2f"),
+    ("useful_gflops", "GF/s", 7, ".1f"),
+    ("compile_s", "compile", 7, ".2f"),
+]
+
+
+def format_table(records: list[dict]) -> str:
+    """The sweep's console table: one line per record."""
+    lines = [" ".join(f"{name:>{w}s}" for _, name, w, _ in _COLUMNS) + "  status"]
     for r in records:
-        cells = []
-        for c, w, fmt in cols:
-            val = r.get(c)
-            cells.append(f"{val:>{w}{fmt}}" if val is not None else f"{'-':>{w}s}")
-        print(" ".join(cells) + f"  {r['status']}")
+        cells = [f"{r[c]:>{w}{fmt}}" if r.get(c) is not None else f"{'-':>{w}s}" for c, _, w, fmt in _COLUMNS]
+        lines.append(" ".join(cells) + f"  {r['status']}")
+    return "\n" + "\n".join(lines)
 
 
-def config_from_flags():
-    c = FLAGS.config
+def report(folder, *, plot: bool = True) -> str:
+    """The table of `<folder>/results.jsonl` (its records in file order); with ``plot``, its figures
+    and summary.md redrawn (``experiments.plot``) and named in the last line."""
+    path = os.path.join(folder, "results.jsonl")
+    text = format_table(load_results(path))
+    if plot:
+        text += "\nwrote " + ", ".join([path] + make_plots(path, str(folder)))
+    return text
+
+
+def configure(c) -> None:
+    """Applies the plain flags to the config; with a mesh, presents its host devices on CPU (before
+    JAX's first computation) and prints what the mesh means on this backend."""
     for name in ("seq_lens", "num_heads"):
         if FLAGS[name].value is not None:
             c[name] = [int(x) for x in FLAGS[name].value]
@@ -750,18 +571,21 @@ def config_from_flags():
             c.cell_hard_timeout_s = FLAGS.cell_hard_timeout_s
         if FLAGS.fresh_process_per_cell:
             c.fresh_process_per_cell = True
-    return c
+    if c.get("mesh"):
+        parallel.use_host_devices(math.prod(parallel.parse_mesh(c.mesh).values()))
+        print(mesh_advice(c.mesh, jax.default_backend(), jax.device_count()), flush=True)
 
 
-def main(argv):
-    del argv
-    config = config_from_flags()
-    if config.get("mesh"):  # on CPU, one host device per mesh device (before JAX's first computation)
-        parallel.use_host_devices(math.prod(parallel.parse_mesh(config.mesh).values()))
-        print(mesh_advice(config.mesh, jax.default_backend(), jax.device_count()), flush=True)
-    run_sweep(config, FLAGS.out, force=FLAGS.force, plot=FLAGS.plot, skip_bad_lines=FLAGS.skip_bad_lines)
+def _run(config, out: Path) -> None:
+    run_sweep(config, str(out), force=FLAGS.force, plot=False, skip_bad_lines=FLAGS.skip_bad_lines)
 
 
 if __name__ == "__main__":
-    define_flags()
-    sys.exit(app.run(main))
+    common.launch(
+        _run,
+        lambda folder: report(folder, plot=FLAGS.plot),
+        config=f"{_CONFIGS}:default",
+        out="results/sweep",
+        extra_flags=define_flags,
+        configure=configure,
+    )

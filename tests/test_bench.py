@@ -11,6 +11,7 @@ import pytest
 from absl import app
 
 from benchmarks import bench_attention
+from experiments import common
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -108,12 +109,12 @@ def test_memory_suite_reads_the_device_peak_where_the_backend_keeps_one(monkeypa
     # GPU-like statistics: nothing in use before, a 3 MiB peak while the fwd+bwd runs
     idle, busy = {"bytes_in_use": 0, "peak_bytes_in_use": 0}, {"bytes_in_use": 0, "peak_bytes_in_use": 3 << 20}
     stats = iter([idle, idle, busy])  # read: is there any, before the run, after it
-    monkeypatch.setattr(bench_attention, "_memory_stats", lambda: next(stats))
+    monkeypatch.setattr(common, "memory_stats", lambda: next(stats))
     with flagsaver.flagsaver(memory_lengths=["64"], heads=2, head_dim=8, dtype="float32"):
         (rec,) = bench_attention.suite_memory(None)
     assert rec["device_peak_mb"] == 3.0 and rec["memory_source"].startswith("device_peak")
     assert rec["temp_mb"] >= 0 and rec["N"] == 64
-    monkeypatch.setattr(bench_attention, "_memory_stats", lambda: None)  # XLA:CPU: the analysis only
+    monkeypatch.setattr(common, "memory_stats", lambda: None)  # XLA:CPU: the analysis only
     with flagsaver.flagsaver(memory_lengths=["64"], heads=2, head_dim=8, dtype="float32"):
         (rec,) = bench_attention.suite_memory(None)
     assert "device_peak_mb" not in rec and rec["memory_source"] == "xla_memory_analysis"
