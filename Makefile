@@ -39,6 +39,7 @@ GPU_CHECK_FLAGS ?=
 COMPARE_FLAGS ?=
 CLAIMS_FLAGS ?=
 DETR_FLAGS ?=
+PACKED_FLAGS ?=
 POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos learned
 POS_ZH_VARIANTS := attention mlp cnn gru
 
@@ -93,7 +94,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding gpu-check compare-main claims detr docs docs-check clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs gpu-check compare-main claims detr docs docs-check clean
 
 ##@ Setup
 
@@ -263,6 +264,9 @@ ring-balance: $(DEPS)  ## causal ring on 8 host devices: tiles per device, criti
 
 traced-padding: $(DEPS)  ## bigbird(2048, 64) & padding under jit: traced vs concrete lengths (tiles chosen from the layout) -> results/traced_padding.json
 	$(PY) -m benchmarks.traced_padding --out results/traced_padding.json
+
+packed-docs: $(DEPS)  ## packed documents in one 8K row, ids traced vs concrete vs dense XLA, fwd+bwd, and time vs sum(len^2) -> results/packed/
+	$(PY) -m benchmarks.packed_documents --out results/packed $(PACKED_FLAGS)
 
 gpu-check: $(DEPS)  ## on a GPU: every GPU implementation vs the reference, bf16 speed 4K-32K, peak memory at 32K (< 5 min) -> results/gpu_check.json
 	PYTHONPATH=. $(PY) -m benchmarks.gpu_check --out results/gpu_check.json $(GPU_CHECK_FLAGS)

@@ -118,3 +118,23 @@ def test_memory_suite_reads_the_device_peak_where_the_backend_keeps_one(monkeypa
     with flagsaver.flagsaver(memory_lengths=["64"], heads=2, head_dim=8, dtype="float32"):
         (rec,) = bench_attention.suite_memory(None)
     assert "device_peak_mb" not in rec and rec["memory_source"] == "xla_memory_analysis"
+
+
+def test_packed_documents_benchmark_runs_small_and_traces_once(tmp_path):
+    """`make packed-docs` at a tiny size: every suite's records, one trace across batches of new ids."""
+    cmd = [
+        sys.executable, "-m", "benchmarks.packed_documents", "--out", str(tmp_path), "--seq_len=256", "--docs=4",
+        "--scaling_docs=2,8", "--repeats=1", "--batches=3", "--heads=2",
+    ]  # fmt: skip
+    run = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, cwd=pathlib.Path(__file__).resolve().parents[1]
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "packed.json").read_text())
+    suites = [r["suite"] for r in result["records"]]
+    assert suites.count("compare") == 2 and suites.count("scaling") == 2
+    assert [r["traces"] for r in result["records"] if r["suite"] == "retrace"] == [1]
+    assert "cpu_simd_flags" in result["host"] and (tmp_path / "packed.png").stat().st_size > 0
+    for r in result["records"]:
+        if r["suite"] == "compare":
+            assert r["traced_s"] > 0 and r["concrete_s"] > 0 and r["xla_s"] > 0
