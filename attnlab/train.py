@@ -42,12 +42,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-__all__ = ["train", "make_step", "masked_cross_entropy", "read_jsonl", "append_jsonl", "num_params"]
+__all__ = ["train", "make_step", "masked_cross_entropy", "read_jsonl", "append_jsonl", "num_params", "ByValue"]
 
 LossFn = Callable[[nnx.Module, Any, jax.Array], tuple[jax.Array, dict]]
 
 
-class _ByValue:
+class ByValue:
     """A static jit argument compared by what a function computes, not by object identity.
 
     Two optimizers built by the same call (``adamw_cosine(2e-3, 30, 200, 0.05)`` twice), or two
@@ -69,7 +69,7 @@ class _ByValue:
         return hash(self.key)
 
     def __eq__(self, other):
-        return isinstance(other, _ByValue) and self.key == other.key
+        return isinstance(other, ByValue) and self.key == other.key
 
 
 class _Identity:
@@ -138,7 +138,7 @@ def make_step(graphdef, params_def, rest, tx: optax.GradientTransformation, loss
     The jitted function itself is ``make_step(...).func`` (``.lower(*make_step(...).args, ...)``
     compiles it ahead of time).
     """
-    return functools.partial(_step, graphdef, params_def, _ByValue(tx), _ByValue(loss_fn), rest)
+    return functools.partial(_step, graphdef, params_def, ByValue(tx), ByValue(loss_fn), rest)
 
 
 def adamw_cosine(

@@ -125,7 +125,7 @@ def _torch():
     return (torch, device) if device else (None, None)
 
 
-def _time_side_by_side(fns: dict, repeats: int) -> dict:
+def time_side_by_side(fns: dict, repeats: int) -> dict:
     """{name: fn()} -> {name: (best_ms, first_call_ms)}; fns must block until done.
 
     Each round runs every implementation twice in a row and times the second call. Both torch's
@@ -181,7 +181,7 @@ def _qkv(n, seed=0):
 TORCH_DEVICE = "cpu"  # set by main() from torch_device()
 
 
-def _to_torch(torch, xs, grad=False, device=None):
+def to_torch(torch, xs, grad=False, device=None):
     """[B, T, N, H] jax arrays -> [B, N, T, H] torch tensors (torch's layout) of the same dtype, on
     the torch peers' device; once, outside the timed region."""
     out = []
@@ -251,7 +251,7 @@ def suite_full(torch):
         if "jax_nn" in _PEERS.value:
             fns["jax.nn"] = lambda q=q, k=k, v=v: jnn(q, k, v).block_until_ready()
         if torch is not None:
-            tq, tk, tv = _to_torch(torch, (q, k, v))
+            tq, tk, tv = to_torch(torch, (q, k, v))
             fns["torch.sdpa"] = _synced(
                 torch, lambda tq=tq, tk=tk, tv=tv: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
             )
@@ -259,7 +259,7 @@ def suite_full(torch):
         recs += _records(
             "full fwd",
             n,
-            _time_side_by_side(fns, _REPEATS.value),
+            time_side_by_side(fns, _REPEATS.value),
             flops,
             {name: ["torch.sdpa", "jax.nn"] for name in _ours(sh)},
         )
@@ -290,8 +290,8 @@ def suite_full_bwd(torch):
         if "jax_nn" in _PEERS.value:
             fns["jax.nn"] = lambda q=q, k=k, v=v, ct=ct: jax.block_until_ready(xla(q, k, v, ct))
         if torch is not None:
-            tq, tk, tv = _to_torch(torch, (q, k, v), grad=True)
-            tct = _to_torch(torch, (ct,))[0]
+            tq, tk, tv = to_torch(torch, (q, k, v), grad=True)
+            tct = to_torch(torch, (ct,))[0]
 
             def run_torch(tq=tq, tk=tk, tv=tv, tct=tct):
                 out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
@@ -302,7 +302,7 @@ def suite_full_bwd(torch):
         recs += _records(
             "full fwd+bwd",
             n,
-            _time_side_by_side(fns, _REPEATS.value),
+            time_side_by_side(fns, _REPEATS.value),
             flops,
             {name: ["torch.sdpa", "jax.nn"] for name in _ours(sh)},
         )
@@ -359,7 +359,7 @@ def _window_suite(torch, backward: bool):
         if "jax_nn" in _PEERS.value and str(n) in _WIN_JNN.value:
             fns["jax.nn"] = lambda args=args: jax.block_until_ready(jnn(*args))
         if flex is not None and str(n) in _WIN_FLEX.value and not backward:  # flex has no CPU backward
-            tq, tk, tv = _to_torch(torch, (q, k, v))
+            tq, tk, tv = to_torch(torch, (q, k, v))
 
             def window_mod(b, h, qi, ki):
                 return (ki - qi <= w) & (qi - ki <= w)
@@ -367,8 +367,8 @@ def _window_suite(torch, backward: bool):
             bm = create_block_mask(window_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device=TORCH_DEVICE)
             fns["torch.flex"] = _synced(torch, lambda tq=tq, tk=tk, tv=tv, bm=bm: flex(tq, tk, tv, block_mask=bm))
         if torch is not None and backward and str(n) in _WIN_JNN.value:  # dense SDPA with the window as a mask
-            tq, tk, tv = _to_torch(torch, (q, k, v), grad=True)
-            tct = _to_torch(torch, args[3:])[0]
+            tq, tk, tv = to_torch(torch, (q, k, v), grad=True)
+            tct = to_torch(torch, args[3:])[0]
             tmask = torch.tensor(np.asarray(mask.dense(n, n)), device=TORCH_DEVICE)
 
             def run_sdpa(tq=tq, tk=tk, tv=tv, tct=tct, tmask=tmask):
@@ -378,7 +378,7 @@ def _window_suite(torch, backward: bool):
             fns["torch.sdpa+mask"] = _synced(torch, run_sdpa)
         pairs = int(np.asarray(mask.dense(n, n)).sum()) if n <= 16384 else (2 * w + 1) * n - w * (w + 1)
         flops = (3.5 if backward else 1.0) * 4 * pairs * _HEADS.value * _HEAD_DIM.value
-        timed = _time_side_by_side(fns, _REPEATS.value if n <= 16384 else max(2, _REPEATS.value // 2))
+        timed = time_side_by_side(fns, _REPEATS.value if n <= 16384 else max(2, _REPEATS.value // 2))
         peers = {name: ["torch.flex", "torch.sdpa+mask", "jax.nn"] for name in _ours(sh)}
         recs += _records(f"window ±{w} {'fwd+bwd' if backward else 'fwd'}", n, timed, flops, peers)
         recs[-len(timed) :] = [dict(r, us_per_token=round(r["ms"] * 1e3 / n, 3)) for r in recs[-len(timed) :]]
@@ -441,7 +441,7 @@ def suite_graph(torch):
         except ImportError:
             print("torch_geometric not installed: PyG peer skipped", file=sys.stderr)
     attn_flops = 3.5 * e * h * (2 * d + 2 * d)
-    timed = _time_side_by_side(fns, max(2, _REPEATS.value // 2))
+    timed = time_side_by_side(fns, max(2, _REPEATS.value // 2))
     recs = _records(
         f"graph {nodes // 1000}K nodes / {e // 1000}K edges fwd+bwd",
         e,

@@ -40,7 +40,7 @@ SWEEP = Path("docs/results/sweep")
 BENCH = Path("benchmarks/results/cpu-2core-shared")
 PAGES = ("README.md", "docs/*.md")
 
-_MARKERS = re.compile(
+MARKERS = re.compile(
     r"(?P<begin><!-- begin generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(?P<end><!-- end generated: (?P=name) -->)",
     re.DOTALL,
 )
@@ -383,12 +383,12 @@ def regenerate(text: str, root: Path = ROOT, *, page: str = "") -> str:
             raise ValueError(f"{page}: generated block {name!r} is not in experiments.docs.TABLES: {sorted(TABLES)}")
         return m["begin"] + TABLES[name](root) + m["end"]
 
-    return _MARKERS.sub(fill, text)
+    return MARKERS.sub(fill, text)
 
 
 def blocks(text: str) -> list[str]:
     """Names of the generated blocks in `text`, in order."""
-    return [m["name"] for m in _MARKERS.finditer(text)]
+    return [m["name"] for m in MARKERS.finditer(text)]
 
 
 def stale(root: Path = ROOT) -> list[str]:
@@ -397,8 +397,8 @@ def stale(root: Path = ROOT) -> list[str]:
     for path in pages(root):
         text = path.read_text()
         fresh = regenerate(text, root, page=str(path.relative_to(root)))
-        old_blocks = {m["name"]: m["body"] for m in _MARKERS.finditer(text)}
-        new_blocks = {m["name"]: m["body"] for m in _MARKERS.finditer(fresh)}
+        old_blocks = {m["name"]: m["body"] for m in MARKERS.finditer(text)}
+        new_blocks = {m["name"]: m["body"] for m in MARKERS.finditer(fresh)}
         out += [f"{path.relative_to(root)}: {n}" for n in old_blocks if old_blocks[n] != new_blocks[n]]
     for rel, make in FILES.items():
         path = root / rel

@@ -36,6 +36,10 @@ def _edges():
     return masks.graph_edges(senders, receivers, SQ)
 
 
+def _same_doc(q, k, ids):
+    return (ids[..., q] == ids[..., k])[..., None, :, :]
+
+
 # name -> ((T, S), mask factory)
 CASES = {
     "none": ((T, S), lambda: None),
@@ -58,6 +62,10 @@ CASES = {
     "combined": (
         (T, S),
         lambda: (masks.causal(offset=S - T) & masks.padding(kv_lengths=jnp.array([20, 45]))) | masks.window(0, 0),
+    ),
+    "predicate": (
+        (SQ, SQ),
+        lambda: masks.predicate(_same_doc, np.array([[0] * 12 + [1] * 24, [0] * 30 + [1] * 6])) & masks.window(8, 8),
     ),
     "graph": ((SQ, SQ), lambda: masks.graph(_graph(SQ, SQ))),
     "graph_edges": ((SQ, SQ), _edges),

@@ -27,7 +27,7 @@ def test_side_by_side_times_the_second_of_each_pair():
 
         return fn
 
-    out = bench_attention._time_side_by_side({"a": make("a"), "b": make("b")}, repeats=3)
+    out = bench_attention.time_side_by_side({"a": make("a"), "b": make("b")}, repeats=3)
     assert calls == {"a": 7, "b": 7}  # 1 warm-up + 3 rounds x (untimed + timed)
     for name in ("a", "b"):
         best_ms, first_ms = out[name]
@@ -95,7 +95,7 @@ def test_torch_inputs_keep_the_dtype_and_layout():
     import numpy as np
 
     x = jnp.arange(2 * 3 * 4 * 5, dtype=jnp.float32).reshape(2, 3, 4, 5).astype(jnp.bfloat16)  # [B, T, N, H]
-    (t,) = bench_attention._to_torch(torch, [x], device="cpu")
+    (t,) = bench_attention.to_torch(torch, [x], device="cpu")
     assert t.dtype == torch.bfloat16 and tuple(t.shape) == (2, 4, 3, 5)  # [B, N, T, H]
     np.testing.assert_array_equal(t.float().numpy(), np.asarray(x, np.float32).transpose(0, 2, 1, 3))
 

@@ -153,11 +153,11 @@ def test_equal_new_tx_and_loss_do_not_recompile():
     model, batch = _model_and_batch()
     with pytest.raises(AssertionError, match="traced > 1 times"):
         train.train(model, optax.adam(1e-2), _make_loss(3.0), lambda s: batch, num_steps=1, verbose=False)
-    a, b = train._ByValue(train.adamw_cosine(1e-2, 2, 5, 1e-4)), train._ByValue(train.adamw_cosine(1e-2, 2, 5, 1e-4))
+    a, b = train.ByValue(train.adamw_cosine(1e-2, 2, 5, 1e-4)), train.ByValue(train.adamw_cosine(1e-2, 2, 5, 1e-4))
     assert a == b and hash(a) == hash(b)
-    assert a != train._ByValue(train.adamw_cosine(2e-2, 2, 5, 1e-4))
+    assert a != train.ByValue(train.adamw_cosine(2e-2, 2, 5, 1e-4))
     arr = np.ones(3)  # unhashable closure values compare by identity: never a false match
-    assert train._ByValue(lambda: arr) != train._ByValue(lambda: np.ones(3))
+    assert train.ByValue(lambda: arr) != train.ByValue(lambda: np.ones(3))
 
 
 def test_measure_train_step_uses_the_trainers_step():

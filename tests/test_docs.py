@@ -38,7 +38,7 @@ def test_every_table_is_on_a_page_and_every_block_is_known():
     used = {name for page in docs.pages(ROOT) for name in docs.blocks(page.read_text())}
     assert used == set(docs.TABLES)
     for page in docs.pages(ROOT):  # no block is empty: each was filled from its results
-        for m in docs._MARKERS.finditer(page.read_text()):
+        for m in docs.MARKERS.finditer(page.read_text()):
             assert m["body"].strip(), f"{page}: {m['name']} is empty"
 
 

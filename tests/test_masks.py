@@ -270,3 +270,35 @@ def test_runtime_layout_is_safe_for_any_data_and_combines():
         assert ((runtime == masks.EMPTY) <= (exact == masks.EMPTY)).all()  # EMPTY only when certain
         assert ((runtime == masks.FULL) <= (exact == masks.FULL)).all()  # FULL only when certain
     assert masks.causal().runtime_layout(8, 8, 4, 4) is None  # structural: nothing to learn at run time
+
+
+def _same_document(q, k, ids):
+    return (ids[..., q] == ids[..., k])[..., None, :, :]
+
+
+def test_predicate_equals_the_built_in_masks_and_reuses_the_program():
+    T, bq, bk = 45, 8, 16
+    ids = _packed_ids(T, 4, seed=3)
+    pred = masks.predicate(_same_document, ids)
+    np.testing.assert_array_equal(np.asarray(pred.dense(T, T)), np.asarray(masks.document(ids).dense(T, T)))
+    np.testing.assert_array_equal(pred.block_layout(T, T, bq, bk), masks.document(ids).block_layout(T, T, bq, bk))
+    window = masks.predicate(lambda q, k: jnp.abs(q - k) <= 3, in_kernel=True)
+    np.testing.assert_array_equal(np.asarray(window.dense(T, T)), np.asarray(masks.window(3, 3).dense(T, T)))
+    assert window.in_kernel and not pred.in_kernel
+    traces = []
+
+    @jax.jit
+    def dense(ids):
+        traces.append(1)
+        return masks.predicate(_same_document, ids).dense(T, T)
+
+    for seed in range(3):
+        ids = _packed_ids(T, 4, seed=seed)
+        np.testing.assert_array_equal(np.asarray(dense(ids)), np.asarray(masks.document(ids).dense(T, T)))
+    assert len(traces) == 1
+    with pytest.raises(ValueError, match="callable"):
+        masks.predicate("q == k")
+    with pytest.raises(ValueError, match="in_kernel"):
+        masks.predicate(_same_document, ids, in_kernel=True)
+    with pytest.raises(ValueError, match="bool"):
+        masks.predicate(lambda q, k: q - k).dense(3, 3)

@@ -10,6 +10,12 @@ import pytest
 from attnlab import masks
 
 ADJ = np.random.default_rng(0).random((6, 6)) < 0.5
+
+
+def _same_doc(q, k, ids):
+    return (ids[..., q] == ids[..., k])[..., None, :, :]
+
+
 EXAMPLES = {
     masks.Full: masks.full(),
     masks.Causal: masks.causal(1),
@@ -17,6 +23,8 @@ EXAMPLES = {
     masks.Window2D: masks.window_2d(3, 1),
     masks.Padding: masks.padding(jnp.array([3, 6]), jnp.array([6, 2])),
     masks.PrefixLM: masks.prefix_lm(jnp.array([2, 5])),
+    masks.Document: masks.document(jnp.array([[0, 0, 1], [0, 1, 1]])),
+    masks.Predicate: masks.predicate(_same_doc, jnp.array([[0, 0, 1], [0, 1, 1]])),
     masks.Graph: masks.graph(ADJ),
     masks.GraphEdges: masks.graph_edges([0, 1], [1, 2], 6),
     masks.Dense: masks.as_mask(ADJ),
@@ -32,6 +40,8 @@ EXAMPLES = {
 LEAVES = {
     masks.Padding: ("q_lengths", "kv_lengths"),
     masks.PrefixLM: ("prefix_lengths",),
+    masks.Document: ("q_ids", "kv_ids"),
+    masks.Predicate: ("arrays",),
     masks.Graph: ("adjacency",),
     masks.GraphEdges: ("senders", "receivers"),
     masks.Dense: ("array",),

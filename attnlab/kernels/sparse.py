@@ -149,7 +149,7 @@ def _drop_out_of_range(senders, receivers, T, S):
     s = jnp.asarray(senders, jnp.int32)
     r = jnp.asarray(receivers, jnp.int32)
     for name, x, n in (("senders", senders, S), ("receivers", receivers, T)):
-        if masks_lib._is_concrete(x) and np.size(x):
+        if masks_lib.is_concrete(x) and np.size(x):
             vals = np.asarray(x)
             if vals.min() < 0 or vals.max() >= n:
                 raise ValueError(f"mask: {name} has node indices outside [0, {n}): min {vals.min()}, max {vals.max()}")

@@ -38,6 +38,7 @@ Layout of the package (each constructor beside its class):
 * ``structural``: full, causal, window, window_2d;
 * ``graph``: padding, prefix_lm, document, graph, graph_edges (data-carrying);
 * ``sparse``: chunks, dilated, global_tokens, random_blocks, bigbird;
+* ``predicate``: masks from a function of positions (and arrays);
 * ``spec``: ``from_spec`` strings.
 
 What a mask says about itself, for the kernels (none of them lists mask classes):
@@ -58,9 +59,9 @@ from attnlab.masks.base import (
     Dense,
     Mask,
     Or,
-    _is_concrete,  # noqa: F401  (used by attnlab.kernels.sparse)
     and_all,
     as_mask,
+    is_concrete,
     leaf,
     mask_class,
 )
@@ -78,6 +79,7 @@ from attnlab.masks.graph import (
     prefix_lm,
     with_self_loops,
 )
+from attnlab.masks.predicate import Predicate, predicate
 from attnlab.masks.sparse import (
     BlockBand,
     Chunks,
@@ -116,6 +118,7 @@ __all__ = [
     "with_self_loops",
     "as_mask",
     "and_all",
+    "is_concrete",
     "padding_lengths",
     "PrefixLM",
     "prefix_lm",
@@ -134,6 +137,8 @@ __all__ = [
     "Window2D",
     "window_2d",
     "from_spec",
+    "Predicate",
+    "predicate",
     "leaf",
     "mask_class",
 ]

@@ -33,7 +33,7 @@ def mask_class(cls):
     return cls
 
 
-def _is_concrete(x) -> bool:
+def is_concrete(x) -> bool:
     """True when ``x`` holds values known now (not a tracer inside jit/grad/vmap)."""
     return x is None or not isinstance(x, jax.core.Tracer)
 
@@ -75,7 +75,7 @@ class Mask:
     @property
     def is_static(self) -> bool:
         """True when ``block_layout`` is exact (the structure is known at trace time)."""
-        return all(_is_concrete(leaf) for leaf in jax.tree_util.tree_leaves(self))
+        return all(is_concrete(leaf) for leaf in jax.tree_util.tree_leaves(self))
 
     def block_layout(self, T: int, S: int, block_q: int, block_k: int) -> np.ndarray:
         """Static block layout, int8 ``[ceil(T/block_q), ceil(S/block_k)]``.

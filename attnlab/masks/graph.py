@@ -15,8 +15,8 @@ from attnlab.masks.base import (
     Mask,
     _check_int,
     _check_lengths,
-    _is_concrete,
     _num_blocks,
+    is_concrete,
     leaf,
     mask_class,
 )
@@ -231,7 +231,7 @@ def _check_lengths_array(name, lengths):
     arr = lengths if isinstance(lengths, jax.Array) else np.asarray(lengths)
     if not jnp.issubdtype(arr.dtype, jnp.integer):
         raise ValueError(f"{name} must be an integer array of per-example lengths, got dtype {arr.dtype}")
-    if _is_concrete(arr) and np.any(np.asarray(arr) < 0):
+    if is_concrete(arr) and np.any(np.asarray(arr) < 0):
         raise ValueError(f"{name} must be >= 0, got {np.asarray(arr).tolist()}")
     return arr
 
@@ -433,7 +433,7 @@ def graph_edges(senders, receivers, num_nodes: int) -> Mask:
         if arr.size and not jnp.issubdtype(arr.dtype, jnp.integer):
             raise ValueError(f"{name} must be an integer array, got dtype {arr.dtype}")
         arr = arr.astype(np.int32)
-        if _is_concrete(arr) and arr.size:
+        if is_concrete(arr) and arr.size:
             vals = np.asarray(arr)
             if vals.min() < 0 or vals.max() >= n:
                 raise ValueError(f"{name} has node indices outside [0, {n}): min {vals.min()}, max {vals.max()}")
