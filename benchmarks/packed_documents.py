@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -95,6 +96,7 @@ def best_of(fn, args, repeats: int) -> float:
 
 def main(argv):
     del argv
+    start = time.perf_counter()
     out = Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
     T, N, H = _T.value, _HEADS.value, 64
@@ -146,7 +148,11 @@ def main(argv):
         records.append(rec | {"traced_s": t})
         print(json.dumps(records[-1]), flush=True)
 
-    result = {"records": records, "host": cpu_info(), "jax": jax.__version__, "backend": jax.default_backend()}
+    result = {
+        "records": records, "host": cpu_info(), "jax": jax.__version__, "backend": jax.default_backend(),
+        "command": "python -m benchmarks.packed_documents " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"), "wall_s": round(time.perf_counter() - start, 1),
+    }  # fmt: skip
     (out / "packed.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, out / "packed.png")
     print(f"wrote {out / 'packed.json'} and {out / 'packed.png'}")

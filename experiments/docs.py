@@ -289,6 +289,38 @@ def compare_main(root: Path) -> str:
     return _table(["cell", f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
 
 
+def compare_core(root: Path) -> str:
+    """``make compare-main`` with ``--base a437441``: the CPU paths before and after the one-core refactor."""
+    data = json.loads((root / BENCH / "compare_a437441.json").read_text())
+    rows = [[r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['ratio']:.2f}"] for r in data["rows"]]
+    return _table(["cell", f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
+
+
+def packed_docs(root: Path) -> str:
+    """``make packed-docs``: packed documents with traced vs concrete ids vs dense XLA, and the scaling rows."""
+    data = json.loads((root / BENCH / "packed.json").read_text())
+    rows = []
+    for r in data["records"]:
+        if r["suite"] == "compare":
+            rows.append(
+                [r["mask"], f"{r['docs']} in {r['T']:,}", f"{r['traced_s']:.2f}", f"{r['concrete_s']:.2f}",
+                 f"{r['traced_over_concrete']:.2f}x", f"{r['xla_s']:.1f}", f"{r['xla_over_traced']:.1f}x"]
+            )  # fmt: skip
+    header = ["mask", "documents", "traced ids s", "concrete ids s", "traced / concrete", "dense XLA s"]
+    table = _table([*header, "XLA / traced"], rows)
+    scaling = [r for r in data["records"] if r["suite"] == "scaling"]
+    table += "\n" + _table(
+        ["documents in one row", "sum of len²", "fwd+bwd s (traced ids)"],
+        [[str(r["docs"]), f"{r['sum_len_sq']:,}", f"{r['traced_s']:.2f}"] for r in scaling],
+    )
+    retrace = next(r for r in data["records"] if r["suite"] == "retrace")
+    simd = ", ".join(f for f in data["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
+    return table + (
+        f"\nTraces over {retrace['batches']} batches of new ids: **{retrace['traces']}**. Host: "
+        f"{data['host']['cpu_model']}, {data['host']['host_cpus']} CPUs ({simd}); jax {data['jax']}, {data['date']}.\n"
+    )
+
+
 def speech_headline(root: Path, folder: Path = Path("docs/results/speech"), *, decoding: bool = True) -> str:
     """README's speech table: CER by encoder window (greedy and beam, seen and held-out voice), decoding speed."""
     speech = importlib.import_module("experiments.speech")
@@ -340,6 +372,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "bench-memory": bench_memory,
     "ring-memory": ring_memory,
     "compare-main": compare_main,
+    "compare-core": compare_core,
+    "packed-docs": packed_docs,
     "traced-padding": traced_padding,
     "ring-balance": ring_balance,
     "lra-table2": lra_table2,
