@@ -253,11 +253,14 @@ def window_pairs(n: int, left: int | None, right: int | None) -> int:
 
 
 def _allowed_pairs(mask, n: int, rows: int = 1024) -> int:
-    """Allowed (t, s) pairs of a structural mask on n x n, counted a block of rows at a time."""
+    """Allowed (t, s) pairs of a mask on n x n (per example: a mask with leading dims, e.g. a
+    document mask's [1, 1, T, S], is averaged over them), counted a block of rows at a time."""
     total = 0
     for start in range(0, n, rows):
         q_idx = jnp.arange(start, min(start + rows, n))
-        total += int(jnp.sum(jnp.broadcast_to(mask(q_idx, jnp.arange(n)), (len(q_idx), n))))
+        values = mask(q_idx, jnp.arange(n))
+        values = jnp.broadcast_to(values, values.shape[:-2] + (len(q_idx), n))
+        total += int(jnp.sum(values)) // max(1, int(np.prod(values.shape[:-2])))
     return total
 
 

@@ -42,6 +42,21 @@ def test_combinations_and_precedence():
     assert masks.from_spec("causal & window:2:0") == masks.causal() & masks.window(2, 0)
 
 
+def test_document_and_prefix_lm_specs():
+    m = masks.from_spec("document:4", seq_len=30, seed=2)
+    ids = np.asarray(m.q_ids)[0]
+    assert ids.shape == (30,) and sorted(set(ids.tolist())) == [0, 1, 2, 3] and (np.diff(ids) >= 0).all()
+    dense = np.asarray(m.dense(30, 30))[0, 0]
+    np.testing.assert_array_equal(dense, ids[:, None] == ids[None, :])  # block diagonal, one block per document
+    same = masks.from_spec("document:4", seq_len=30, seed=2)  # the same seed: the same documents
+    np.testing.assert_array_equal(np.asarray(same.q_ids), np.asarray(m.q_ids))
+    np.testing.assert_array_equal(masks.from_spec("prefix_lm:3").dense(6, 6), masks.prefix_lm(3).dense(6, 6))
+    with pytest.raises(ValueError, match="needs seq_len"):
+        masks.from_spec("document:4")
+    with pytest.raises(ValueError, match="DOCS must be in"):
+        masks.from_spec("document:40", seq_len=30)
+
+
 def test_graph_spec_is_random_with_self_loops():
     got = masks.from_spec("graph:0.2", seq_len=N, seed=3)
     adj = np.random.default_rng(3).random((N, N)) < 0.2  # the sweep's construction

@@ -26,7 +26,9 @@ def tiny_config(**overrides):
     return c
 
 
-@pytest.mark.parametrize("spec", ["full", "causal", "window:3:1", "window:0:0", "graph:0.2", "padding:0.25"])
+@pytest.mark.parametrize(
+    "spec", ["full", "causal", "window:3:1", "window:0:0", "graph:0.2", "padding:0.25", "document:3", "prefix_lm:4"]
+)
 def test_allowed_pairs_match_dense_mask(spec):
     n, batch = 13, 2
     mask, pairs, _ = sweep.parse_mask(spec, n, batch)

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 
 from attnlab.masks.base import Mask
-from attnlab.masks.graph import graph
+from attnlab.masks.graph import document, graph, prefix_lm
 from attnlab.masks.sparse import bigbird, chunks, dilated, global_tokens
 from attnlab.masks.structural import causal, full, window, window_2d
 
@@ -16,7 +16,9 @@ spec    := conj ("|" conj)*          either side allows
 conj    := term ("&" term)*          both sides allow
 term    := full | causal[:OFFSET] | window:LEFT:RIGHT | chunks:SIZE | dilated:LEFT:RIGHT:DILATION
          | global:I[,J...] | window_2d:WIDTH:ROW[:COL] | graph:DENSITY
-         | bigbird[:KEY=VALUE...]  (block_size, window_blocks, num_global, num_random, seed, seq_len)"""
+         | bigbird[:KEY=VALUE...]  (block_size, window_blocks, num_global, num_random, seed, seq_len)
+         | document:DOCS  (DOCS documents of random lengths packed in one row; needs seq_len)
+         | prefix_lm:PREFIX"""
 
 
 def _spec_int(spec, what, text):
@@ -30,7 +32,7 @@ def _spec_term(term: str, spec: str, seq_len, seed) -> Mask:
     name, *args = term.strip().split(":")
     ints = lambda *whats: [_spec_int(spec, w, a) for w, a in zip(whats, args, strict=False)]  # noqa: E731
     arity = {"full": (0,), "causal": (0, 1), "window": (2,), "chunks": (1,), "dilated": (3,), "global": (1,)}
-    arity |= {"window_2d": (2, 3), "graph": (1,)}
+    arity |= {"window_2d": (2, 3), "graph": (1,), "document": (1,), "prefix_lm": (1,)}
     if name in arity and len(args) not in arity[name]:
         raise ValueError(
             f"masks.from_spec: bad spec {spec!r}: {name!r} takes {' or '.join(map(str, arity[name]))} "
@@ -61,6 +63,17 @@ def _spec_term(term: str, spec: str, seq_len, seed) -> Mask:
                 raise ValueError(msg) from None
             adj = np.random.default_rng(seed).random((seq_len, seq_len)) < density
             return graph(adj | np.eye(seq_len, dtype=bool))  # self-loops: no empty rows
+        case "prefix_lm":
+            return prefix_lm(*ints("prefix"))
+        case "document":
+            if seq_len is None:
+                raise ValueError(f"masks.from_spec: bad spec {spec!r}: 'document:DOCS' needs seq_len=")
+            (docs,) = ints("docs")
+            if not 1 <= docs <= seq_len:
+                msg = f"masks.from_spec: bad spec {spec!r}: DOCS must be in [1, seq_len={seq_len}], got {docs}"
+                raise ValueError(msg)
+            cuts = np.sort(np.random.default_rng(seed).choice(np.arange(1, seq_len), docs - 1, replace=False))
+            return document(np.searchsorted(cuts, np.arange(seq_len), side="right").astype(np.int32)[None])
         case "bigbird":
             kw = {"seed": seed, "seq_len": seq_len}
             keys = ("block_size", "window_blocks", "num_global", "num_random", "seed", "seq_len")
