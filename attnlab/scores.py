@@ -16,6 +16,8 @@ may need, so a kernel asks the score instead of a dispatcher inspecting it:
 * ``score(q, k)``: the dense logits ``[..., N, T, S]`` (the reference uses this);
 * ``score.is_dot``: True for the scaled dot product ``Dot(scale)``, which tiled and fused
   kernels compute themselves (folding ``scale`` into q);
+* ``score.tile_cap``: the soft cap of ``SoftCap(cap, scale)``, which the blockwise kernel applies
+  inside its tiles (None for every other score);
 * ``score.edge(q_e, k_e)``: the per-edge form ``[E, K, G, H] x [E, K, H] -> [E, K, G]`` for the
   sparse (edge-list) kernel, or ``has_edge_form = False``.
 
@@ -39,7 +41,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["dot_product", "additive", "check_qk", "Score", "Dot", "Additive", "Custom", "as_score", "check_scale"]
+__all__ = [
+    "dot_product",
+    "additive",
+    "check_qk",
+    "Score",
+    "Dot",
+    "Additive",
+    "SoftCap",
+    "Custom",
+    "as_score",
+    "check_scale",
+]
 
 
 def check_qk(q: jax.Array, k: jax.Array, *, fn: str = "score") -> tuple[int, int]:
@@ -165,6 +178,8 @@ class Score:
     is_dot: bool = False
     #: True when ``edge`` is implemented (the sparse edge-list kernel can use this score).
     has_edge_form: bool = False
+    #: A soft cap the tiled kernels apply inside their tiles (``SoftCap``), or None.
+    tile_cap: float | None = None
 
     def __call__(self, q: jax.Array, k: jax.Array) -> jax.Array:
         raise NotImplementedError
@@ -220,6 +235,37 @@ class Additive(Score):
 
 
 @dataclasses.dataclass(frozen=True)
+class SoftCap(Score):
+    """Soft-capped dot product ``cap * tanh(scale * q_t . k_s / cap)`` (Gemma 2, Grok): logits stay in (-cap, cap).
+
+    ``tile_cap`` says to a tiled kernel (blockwise) that it can compute this score inside its tiles,
+    forward and backward (the backward multiplies by ``1 - tanh^2``), with O(T + S) memory.
+
+    Example:
+        >>> q = jnp.ones((1, 1, 4)); k = jnp.full((2, 1, 4), 10.0)
+        >>> SoftCap(5.0)(q, k).round(3).tolist()           # dot 20 -> 5 tanh(4)
+        [[[4.997, 4.997]]]
+    """
+
+    cap: float
+    scale: float | None = None
+    has_edge_form = False
+
+    def __post_init__(self):
+        if isinstance(self.cap, bool) or not isinstance(self.cap, (int, float)) or not self.cap > 0:
+            raise ValueError(f"SoftCap: cap must be a positive Python number, got {self.cap!r}")
+        check_scale(self.scale, fn="SoftCap")
+
+    @property
+    def tile_cap(self) -> float:
+        return self.cap
+
+    def __call__(self, q, k):
+        cap = jnp.float32(self.cap)
+        return cap * jnp.tanh(dot_product(q, k, scale=self.scale) / cap)
+
+
+@dataclasses.dataclass(frozen=True)
 class Custom(Score):
     """Any callable ``fn(q, k) -> [..., N, T, S]``: dense form only (static, compared by identity)."""
 
@@ -232,6 +278,7 @@ class Custom(Score):
 jax.tree_util.register_dataclass(Dot, data_fields=[], meta_fields=["scale"])
 jax.tree_util.register_dataclass(Additive, data_fields=["w"], meta_fields=[])
 jax.tree_util.register_dataclass(Custom, data_fields=[], meta_fields=["fn"])
+jax.tree_util.register_dataclass(SoftCap, data_fields=[], meta_fields=["cap", "scale"])
 
 
 def as_score(score, scale: float | None = None, *, fn: str = "attention") -> Score:

@@ -25,8 +25,6 @@ Writes ``<out>/packed.json`` (records, the host's CPU model and flags, versions)
 from __future__ import annotations
 
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -38,6 +36,7 @@ from absl import app, flags
 
 import attnlab
 from attnlab import kernels, masks
+from benchmarks.host import best_of, cpu_info
 
 _OUT = flags.DEFINE_string("out", "results/packed", "Output folder.")
 _T = flags.DEFINE_integer("seq_len", 8192, "Tokens per packed row.")
@@ -47,21 +46,6 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per cell (best is kep
 _BATCHES = flags.DEFINE_integer("batches", 10, "Batches of new ids for the trace count.")
 _HEADS = flags.DEFINE_integer("heads", 8, "Heads N.")
 _XLA = flags.DEFINE_bool("xla", True, "Also time dense XLA with the same mask (needs ~8 GiB at 8K).")
-
-
-def cpu_info() -> dict:
-    """The host CPU's model name and the SIMD flags that move CPU ratios (AVX2, AVX-512)."""
-    model, flags_ = "", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags_:
-                flags_ = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    simd = sorted(f for f in flags_ if f.startswith(("avx", "fma", "amx")))
-    return {"cpu_model": model, "cpu_simd_flags": simd, "host_cpus": os.cpu_count(), "platform": platform.platform()}
 
 
 def packed_ids(T: int, docs: int, seed: int) -> np.ndarray:
@@ -82,16 +66,6 @@ def _grad_fn(attend):
         return jnp.sum(attend(q, k, v, *args).astype(jnp.float32) * ct)
 
     return jax.grad(loss, argnums=(0, 1, 2))
-
-
-def best_of(fn, args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # compile + warm up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main(argv):

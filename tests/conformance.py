@@ -18,7 +18,7 @@ import pytest
 from conftest import compare, fwd_and_grads, grad_tol, qkv, tol
 
 import attnlab
-from attnlab import dispatch, masks
+from attnlab import dispatch, masks, scores
 from attnlab.call import bind
 
 # Odd lengths (no multiple of any tile): short last blocks everywhere. Square cases for graphs.
@@ -160,3 +160,17 @@ class Conformance:
         compare(out, out_r, tol(jnp.float32))
         for g, g_r in zip(grads, grads_r, strict=True):
             compare(g, g_r, grad_tol(jnp.float32))
+
+    def test_soft_capped_scores(self):
+        q, k, v = qkv((B, T, N, H), s=S, kv_heads=K, seed=8)
+        q = q * 4.0  # large logits, so the cap matters
+        score = scores.SoftCap(2.0)
+        kw = dict(mask=masks.causal(offset=S - T), score=score, bias=lambda qi, ki: -0.1 * jnp.abs(qi[:, None] - ki))
+        self._supported_or_skip(self._call(q, k, v, **kw))
+        out, grads = fwd_and_grads(lambda q, k, v: self.run(self._call(q, k, v, **kw)), q, k, v)
+        out_r, grads_r = fwd_and_grads(lambda q, k, v: attnlab.attention_reference(q, k, v, **kw), q, k, v)
+        compare(out, out_r, tol(jnp.float32))
+        for g, g_r in zip(grads, grads_r, strict=True):
+            compare(g, g_r, grad_tol(jnp.float32))
+        plain = attnlab.attention_reference(q, k, v, mask=kw["mask"], bias=kw["bias"])
+        assert not np.allclose(out_r, plain, atol=1e-2)  # the cap changes the result

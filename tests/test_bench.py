@@ -138,3 +138,26 @@ def test_packed_documents_benchmark_runs_small_and_traces_once(tmp_path):
     for r in result["records"]:
         if r["suite"] == "compare":
             assert r["traced_s"] > 0 and r["concrete_s"] > 0 and r["xla_s"] > 0
+
+
+def test_softcap_benchmark_runs_small(tmp_path):
+    """`make softcap` at a tiny size: four rows (full / causal x fwd / fwd+bwd), each with both times."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.softcap",
+        "--out",
+        str(tmp_path),
+        "--seq_len=64",
+        "--repeats=1",
+        "--rounds=1",
+    ]
+    run = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, cwd=pathlib.Path(__file__).resolve().parents[1]
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "softcap.json").read_text())
+    assert [(r["mask"], r["mode"]) for r in result["records"]] == [
+        ("full", "fwd"), ("full", "fwd+bwd"), ("causal", "fwd"), ("causal", "fwd+bwd")
+    ]  # fmt: skip
+    assert all(r["dot_s"] > 0 and r["softcap_s"] > 0 for r in result["records"])

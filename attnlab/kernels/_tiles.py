@@ -120,6 +120,7 @@ class Static:
     kinds_used_t: tuple  # the same for the transposed schedule (key block -> query blocks)
     compute_dtype: str
     dropout_rate: float = 0.0
+    softcap: float | None = None  # logits cap * tanh(s / cap) inside the tiles (scores.SoftCap)
     runtime_schedule: bool = False  # the schedule comes from the mask's runtime_layout (per-row counts, on device)
     # the Pallas kernels' extra statics (attnlab.kernels.pallas_flash); defaults elsewhere
     H: int = 0
@@ -195,14 +196,22 @@ def _drop(x, keep, st: Static):
     return jnp.where(keep, x * jnp.float32(1.0 / (1.0 - st.dropout_rate)), 0.0)
 
 
-def _logits(qi, kj, bias_fn, consts, i, j, st: Static):
-    """fp32 [B*K, G*bq, bk]: (pre-scaled q) . k + bias(q_pos, k_pos)."""
+def _logits(qi, kj, bias_fn, consts, i, j, st: Static, with_slope=False):
+    """fp32 [B*K, G*bq, bk]: (pre-scaled q) . k, soft-capped when ``st.softcap``, + bias(q_pos, k_pos).
+
+    ``with_slope``: also return d(capped)/d(raw) = 1 - tanh^2 (None without a cap), for the backward.
+    """
     s = jnp.einsum("nqh,nsh->nqs", qi, kj, preferred_element_type=jnp.float32)
+    slope = None
+    if st.softcap is not None:
+        t = jnp.tanh(s * jnp.float32(1.0 / st.softcap))
+        s = jnp.float32(st.softcap) * t
+        slope = 1.0 - t * t if with_slope else None
     if st.has_bias:
         q_pos, k_pos = _positions(i, j, st)
         b = bias_fn(jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1), *consts)
         s = s + _to_tile(b.astype(jnp.float32), st)
-    return s
+    return (s, slope) if with_slope else s
 
 
 # ------------------------------------------------------------------------------------------
@@ -405,7 +414,7 @@ def backward(
                 if partial and ok is None:
                     ok = _allowed(mask, i, j, st)
                     return jax.lax.cond(ok.any(), functools.partial(visit, True, ok), zeros)
-                s = _logits(qi, kj, bias_fn, consts, i, j, st)
+                s, slope = _logits(qi, kj, bias_fn, consts, i, j, st, with_slope=True)
                 p = tile_probs(s, lse_i[0][..., None], lse_i[1][..., None])
                 if partial:
                     p = jnp.where(ok, p, 0.0)
@@ -414,8 +423,9 @@ def backward(
                 dv_j = jnp.einsum("nhq,nqs->nhs", dot_i, pd.astype(doi.dtype), preferred_element_type=jnp.float32)
                 dp = _drop(jnp.einsum("nqh,nsh->nqs", doi, vj, preferred_element_type=jnp.float32), keep, st)
                 ds = p * (dp - delta_i[..., None])  # d(logit) [B*K, G*bq, bk]
-                dq_c = jnp.einsum("nqs,nsh->nqh", ds.astype(k.dtype), kj, preferred_element_type=jnp.float32)
-                dk_j = jnp.einsum("nhq,nqs->nhs", qt_i, ds.astype(qi.dtype), preferred_element_type=jnp.float32)
+                ds_qk = ds if slope is None else ds * slope  # through the soft cap to q . k
+                dq_c = jnp.einsum("nqs,nsh->nqh", ds_qk.astype(k.dtype), kj, preferred_element_type=jnp.float32)
+                dk_j = jnp.einsum("nhq,nqs->nhs", qt_i, ds_qk.astype(qi.dtype), preferred_element_type=jnp.float32)
                 if st.has_bias and consts:
                     q_pos, k_pos = _positions(i, j, st)
                     qc, kc = jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1)

@@ -214,6 +214,7 @@ def blockwise_attention(
     dropout_rate=0.0,
     dropout_key=None,
     return_lse=False,
+    score="dot",
 ):
     """Flash-style attention visiting only the non-empty blocks of ``mask``; O(T + S) memory.
 
@@ -239,6 +240,8 @@ def blockwise_attention(
             dense reference with the same key draws the same mask.
         return_lse: also return the log-sum-exp of each row, fp32 ``[..., T, N]`` (-inf on rows
             with nothing allowed), differentiable.
+        score: ``"dot"`` / ``scores.Dot(scale)``, or ``scores.SoftCap(cap, scale)``: the soft cap is
+            applied inside the tiles, forward and backward.
 
     Returns:
         ``[..., T, N, Hv]`` in q's dtype (and ``lse`` with ``return_lse``); softmax statistics and
@@ -250,9 +253,11 @@ def blockwise_attention(
         (1000, 2, 8)
     """
     call = bind(
-        q, k, v, mask=mask, bias=bias, scale=scale, dropout_rate=dropout_rate, dropout_key=dropout_key,
-        return_lse=return_lse, fn="blockwise_attention",
+        q, k, v, mask=mask, bias=bias, score=score, scale=scale, dropout_rate=dropout_rate,
+        dropout_key=dropout_key, return_lse=return_lse, fn="blockwise_attention",
     )  # fmt: skip
+    if not (call.score.is_dot or call.score.tile_cap is not None):
+        raise ValueError(f"blockwise_attention: score must be 'dot' or scores.SoftCap, got {type(call.score).__name__}")
     return attend(call, block_sizes=block_sizes)
 
 
@@ -353,6 +358,7 @@ def _plan(layout_fn, call: Call, block_sizes: BlockSizes, platform: str) -> _Pla
         N=call.N,
         K=call.K,
         scale=default_scale(call.H, call.score.scale),
+        softcap=call.score.tile_cap,
         has_bias=bias_fn is not None,
         kinds_used=tuple(sorted(kinds)),
         kinds_used_t=(),
