@@ -321,6 +321,19 @@ def packed_docs(root: Path) -> str:
     )
 
 
+def softcap(root: Path) -> str:
+    """``make softcap``: soft-capped scores in the blockwise tiles against the plain dot product."""
+    data = json.loads((root / BENCH / "softcap.json").read_text())
+    rows = [
+        [r["mask"], r["mode"], f"{r['T']:,}", f"{1e3 * r['dot_s']:.0f}", f"{1e3 * r['softcap_s']:.0f}",
+         f"{r['softcap_over_dot']:.2f}x"]
+        for r in data["records"]
+    ]  # fmt: skip
+    simd = ", ".join(f for f in data["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
+    table = _table(["mask", "mode", "T", "dot ms", f"SoftCap({data['cap']:g}) ms", "SoftCap / dot"], rows)
+    return table + f"\nHost: {data['host']['cpu_model']} ({simd}); jax {data['jax']}, {data['date']}.\n"
+
+
 def speech_headline(root: Path, folder: Path = Path("docs/results/speech"), *, decoding: bool = True) -> str:
     """README's speech table: CER by encoder window (greedy and beam, seen and held-out voice), decoding speed."""
     speech = importlib.import_module("experiments.speech")
@@ -374,6 +387,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-main": compare_main,
     "compare-core": compare_core,
     "packed-docs": packed_docs,
+    "softcap": softcap,
     "traced-padding": traced_padding,
     "ring-balance": ring_balance,
     "lra-table2": lra_table2,
