@@ -36,7 +36,7 @@ class Padding(Mask):
     def runtime_layout(self, T, S, bq, bk):
         if self.is_static:
             return None  # the static layout is exact
-        return _padding_runtime(self.q_lengths, self.kv_lengths, T, S, bq, bk)
+        return _padding_layout(self.q_lengths, self.kv_lengths, T, S, bq, bk, jnp)
 
     def __call__(self, q_idx, k_idx):
         ok = jnp.ones((q_idx.shape[0], k_idx.shape[0]), bool)
@@ -49,44 +49,27 @@ class Padding(Mask):
         return ok
 
     def _layout(self, T, S, bq, bk):
-        nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
         if not self.is_static:
-            return np.full((nq, nk), PARTIAL, np.int8)
-
-        def axis_state(lengths, n, block, size):
-            # -> per-example [*B, n]: 0 none valid, 2 all (in-range) valid, 1 some
-            start = np.arange(n) * block
-            stop = np.minimum(start + block, size)
-            if lengths is None:
-                return np.full((1, n), FULL, np.int8)
-            ln = np.asarray(lengths).reshape(-1, 1)
-            return np.where(ln <= start, EMPTY, np.where(ln >= stop, FULL, PARTIAL))
-
-        sq = axis_state(self.q_lengths, nq, bq, T)[:, :, None]  # [B, nq, 1]
-        sk = axis_state(self.kv_lengths, nk, bk, S)[:, None, :]  # [B, 1, nk]
-        per_example = np.where(
-            (sq == EMPTY) | (sk == EMPTY), EMPTY, np.where((sq == FULL) & (sk == FULL), FULL, PARTIAL)
-        )
-        all_empty = (per_example == EMPTY).all(0)
-        all_full = (per_example == FULL).all(0)
-        return np.where(all_empty, EMPTY, np.where(all_full, FULL, PARTIAL)).astype(np.int8)
+            return np.full((_num_blocks(T, bq), _num_blocks(S, bk)), PARTIAL, np.int8)
+        return _padding_layout(self.q_lengths, self.kv_lengths, T, S, bq, bk, np)
 
 
-def _padding_runtime(q_lengths, kv_lengths, T, S, bq, bk):
-    """Padding's block layout from (possibly traced) lengths, on device: int8 [nq, nk]."""
+def _padding_layout(q_lengths, kv_lengths, T, S, bq, bk, xp):
+    """Padding's block layout int8 [nq, nk] from its lengths: ``xp`` numpy (concrete lengths, at
+    trace time) or jax.numpy (traced lengths, on device: ``runtime_layout``)."""
 
-    def axis_state(lengths, n, block, size):  # -> [B, n]
-        start = jnp.arange(n) * block
-        stop = jnp.minimum(start + block, size)
+    def axis_state(lengths, n, block, size):  # -> per example [B, n]: 0 none valid, 2 all (in range), 1 some
+        start = xp.arange(n) * block
+        stop = xp.minimum(start + block, size)
         if lengths is None:
-            return jnp.full((1, n), FULL, jnp.int8)
-        ln = jnp.asarray(lengths).reshape(-1, 1)
-        return jnp.where(ln <= start, EMPTY, jnp.where(ln >= stop, FULL, PARTIAL))
+            return xp.full((1, n), FULL, xp.int8)
+        ln = xp.asarray(lengths).reshape(-1, 1)
+        return xp.where(ln <= start, EMPTY, xp.where(ln >= stop, FULL, PARTIAL))
 
-    sq = axis_state(q_lengths, _num_blocks(T, bq), bq, T)[:, :, None]
-    sk = axis_state(kv_lengths, _num_blocks(S, bk), bk, S)[:, None, :]
-    per = jnp.where((sq == EMPTY) | (sk == EMPTY), EMPTY, jnp.where((sq == FULL) & (sk == FULL), FULL, PARTIAL))
-    return jnp.where((per == EMPTY).all(0), EMPTY, jnp.where((per == FULL).all(0), FULL, PARTIAL)).astype(jnp.int8)
+    sq = axis_state(q_lengths, _num_blocks(T, bq), bq, T)[:, :, None]  # [B, nq, 1]
+    sk = axis_state(kv_lengths, _num_blocks(S, bk), bk, S)[:, None, :]  # [B, 1, nk]
+    per = xp.where((sq == EMPTY) | (sk == EMPTY), EMPTY, xp.where((sq == FULL) & (sk == FULL), FULL, PARTIAL))
+    return xp.where((per == EMPTY).all(0), EMPTY, xp.where((per == FULL).all(0), FULL, PARTIAL)).astype(xp.int8)
 
 
 @mask_class
