@@ -7,6 +7,8 @@ sizes: interpret mode compiles the kernel's logic as XLA loops, which is slow, s
 jit of the forward and one of the gradient.
 """
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -233,3 +235,42 @@ def test_pallas_graph_edges_forward():
     out = pallas_flash.pallas_attention(q, q, q, mask=m, block_q=16, block_k=16)
     chex.assert_trees_all_close(out, attention_reference(q, q, q, mask=m), **TOL[jnp.float32])
     assert not np.asarray(out[0]).any()
+
+
+def test_pallas_traced_document_ids_schedule_on_device():
+    """Document ids traced under jit: the schedules are built on device from the ids (kernel inputs),
+    the values and gradients are the reference's, and new ids reuse the program."""
+    T, traces = 80, []
+    q, k, v, do = _inputs(2, T, T, 2, 1, 16, jnp.float32, seed=4)
+
+    def mask(ids, lengths):
+        return masks.document(ids, padding_id=9) & masks.causal() & masks.padding(kv_lengths=lengths)
+
+    @jax.jit
+    def run(q, k, v, ids, lengths):
+        traces.append(1)
+        f = lambda q, k, v: pallas_flash.pallas_attention(q, k, v, mask=mask(ids, lengths), block_q=16, block_k=16)  # noqa: E731
+        out, vjp = jax.vjp(f, q, k, v)
+        return out, vjp(do)
+
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        row = np.searchsorted(np.sort(rng.choice(np.arange(1, T), 3, replace=False)), np.arange(T), side="right")
+        ids = np.stack([row, np.where(np.arange(T) < 60, row, 9)]).astype(np.int32)
+        lengths = np.array([T, 70], np.int32)
+        out, grads = run(q, k, v, ids, lengths)
+        ref, ref_vjp = jax.vjp(functools.partial(attention_reference, mask=mask(ids, lengths)), q, k, v)
+        chex.assert_trees_all_close(out, ref, **TOL[jnp.float32])
+        chex.assert_trees_all_close(grads, ref_vjp(do), atol=1e-4, rtol=1e-4)
+    assert len(traces) == 1
+
+    def schedule(ids):  # traced ids: the static layout is all PARTIAL, the runtime one exact
+        m = masks.document(ids)
+        info = pallas_mask_info.mask_info(m, (2,), T, T, 16, 16)
+        return pallas_mask_info.runtime_schedules(info, m.runtime_layout(T, T, 16, 16), T, 16)[0]
+
+    sched = jax.jit(schedule)(ids)
+    exact = masks.document(ids).block_layout(T, T, 16, 16)
+    for i in range(exact.shape[0]):  # each row lists exactly the tiles the ids make non-empty
+        listed = sorted(int(j) for j, kd in zip(*np.asarray(sched[i]), strict=True) if kd)
+        assert listed == np.nonzero(exact[i])[0].tolist()

@@ -490,6 +490,15 @@ def attend(call: Call, *, block_q=None, block_k=None, check: bool = False):
     nq, nk = -(-T // bq), -(-S // bk)
     info = pallas_mask_info.mask_info(call.mask, lead, T, S, bq, bk)
     sched, sched_t = info.sched, info.sched_t
+    kinds = set(np.unique(sched[:, 1]).tolist())
+    kinds_t = set(np.unique(sched_t[:, 1]).tolist())
+    m = call.mask
+    runtime = None
+    if m is not None and not m.is_static and kinds & {masks_lib.PARTIAL, LENGTHS}:
+        runtime = m.runtime_layout(T, S, bq, bk)  # traced data: refine the schedules on device
+    if runtime is not None:
+        sched, sched_t = pallas_mask_info.runtime_schedules(info, runtime, S, bk)
+        kinds, kinds_t = kinds | {masks_lib.FULL}, kinds_t | {masks_lib.FULL}
     Hp, Hvp = max(16, _next_pow2(H)), max(16, _next_pow2(Hv))
     B = call.batch
     st = Static(
@@ -502,8 +511,8 @@ def attend(call: Call, *, block_q=None, block_k=None, check: bool = False):
         K=K,
         scale=_tiles.default_scale(H, call.score.scale),
         has_bias=False,
-        kinds_used=tuple(np.unique(sched[:, 1]).tolist()),
-        kinds_used_t=tuple(np.unique(sched_t[:, 1]).tolist()),
+        kinds_used=tuple(sorted(kinds)),
+        kinds_used_t=tuple(sorted(kinds_t)),
         compute_dtype=call.dtype.name,
         H=H,
         Hv=Hv,

@@ -23,7 +23,7 @@ import numpy as np
 from attnlab import masks as masks_lib
 from attnlab.kernels import _tiles
 
-__all__ = ["LENGTHS", "MaskInfo", "mask_info", "tile_bitmaps"]
+__all__ = ["LENGTHS", "MaskInfo", "mask_info", "runtime_schedules", "tile_bitmaps"]
 
 LENGTHS = 3  # schedule kind: a tile the mask fills (FULL) that only padding lengths may cut
 
@@ -38,8 +38,9 @@ class MaskInfo:
         sched, sched_t: int32 ``[nq, 2, J]`` / ``[nk, 2, I]``: the schedule and its transpose.
     """
 
-    def __init__(self, lens, struct, data, sched, sched_t):
+    def __init__(self, lens, struct, data, sched, sched_t, layout=None):
         self.lens, self.struct, self.data, self.sched, self.sched_t = lens, struct, data, sched, sched_t
+        self.layout = layout  # the static layout the schedules came from (kinds incl. LENGTHS)
 
 
 def mask_info(m, lead, T: int, S: int, bq: int, bk: int) -> MaskInfo:
@@ -57,9 +58,33 @@ def mask_info(m, lead, T: int, S: int, bq: int, bk: int) -> MaskInfo:
         rest_layout = _tiles.adjust_layout(rest_layout, S, bk)
         layout = np.where((layout == masks_lib.PARTIAL) & (rest_layout == masks_lib.FULL), LENGTHS, layout)
     ql, kl = masks_lib.padding_lengths(pads, lead, T, S)
-    return MaskInfo(
-        jnp.stack([ql, kl], -1), struct, data, _tiles.padded_schedule(layout), _tiles.padded_schedule(layout.T)
-    )
+    sched, sched_t = _tiles.padded_schedule(layout), _tiles.padded_schedule(layout.T)
+    return MaskInfo(jnp.stack([ql, kl], -1), struct, data, sched, sched_t, layout)
+
+
+def runtime_schedules(info: MaskInfo, runtime, S: int, bk: int):
+    """The schedules refined on device by the mask's ``runtime_layout`` (traced data): int32
+    ``[nq, 2, J]`` and ``[nk, 2, I]`` with each row's non-empty tiles first (the kernels loop over the
+    leading non-zero kinds). A tile is EMPTY if either layout says so and FULL if the runtime one does
+    (the lengths included); otherwise it keeps its static kind (PARTIAL or LENGTHS)."""
+    layout = jnp.asarray(info.layout, jnp.int32)
+    runtime = runtime.astype(jnp.int32)
+    refined = jnp.where(runtime == masks_lib.EMPTY, masks_lib.EMPTY, layout)
+    refined = jnp.where((runtime == masks_lib.FULL) & (layout != masks_lib.EMPTY), masks_lib.FULL, refined)
+    if S % bk:  # the short last key block keeps its tail masked
+        last = refined[:, -1]
+        refined = refined.at[:, -1].set(jnp.where(last == masks_lib.FULL, masks_lib.PARTIAL, last))
+
+    def rows(lay, width):
+        nonempty = lay != masks_lib.EMPTY
+        order = jnp.argsort(~nonempty, axis=1, stable=True)[:, :width].astype(jnp.int32)
+        kind = jnp.where(jnp.take_along_axis(nonempty, order, axis=1), jnp.take_along_axis(lay, order, axis=1), 0)
+        if order.shape[1] < width:  # fewer columns than the padded (power of two) width
+            pad = width - order.shape[1]
+            order, kind = jnp.pad(order, ((0, 0), (0, pad))), jnp.pad(kind, ((0, 0), (0, pad)))
+        return jnp.stack([order, kind.astype(jnp.int32)], 1)
+
+    return rows(refined, info.sched.shape[-1]), rows(refined.T, info.sched_t.shape[-1])
 
 
 def tile_bitmaps(data, qb, kb, st: _tiles.Static):
