@@ -21,9 +21,7 @@ class Blockwise(Implementation):
     features = frozenset({"dropout", "lse"})
 
     def supports(self, call, backend):
-        if not (call.score.is_dot or call.score.tile_cap is not None):
-            return f"supports score='dot' and scores.SoftCap only (got score {type(call.score).__name__})"
-        return None  # bias: None, a callable of positions, or an array (sliced per tile)
+        return kernel.call_reason(call)
 
     def pays_off(self, call, backend):
         if call.bias_kind == "array":

@@ -60,6 +60,7 @@ __all__ = [
     "pick_block_sizes",
     "blockwise_attention",
     "attend",
+    "call_reason",
     "block_schedule",
     "runtime_schedule",
     "dropout_keep",
@@ -256,13 +257,21 @@ def blockwise_attention(
         q, k, v, mask=mask, bias=bias, score=score, scale=scale, dropout_rate=dropout_rate,
         dropout_key=dropout_key, return_lse=return_lse, fn="blockwise_attention",
     )  # fmt: skip
-    if not (call.score.is_dot or call.score.tile_cap is not None):
-        raise ValueError(f"blockwise_attention: score must be 'dot' or scores.SoftCap, got {type(call.score).__name__}")
+    if (why := call_reason(call)) is not None:
+        raise ValueError(f"blockwise_attention: {why}")
     return attend(call, block_sizes=block_sizes)
 
 
+def call_reason(call: Call) -> str | None:
+    """None when the kernel computes the bound call's score in its tiles (dot product, soft cap), else why not."""
+    if not (call.score.is_dot or call.score.tile_cap is not None):
+        return f"supports score='dot' and scores.SoftCap only (got score {type(call.score).__name__})"
+    return None  # bias: None, a callable of positions, or an array (sliced per tile)
+
+
 def attend(call: Call, *, block_sizes: BlockSizes | None = None):
-    """The blockwise kernel on a bound call (``attnlab.call.bind``; dot score): see ``blockwise_attention``."""
+    """The blockwise kernel on a bound call (``attnlab.call.bind``; a score ``call_reason`` accepts): see
+    ``blockwise_attention``."""
     if block_sizes is not None and not isinstance(block_sizes, BlockSizes):
         raise ValueError(f"block_sizes must be an attnlab.kernels.BlockSizes, got {block_sizes!r}")
     if call.empty:
@@ -284,7 +293,7 @@ def attend(call: Call, *, block_sizes: BlockSizes | None = None):
     plans = {}
     for platform in _PLATFORMS:
         bs = pick_block_sizes(m, T, S, platform, layout_fn) if block_sizes is None else block_sizes
-        plans[platform] = _plan(layout_fn, call, bs, platform)
+        plans[platform] = _plan(layout_fn, call, m, bs, platform)
     branches = {}
     for platform, plan in plans.items():
         same = next((p for p in branches if plans[p] == plan), None)
@@ -331,13 +340,13 @@ class _Plan:
         return run
 
 
-def _plan(layout_fn, call: Call, block_sizes: BlockSizes, platform: str) -> _Plan:
+def _plan(layout_fn, call: Call, m, block_sizes: BlockSizes, platform: str) -> _Plan:
+    """One platform's plan; ``m`` is the call's tile mask (``call.tile_mask``, formed once by ``attend``)."""
     T, S = call.T, call.S
     bq, bk = min(block_sizes.block_q, T), min(block_sizes.block_k, S)
     layout = adjust_layout(layout_fn(bq, bk), S, bk)
     index, kind = layout_rows(layout)
     bias_fn, consts = _bias_fn(call, bq, bk)
-    m = call.tile_mask
     kinds = set(np.unique(kind).tolist())
     # a mask whose data is traced refines the static layout on device (EMPTY tiles skipped, FULL
     # tiles unmasked), with no recompile when the data changes
