@@ -16,8 +16,12 @@ may need, so a kernel asks the score instead of a dispatcher inspecting it:
 * ``score(q, k)``: the dense logits ``[..., N, T, S]`` (the reference uses this);
 * ``score.is_dot``: True for the scaled dot product ``Dot(scale)``, which tiled and fused
   kernels compute themselves (folding ``scale`` into q);
-* ``score.tile_cap``: the soft cap of ``SoftCap(cap, scale)``, which the blockwise kernel applies
-  inside its tiles (None for every other score);
+* ``score.tiled``: True when the tiled kernels (blockwise, and ring/Pallas where they say so)
+  compute the score inside their tiles, forward and backward, with O(T + S) memory. Such a score
+  gives its tile form: ``tile_scale(H)`` (the factor folded into the queries), and either the
+  scaled dot product modified per element by ``tile_mod(s, q_idx, k_idx)`` (``SoftCap``,
+  ``ScoreMod``) or a whole pair form ``tile_pair(q, k)`` (``Additive``). The kernels differentiate
+  these with ``jax.vjp`` one tile at a time, so a new tiled score writes only its forward;
 * ``score.edge(q_e, k_e)``: the per-edge form ``[E, K, G, H] x [E, K, H] -> [E, K, G]`` for the
   sparse (edge-list) kernel, or ``has_edge_form = False``.
 
@@ -49,9 +53,13 @@ __all__ = [
     "Dot",
     "Additive",
     "SoftCap",
+    "ScoreMod",
+    "alibi_mod",
     "Custom",
     "as_score",
     "check_scale",
+    "from_spec",
+    "SPEC_GRAMMAR",
 ]
 
 
@@ -172,17 +180,45 @@ def additive(q: jax.Array, k: jax.Array, w: jax.Array) -> jax.Array:
 
 
 class Score:
-    """Base class of score objects: ``score(q, k) -> fp32 [..., N, T, S]`` and the forms kernels use."""
+    """Base class of score objects: ``score(q, k) -> fp32 [..., N, T, S]`` and the forms kernels use.
+
+    The tile form (``tiled = True``), as the blockwise kernel calls it on one tile of ``bq`` queries
+    and ``bk`` keys, with B the flattened leading dims and G = N // K:
+
+    * ``tile_scale(H)``: the kernel multiplies the queries by this once (the dot product's scale);
+    * ``tile_pair(q, k)``, when ``pair_form``: q ``[B, K, G, bq, H]`` (scaled), k ``[B, K, bk, H]``
+      -> fp32 logits ``[B, K, G, bq, bk]``; otherwise the logits are the scaled dot product;
+    * ``tile_mod(s, q_idx, k_idx)``, when ``has_mod``: s fp32 ``[*lead, N, bq, bk]``, q_idx int32
+      ``[bq]``, k_idx ``[bk]`` (global positions) -> the modified logits, same shape.
+
+    The score's array leaves (``Additive.w``, ``ScoreMod``'s arrays) reach the kernel as inputs: traced
+    values reuse the compiled program and receive gradients.
+    """
 
     #: True for ``Dot``: tiled and fused kernels (blockwise, cuDNN, Pallas) compute it themselves.
     is_dot: bool = False
     #: True when ``edge`` is implemented (the sparse edge-list kernel can use this score).
     has_edge_form: bool = False
-    #: A soft cap the tiled kernels apply inside their tiles (``SoftCap``), or None.
-    tile_cap: float | None = None
+    #: True when the tiled kernels compute this score in their tiles (see the class docstring).
+    tiled: bool = False
+    #: The tile form is ``tile_pair`` (not the dot product).
+    pair_form: bool = False
+    #: The tile form applies ``tile_mod`` to the dot product's logits.
+    has_mod: bool = False
 
     def __call__(self, q: jax.Array, k: jax.Array) -> jax.Array:
         raise NotImplementedError
+
+    def tile_scale(self, head_dim: int) -> float:
+        """The factor the tiled kernels fold into the queries: ``scale`` or ``1/sqrt(H)``."""
+        scale = getattr(self, "scale", None)
+        return 1.0 / math.sqrt(head_dim) if scale is None else scale
+
+    def tile_pair(self, q: jax.Array, k: jax.Array) -> jax.Array:
+        raise NotImplementedError(f"{type(self).__name__} has no pair form")
+
+    def tile_mod(self, s: jax.Array, q_idx: jax.Array, k_idx: jax.Array) -> jax.Array:
+        return s
 
     def edge(self, q_e: jax.Array, k_e: jax.Array) -> jax.Array:
         """Per-edge logits: q_e ``[E, K, G, H]``, k_e ``[E, K, H]`` -> fp32 ``[E, K, G]``."""
@@ -202,6 +238,7 @@ class Dot(Score):
     scale: float | None = None  # None: 1/sqrt(H), resolved per call from the head dim
     is_dot = True
     has_edge_form = True
+    tiled = True
 
     def __call__(self, q, k):
         return dot_product(q, k, scale=self.scale)
@@ -223,9 +260,21 @@ class Additive(Score):
 
     w: Any
     has_edge_form = True
+    tiled = True
+    pair_form = True
 
     def __call__(self, q, k):
         return additive(q, k, self.w)
+
+    def tile_scale(self, head_dim):
+        return 1.0  # q + k, not a product: nothing to fold in
+
+    def tile_pair(self, q, k):
+        # q [B, K, G, bq, H], k [B, K, bk, H] -> [B, K, G, bq, bk]; one tile holds B*N*bq*bk*H tanh values
+        kh, g, h = q.shape[1], q.shape[2], q.shape[-1]
+        w = jnp.broadcast_to(jnp.asarray(self.w).astype(jnp.float32), (kh * g, h)).reshape(kh, g, h)
+        pre = q.astype(jnp.float32)[..., :, None, :] + k.astype(jnp.float32)[:, :, None, None, :, :]
+        return jnp.einsum("bkgqsh,kgh->bkgqs", jnp.tanh(pre), w)
 
     def edge(self, q_e, k_e):
         kh, g, h = q_e.shape[1], q_e.shape[2], q_e.shape[3]
@@ -250,19 +299,85 @@ class SoftCap(Score):
     cap: float
     scale: float | None = None
     has_edge_form = False
+    tiled = True
+    has_mod = True
 
     def __post_init__(self):
         if isinstance(self.cap, bool) or not isinstance(self.cap, (int, float)) or not self.cap > 0:
             raise ValueError(f"SoftCap: cap must be a positive Python number, got {self.cap!r}")
         check_scale(self.scale, fn="SoftCap")
 
-    @property
-    def tile_cap(self) -> float:
-        return self.cap
+    def tile_mod(self, s, q_idx, k_idx):
+        cap = jnp.float32(self.cap)
+        return cap * jnp.tanh(s * jnp.float32(1.0 / self.cap))
 
     def __call__(self, q, k):
         cap = jnp.float32(self.cap)
         return cap * jnp.tanh(dot_product(q, k, scale=self.scale) / cap)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ScoreMod(Score):
+    """The scaled dot product modified per element: ``fn(s, q_idx, k_idx, *arrays)`` (FlexAttention's ``score_mod``).
+
+    ``fn`` gets the logits ``s`` fp32 ``[..., N, t, s]`` (the call's leading dims, heads, a block of
+    query and key positions), the global positions ``q_idx`` int32 ``[t]`` and ``k_idx`` ``[s]``, and
+    the ``arrays``; it returns the new logits, same shape, built from broadcasting jnp operations
+    (``q_idx[:, None] - k_idx[None, :]`` is the ``[t, s]`` distance). The dense reference calls it once
+    on ``[..., N, T, S]``; the blockwise kernel once per tile, forward and backward (``jax.vjp`` of
+    ``fn``), so memory stays O(T + S). ``arrays`` are pytree leaves: traced values (learned ALiBi
+    slopes, per-pair tables indexed by positions) reuse the compiled program and get gradients.
+    ``fn`` is static: pass the same function object to reuse a compiled program.
+
+    Special cases: ALiBi (``alibi_mod``), relative-position biases (a table indexed by
+    ``q_idx - k_idx``), Graphormer-style per-pair terms (an array indexed by ``q_idx`` and ``k_idx``),
+    soft-capping (``SoftCap``, which is this with ``cap * tanh(s / cap)``).
+
+    Example:
+        >>> q = k = jnp.ones((3, 2, 4))                              # [T, N, H]
+        >>> mod = ScoreMod(alibi_mod, jnp.array([1.0, 0.5]))          # slopes per head
+        >>> mod(q, k)[1].round(2).tolist()                            # head 1: 2 - 0.5 |t - s|
+        [[2.0, 1.5, 1.0], [1.5, 2.0, 1.5], [1.0, 1.5, 2.0]]
+    """
+
+    fn: Callable
+    arrays: tuple = ()
+    scale: float | None = None
+    tiled = True
+    has_mod = True
+
+    def __init__(self, fn: Callable, *arrays, scale: float | None = None):
+        if not callable(fn):
+            raise ValueError(f"ScoreMod: fn must be a callable fn(s, q_idx, k_idx, *arrays), got {type(fn).__name__}")
+        check_scale(scale, fn="ScoreMod")
+        object.__setattr__(self, "fn", fn)
+        object.__setattr__(self, "arrays", tuple(arrays))
+        object.__setattr__(self, "scale", scale)
+
+    def tile_mod(self, s, q_idx, k_idx):
+        out = self.fn(s, q_idx, k_idx, *self.arrays)
+        if getattr(out, "shape", None) != s.shape:
+            raise ValueError(
+                f"ScoreMod: fn must return the logits' shape {tuple(s.shape)} ([..., N, t, s]), "
+                f"got {getattr(out, 'shape', type(out).__name__)}"
+            )
+        return out.astype(jnp.float32)
+
+    def __call__(self, q, k):
+        s = dot_product(q, k, scale=self.scale)
+        t_idx = jnp.arange(q.shape[-3], dtype=jnp.int32)
+        s_idx = jnp.arange(k.shape[-3], dtype=jnp.int32)
+        return self.tile_mod(s, t_idx, s_idx)
+
+
+def alibi_mod(s: jax.Array, q_idx: jax.Array, k_idx: jax.Array, slopes: jax.Array) -> jax.Array:
+    """ALiBi as a ``ScoreMod`` function: ``s - slopes[n] * |q_idx - k_idx|`` (Press et al. 2021, arXiv 2108.12409).
+
+    ``slopes`` ``[N]``; use ``ScoreMod(alibi_mod, slopes)`` (``attnlab.positional`` gives the usual
+    geometric slopes).
+    """
+    dist = jnp.abs(q_idx[:, None] - k_idx[None, :]).astype(jnp.float32)  # [t, s]
+    return s - jnp.asarray(slopes, jnp.float32)[:, None, None] * dist
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,6 +394,11 @@ jax.tree_util.register_dataclass(Dot, data_fields=[], meta_fields=["scale"])
 jax.tree_util.register_dataclass(Additive, data_fields=["w"], meta_fields=[])
 jax.tree_util.register_dataclass(Custom, data_fields=[], meta_fields=["fn"])
 jax.tree_util.register_dataclass(SoftCap, data_fields=[], meta_fields=["cap", "scale"])
+jax.tree_util.register_pytree_node(
+    ScoreMod,
+    lambda m: (m.arrays, (m.fn, m.scale)),
+    lambda aux, arrays: ScoreMod(aux[0], *arrays, scale=aux[1]),
+)
 
 
 def as_score(score, scale: float | None = None, *, fn: str = "attention") -> Score:
@@ -318,3 +438,37 @@ def as_score(score, scale: float | None = None, *, fn: str = "attention") -> Sco
     if not callable(score):
         raise ValueError(f"{fn}: score must be 'dot' or a callable, got {type(score).__name__}")
     return Custom(score)
+
+
+SPEC_GRAMMAR = "dot | softcap:CAP | alibi | additive"
+
+
+def from_spec(spec: str, *, num_heads: int, head_dim: int, seed: int = 0) -> Score:
+    """A score from a string, for experiment flags: ``dot``, ``softcap:CAP``, ``alibi`` or ``additive``.
+
+    ``alibi`` is ``ScoreMod(alibi_mod, slopes)`` with the usual geometric slopes for ``num_heads``;
+    ``additive`` is ``Additive(w)`` with w ``[num_heads, head_dim]`` drawn from a normal of sd
+    ``1/sqrt(head_dim)`` (numpy ``seed``).
+
+    Example:
+        >>> from_spec("softcap:30", num_heads=8, head_dim=64)
+        SoftCap(cap=30.0, scale=None)
+    """
+    name, _, arg = spec.strip().partition(":") if isinstance(spec, str) else ("", "", "")
+    if name in ("dot", "dot_product") and not arg:
+        return Dot()
+    if name == "softcap":
+        try:
+            return SoftCap(float(arg))
+        except ValueError:
+            raise ValueError(
+                f"scores.from_spec: bad spec {spec!r}: softcap needs a positive CAP (softcap:30)"
+            ) from None
+    if name == "alibi" and not arg:
+        from attnlab.positional import alibi_slopes  # (positional imports scores)
+
+        return ScoreMod(alibi_mod, jnp.asarray(alibi_slopes(num_heads), jnp.float32))
+    if name == "additive" and not arg:
+        w = np.random.default_rng(seed).normal(0.0, 1.0 / math.sqrt(head_dim), (num_heads, head_dim))
+        return Additive(jnp.asarray(w, jnp.float32))
+    raise ValueError(f"scores.from_spec: bad spec {spec!r}: expected {SPEC_GRAMMAR}")

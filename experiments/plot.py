@@ -212,6 +212,11 @@ def make_plots(results_path: str, out: str | None = None) -> list[str]:
     records = load_results(results_path, skip_bad=True)  # drawing reads only: skip, with a warning
     if not records:
         raise ValueError(f"results: no records in {results_path}")
+    # a score other than the dot product is drawn as its own line: "blockwise (softcap:30)"
+    records = [
+        {**r, "implementation": f"{r['implementation']} ({r['score']})"} if r.get("score", "dot") != "dot" else r
+        for r in records
+    ]
     ok = [r for r in records if r["status"] in ("ok", "timeout")]
     files = []
     if ok:

@@ -99,6 +99,7 @@ def define_flags():
     flags.DEFINE_list("implementations", None, "Implementations; overrides the config.")
     flags.DEFINE_list("masks", None, "Masks: full, causal, window:L:R, graph:DENSITY, padding:FRACTION.")
     flags.DEFINE_list("modes", None, "fwd and/or fwd_bwd; overrides the config.")
+    flags.DEFINE_list("scores", None, "Scores: dot, softcap:CAP, alibi, additive (attnlab.scores.from_spec).")
     flags.DEFINE_list(
         "dtypes", None, "float32, bfloat16, float16 or auto (bfloat16 on GPU/TPU, float32 on CPU); overrides the config"
     )
@@ -145,6 +146,7 @@ class Cell:
     mode: str
     dtype: str
     mesh: str = ""  # "" = one device; else an attnlab.parallel.make_mesh spec ("sp=8", "heads=4,sp=2")
+    score: str = "dot"  # an attnlab.scores.from_spec spec: dot, softcap:CAP, alibi, additive
 
     def key(self) -> tuple:
         return dataclasses.astuple(self)
@@ -214,6 +216,9 @@ def expand(config, backend: str | None = None) -> list[Cell]:
             raise ValueError(f"implementations: unknown {impl!r}, expected one of {attnlab.IMPLEMENTATIONS + PEERS}")
     for spec in config.masks:  # validate each spec before any cell runs
         make_mask(spec, min(config.seq_lens), 1)
+    score_specs = list(config.get("scores", ["dot"]) or ["dot"])
+    for spec in score_specs:
+        attnlab.scores.from_spec(spec, num_heads=1, head_dim=int(config.head_dim))
     mesh = config.get("mesh", "") or ""
     axes = parallel.parse_mesh(mesh) if mesh else {}
     if set(axes) - {"sp", "heads"}:
@@ -221,22 +226,26 @@ def expand(config, backend: str | None = None) -> list[Cell]:
     backend = backend or jax.default_backend()
     dtypes = resolve_dtypes(config.dtypes, backend)
 
-    def runs(impl, spec, n, h, dt) -> bool:
+    def runs(impl, spec, n, h, dt, sc) -> bool:
         if mesh and (impl in PEERS or ("sp" in axes and impl != "blockwise") or h % axes.get("heads", 1)):
             return False  # the ring uses the blockwise step; peers do not take a mesh
         if impl in PEERS:
-            return True
+            return sc == "dot"  # jax.nn computes the dot product only
+        if mesh and sc != "dot":
+            return False  # parallel.attention's ring streams the dot product only
         x = jax.ShapeDtypeStruct((int(config.batch), n, h, int(config.head_dim)), dt)  # [B, T, N, H]
         mask = for_implementation(impl, make_mask(spec, n, int(config.batch), config.seed), n)
-        return attnlab.explain(x, x, x, mask=mask, implementation=impl, backend=backend).implementation is not None
+        score = attnlab.scores.from_spec(sc, num_heads=h, head_dim=int(config.head_dim))
+        why = attnlab.explain(x, x, x, mask=mask, score=score, implementation=impl, backend=backend)
+        return why.implementation is not None
 
     prod = itertools.product(
-        config.modes, dtypes, config.masks, config.num_heads, config.implementations, config.seq_lens
+        config.modes, dtypes, score_specs, config.masks, config.num_heads, config.implementations, config.seq_lens
     )
     return [
-        Cell(impl, m, int(n), int(h), int(config.head_dim), int(config.batch), mode, dt, mesh)
-        for mode, dt, m, h, impl, n in prod
-        if runs(impl, m, int(n), int(h), dt)
+        Cell(impl, m, int(n), int(h), int(config.head_dim), int(config.batch), mode, dt, mesh, sc)
+        for mode, dt, sc, m, h, impl, n in prod
+        if runs(impl, m, int(n), int(h), dt, sc)
     ]
 
 
@@ -321,8 +330,14 @@ def for_implementation(implementation: str, mask, n: int):
 
 
 def useful_flops(cell: Cell, pairs: int) -> int:
-    """FLOPs of the matmuls over allowed pairs: 2 matmuls forward, 4 more backward (no recomputation)."""
-    fwd = 4 * cell.num_heads * cell.head_dim * pairs  # 2 (mul + add) x (QK^T and AV)
+    """FLOPs over allowed pairs: the score and the weighted sum forward, twice that more backward.
+
+    The dot product's score is 2H per pair and head (mul + add), the additive score's 3H (add, tanh
+    counted as one, mul + add); the weighted sum is 2H; the backward counts as twice the forward (no
+    recomputation); the per-element scores (softcap, alibi) count as the dot product.
+    """
+    score = 3 if cell.score == "additive" else 2
+    fwd = (score + 2) * cell.num_heads * cell.head_dim * pairs
     return fwd if cell.mode == "fwd" else 3 * fwd
 
 
@@ -357,9 +372,10 @@ def build(cell: Cell, seed: int = 0):
         def attend(q, k, v, m):
             return parallel.attention(q, k, v, mesh=mesh, mask=m, implementation=cell.implementation, **axes)
     else:
+        score = attnlab.scores.from_spec(cell.score, num_heads=cell.num_heads, head_dim=cell.head_dim, seed=seed)
 
         def attend(q, k, v, m):
-            return attnlab.attention(q, k, v, mask=m, implementation=cell.implementation)
+            return attnlab.attention(q, k, v, mask=m, score=score, implementation=cell.implementation)
 
     if cell.mode == "fwd":
         fn = attend
@@ -563,7 +579,7 @@ def configure(c) -> None:
     for name in ("seq_lens", "num_heads"):
         if FLAGS[name].value is not None:
             c[name] = [int(x) for x in FLAGS[name].value]
-    for name in ("implementations", "masks", "modes", "dtypes"):
+    for name in ("implementations", "masks", "scores", "modes", "dtypes"):
         if FLAGS[name].value is not None:
             c[name] = list(FLAGS[name].value)
     for name in ("head_dim", "batch", "repeats", "mesh"):

@@ -75,6 +75,28 @@ CASES = {
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
 
+def _pair_table(s, q_idx, k_idx, table, ids):
+    """A Graphormer-style per-pair term: a learned table [N, 3] indexed by an integer relation of (t, s)."""
+    rel = jnp.clip(ids[q_idx][:, None] - ids[k_idx][None, :], -1, 1) + 1  # [t, s] in {0, 1, 2}
+    return s + table[:, rel]  # [N, t, s] broadcast over the leading dims
+
+
+# name -> () -> (score, extra kwargs); each score's arrays get gradients, compared with the reference's
+SCORE_CASES = {
+    "softcap_bias": lambda: (scores.SoftCap(2.0), dict(bias=lambda qi, ki: -0.1 * jnp.abs(qi[:, None] - ki))),
+    "alibi_mod": lambda: (scores.ScoreMod(scores.alibi_mod, jnp.array([0.5, 0.25, 0.125, 0.0625])), {}),
+    "pair_table_mod": lambda: (
+        scores.ScoreMod(
+            _pair_table,
+            jnp.array([[1.0, -2.0, 0.5], [0.0, 1.0, 3.0], [-1.0, 0.0, 1.0], [2.0, 2.0, -2.0]]),
+            jnp.asarray(np.random.default_rng(2).integers(0, 5, max(T, S, SQ)), jnp.int32),
+        ),
+        {},
+    ),
+    "additive": lambda: (scores.Additive(jax.random.normal(jax.random.key(9), (N, H))), {}),
+}
+
+
 class Conformance:
     """Subclass with ``IMPL`` (a name in ``attnlab.IMPLEMENTATIONS``); override ``BACKEND`` / ``run``."""
 
@@ -161,16 +183,32 @@ class Conformance:
         for g, g_r in zip(grads, grads_r, strict=True):
             compare(g, g_r, grad_tol(jnp.float32))
 
-    def test_soft_capped_scores(self):
-        q, k, v = qkv((B, T, N, H), s=S, kv_heads=K, seed=8)
-        q = q * 4.0  # large logits, so the cap matters
-        score = scores.SoftCap(2.0)
-        kw = dict(mask=masks.causal(offset=S - T), score=score, bias=lambda qi, ki: -0.1 * jnp.abs(qi[:, None] - ki))
-        self._supported_or_skip(self._call(q, k, v, **kw))
-        out, grads = fwd_and_grads(lambda q, k, v: self.run(self._call(q, k, v, **kw)), q, k, v)
-        out_r, grads_r = fwd_and_grads(lambda q, k, v: attnlab.attention_reference(q, k, v, **kw), q, k, v)
-        compare(out, out_r, tol(jnp.float32))
-        for g, g_r in zip(grads, grads_r, strict=True):
-            compare(g, g_r, grad_tol(jnp.float32))
-        plain = attnlab.attention_reference(q, k, v, mask=kw["mask"], bias=kw["bias"])
-        assert not np.allclose(out_r, plain, atol=1e-2)  # the cap changes the result
+    @pytest.mark.parametrize("dtype", list(DTYPES))
+    @pytest.mark.parametrize("mask_case", ["causal", "empty_rows", "document"])
+    @pytest.mark.parametrize("score_case", list(SCORE_CASES))
+    def test_scores(self, score_case, mask_case, dtype):
+        """Scores with a tile form: outputs and gradients (q, k, v and the score's own arrays) = the reference."""
+        (t, s), make = CASES[mask_case]
+        dt = DTYPES[dtype]
+        q, k, v = qkv((B, t, N, H), s=s, kv_heads=K, dtype=dt, seed=8)
+        q = q * 4.0  # large logits, so a cap matters
+        score, kw = SCORE_CASES[score_case]()
+        mask = make()
+        self._supported_or_skip(self._call(q, k, v, mask=mask, score=score, **kw))
+
+        def run(fn):
+            return fwd_and_grads(lambda q, k, v, sc: fn(q, k, v, mask=mask, score=sc, **kw), q, k, v, score)
+
+        out, grads = run(lambda q, k, v, **a: self.run(self._call(q, k, v, **a)))
+        out_r, grads_r = run(attnlab.attention_reference)
+        compare(out, out_r, tol(dt))
+        for g, g_r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads_r), strict=True):
+            if g_r.dtype == jax.dtypes.float0:  # an integer array of the score (ids): no gradient
+                assert g.dtype == jax.dtypes.float0
+                continue
+            assert np.isfinite(np.asarray(g, np.float32)).all()
+            compare(g, g_r, grad_tol(dt) if g.dtype == dt else grad_tol(jnp.float32))
+        if mask_case == "empty_rows":
+            assert not np.asarray(out[0], np.float32).any()
+        plain = attnlab.attention_reference(q, k, v, mask=mask, bias=kw.get("bias"))
+        assert not np.allclose(np.asarray(out_r, np.float32), np.asarray(plain, np.float32), atol=1e-2)

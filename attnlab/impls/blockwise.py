@@ -6,12 +6,16 @@ from attnlab import masks as masks_lib
 from attnlab.impls.base import Implementation
 from attnlab.kernels import blockwise as kernel
 
-__all__ = ["BLOCKWISE", "BLOCKWISE_MIN_PAIRS"]
+__all__ = ["BLOCKWISE", "BLOCKWISE_MIN_PAIRS", "PAIR_FORM_DENSE_BYTES"]
 
 # implementation=None on CPU sends dot-product attention with at least this many (query, key) pairs
 # to the blockwise kernel: on the 2-core CPU it ran the forward 1.3x faster than jax.nn at
 # T = S = 256 and 512 and 2.3x at 1K, fwd+bwd 1.2x at 1K (`make bench`; it compiles ~3x longer).
 BLOCKWISE_MIN_PAIRS = 512 * 512
+
+# A score with a pair form (additive: tanh(q_t + k_s) for every pair and head dim) takes the blockwise
+# kernel on cpu once the reference's dense [B, T, S, N, H] fp32 intermediate would exceed this.
+PAIR_FORM_DENSE_BYTES = 64 * 2**20
 
 
 class Blockwise(Implementation):
@@ -32,6 +36,8 @@ class Blockwise(Implementation):
             return None  # the portable fallback after the fused kernels and XLA
         T, S = call.T, call.S
         if T * S >= BLOCKWISE_MIN_PAIRS:
+            return None
+        if call.score.pair_form and 4 * call.batch * T * S * call.N * call.H > PAIR_FORM_DENSE_BYTES:
             return None
         bs = kernel.default_block_sizes(backend, sparse=True)
         bq, bk = min(bs.block_q, T), min(bs.block_k, S)

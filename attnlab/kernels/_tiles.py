@@ -120,7 +120,11 @@ class Static:
     kinds_used_t: tuple  # the same for the transposed schedule (key block -> query blocks)
     compute_dtype: str
     dropout_rate: float = 0.0
-    softcap: float | None = None  # logits cap * tanh(s / cap) inside the tiles (scores.SoftCap)
+    # the tile form of a score other than the plain dot product (scores.Score: tile_mod / tile_pair), as
+    # (treedef,) of the score object, () for the dot product (a tuple: a PyTreeDef cannot be compared with
+    # None); its array leaves are the last consts, after the bias's n_bias
+    score: tuple = ()
+    n_bias: int = 0
     runtime_schedule: bool = False  # the schedule comes from the mask's runtime_layout (per-row counts, on device)
     # the Pallas kernels' extra statics (attnlab.kernels.pallas_flash); defaults elsewhere
     H: int = 0
@@ -130,6 +134,10 @@ class Static:
     bm_shape: tuple = (1, 1)  # (Bm, Nm) of those bitmaps
     num_warps: int = 4
     num_stages: int = 2
+
+    def tile_score(self, consts):
+        """The score object rebuilt from its treedef and its leaves (the consts after the bias's), or None."""
+        return self.score[0].unflatten(consts[self.n_bias :]) if self.score else None
 
     @property
     def lead_size(self) -> int:
@@ -196,22 +204,78 @@ def _drop(x, keep, st: Static):
     return jnp.where(keep, x * jnp.float32(1.0 / (1.0 - st.dropout_rate)), 0.0)
 
 
-def _logits(qi, kj, bias_fn, consts, i, j, st: Static, with_slope=False):
-    """fp32 [B*K, G*bq, bk]: (pre-scaled q) . k, soft-capped when ``st.softcap``, + bias(q_pos, k_pos).
+def _from_tile(s, st: Static):
+    """A logit tile [B*K, G*bq, bk] -> [*lead, N, bq, bk] (rows are (g, q) and n = kh * G + g: a reshape)."""
+    return s.reshape(*st.lead, st.N, st.bq, s.shape[-1])
 
-    ``with_slope``: also return d(capped)/d(raw) = 1 - tanh^2 (None without a cap), for the backward.
-    """
-    s = jnp.einsum("nqh,nsh->nqs", qi, kj, preferred_element_type=jnp.float32)
-    slope = None
-    if st.softcap is not None:
-        t = jnp.tanh(s * jnp.float32(1.0 / st.softcap))
-        s = jnp.float32(st.softcap) * t
-        slope = 1.0 - t * t if with_slope else None
+
+def _post(s, consts, bias_fn, i, j, st: Static):
+    """The logits after the dot (or pair) product: the score's ``tile_mod``, then + bias(q_pos, k_pos)."""
+    if not st.score and not st.has_bias:
+        return s
+    q_pos, k_pos = _positions(i, j, st)
+    q_c, k_c = jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1)
+    if st.score:
+        score = st.tile_score(consts)
+        if score.has_mod:
+            s = score.tile_mod(_from_tile(s, st), q_c, k_c).reshape(s.shape)
     if st.has_bias:
-        q_pos, k_pos = _positions(i, j, st)
-        b = bias_fn(jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1), *consts)
-        s = s + _to_tile(b.astype(jnp.float32), st)
-    return (s, slope) if with_slope else s
+        s = s + _to_tile(bias_fn(q_c, k_c, *consts[: st.n_bias]).astype(jnp.float32), st)
+    return s
+
+
+def _raw(qi, kj, consts, st: Static):
+    """fp32 [B*K, G*bq, bk]: (pre-scaled q) . k, or the score's pair form."""
+    score = st.tile_score(consts)
+    if score is not None and score.pair_form:
+        BK, R, H = qi.shape
+        B, G = BK // st.K, R // st.bq
+        s = score.tile_pair(qi.reshape(B, st.K, G, st.bq, H), kj.reshape(B, st.K, kj.shape[1], H))
+        return s.reshape(BK, R, kj.shape[1])
+    return jnp.einsum("nqh,nsh->nqs", qi, kj, preferred_element_type=jnp.float32)
+
+
+def _logits(qi, kj, bias_fn, consts, i, j, st: Static):
+    """fp32 [B*K, G*bq, bk]: the tile's logits (dot or pair product, the score's tile_mod, the bias)."""
+    return _post(_raw(qi, kj, consts, st), consts, bias_fn, i, j, st)
+
+
+def _logits_vjp(qi, kj, bias_fn, consts, i, j, st: Static, qt=None):
+    """The tile's logits and a function ds -> (dq [B*K, G*bq, H], dk^T [B*K, H, bk], dconsts), fp32.
+
+    The dot product's own part is two plain matmuls; what comes after it (``tile_mod``, the bias) and a
+    pair form are differentiated by ``jax.vjp`` on this tile only. ``qt``: qi transposed, [B*K, H, G*bq]
+    (made once per query block by the caller).
+    """
+    score = st.tile_score(consts)
+    if score is not None and score.pair_form:
+
+        def f(qi, kj, *cs):
+            return _logits(qi, kj, bias_fn, cs, i, j, st)
+
+        s, vjp = jax.vjp(f, qi, kj, *consts)
+
+        def pull(ds):
+            dq, dk, *dcs = vjp(ds)
+            return dq.astype(jnp.float32), jnp.swapaxes(dk, -1, -2).astype(jnp.float32), tuple(dcs)
+
+        return s, pull
+    raw = jnp.einsum("nqh,nsh->nqs", qi, kj, preferred_element_type=jnp.float32)
+    if not st.score and not (st.has_bias and consts):
+        s, post_vjp = _post(raw, consts, bias_fn, i, j, st), None
+    else:
+        s, post_vjp = jax.vjp(lambda r, *cs: _post(r, cs, bias_fn, i, j, st), raw, *consts)
+
+    def pull(ds):
+        dcs = tuple(jnp.zeros(x.shape, jnp.float32) for x in consts)
+        if post_vjp is not None:
+            ds, *dcs = post_vjp(ds)
+        dq = jnp.einsum("nqs,nsh->nqh", ds.astype(kj.dtype), kj, preferred_element_type=jnp.float32)
+        qt_ = jnp.swapaxes(qi, -1, -2) if qt is None else qt
+        dkt = jnp.einsum("nhq,nqs->nhs", qt_, ds.astype(qi.dtype), preferred_element_type=jnp.float32)
+        return dq, dkt, tuple(dcs)
+
+    return s, pull
 
 
 # ------------------------------------------------------------------------------------------
@@ -414,7 +478,7 @@ def backward(
                 if partial and ok is None:
                     ok = _allowed(mask, i, j, st)
                     return jax.lax.cond(ok.any(), functools.partial(visit, True, ok), zeros)
-                s, slope = _logits(qi, kj, bias_fn, consts, i, j, st, with_slope=True)
+                s, pull = _logits_vjp(qi, kj, bias_fn, consts, i, j, st, qt=qt_i)
                 p = tile_probs(s, lse_i[0][..., None], lse_i[1][..., None])
                 if partial:
                     p = jnp.where(ok, p, 0.0)
@@ -423,22 +487,8 @@ def backward(
                 dv_j = jnp.einsum("nhq,nqs->nhs", dot_i, pd.astype(doi.dtype), preferred_element_type=jnp.float32)
                 dp = _drop(jnp.einsum("nqh,nsh->nqs", doi, vj, preferred_element_type=jnp.float32), keep, st)
                 ds = p * (dp - delta_i[..., None])  # d(logit) [B*K, G*bq, bk]
-                ds_qk = ds if slope is None else ds * slope  # through the soft cap to q . k
-                dq_c = jnp.einsum("nqs,nsh->nqh", ds_qk.astype(k.dtype), kj, preferred_element_type=jnp.float32)
-                dk_j = jnp.einsum("nhq,nqs->nhs", qt_i, ds_qk.astype(qi.dtype), preferred_element_type=jnp.float32)
-                if st.has_bias and consts:
-                    q_pos, k_pos = _positions(i, j, st)
-                    qc, kc = jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1)
-
-                    def tile_bias(*cs):
-                        return _to_tile(bias_fn(qc, kc, *cs).astype(jnp.float32), st)
-
-                    b, vjp = jax.vjp(tile_bias, *consts)
-                    # sum ds over the dims the bias broadcast along, then pull back
-                    axes = tuple(a for a in range(ds.ndim) if b.shape[a] == 1 and ds.shape[a] != 1)
-                    dcs = tuple(x.astype(jnp.float32) for x in vjp(ds.sum(axes, keepdims=True)))
-                else:
-                    dcs = tuple(jnp.zeros(x.shape, jnp.float32) for x in consts)
+                dq_c, dk_j, dcs = pull(ds)
+                dcs = tuple(_f32_cotangent(d, x) for d, x in zip(dcs, consts, strict=True))
                 return dq_c, dk_j, dv_j, dcs
 
             branches = {0: zeros, 1: functools.partial(visit, True), 2: functools.partial(visit, False)}
@@ -460,8 +510,22 @@ def backward(
     iq = jnp.arange(nq, dtype=jnp.int32)
     carry0 = (jnp.swapaxes(dk0, -1, -2), jnp.swapaxes(dv0, -1, -2), dc0)
     (dk, dv, dconsts), dq = jax.lax.scan(one_query_block, carry0, (q, dout, lse, delta, iq, index, kind, count))
-    dconsts = tuple(d.astype(c.dtype) for d, c in zip(dconsts, consts, strict=True))
-    return dq, jnp.swapaxes(dk, -1, -2), jnp.swapaxes(dv, -1, -2), dconsts
+    return dq, jnp.swapaxes(dk, -1, -2), jnp.swapaxes(dv, -1, -2), const_cotangents(dconsts, consts)
+
+
+def _f32_cotangent(d, x):
+    """A const's tile cotangent as fp32 of its shape (an integer const's float0 -> zeros)."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact) or d.dtype == jax.dtypes.float0:
+        return jnp.zeros(x.shape, jnp.float32)
+    return d.astype(jnp.float32)
+
+
+def const_cotangents(dconsts, consts):
+    """Accumulated fp32 cotangents -> each const's dtype; integer consts get ``float0`` zeros."""
+    return tuple(
+        d.astype(c.dtype) if jnp.issubdtype(c.dtype, jnp.inexact) else np.zeros(c.shape, jax.dtypes.float0)
+        for d, c in zip(dconsts, consts, strict=True)
+    )
 
 
 def softmax_delta(out, dout, dlse):

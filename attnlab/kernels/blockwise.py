@@ -263,9 +263,12 @@ def blockwise_attention(
 
 
 def call_reason(call: Call) -> str | None:
-    """None when the kernel computes the bound call's score in its tiles (dot product, soft cap), else why not."""
-    if not (call.score.is_dot or call.score.tile_cap is not None):
-        return f"supports score='dot' and scores.SoftCap only (got score {type(call.score).__name__})"
+    """None when the kernel computes the bound call's score in its tiles (``score.tiled``), else why not."""
+    if not call.score.tiled:
+        return (
+            f"computes scores with a tile form only (Dot, SoftCap, ScoreMod, Additive; got "
+            f"{type(call.score).__name__}, dense only: write a per-element change as scores.ScoreMod)"
+        )
     return None  # bias: None, a callable of positions, or an array (sliced per tile)
 
 
@@ -292,7 +295,12 @@ def attend(call: Call, *, block_sizes: BlockSizes | None = None):
 
     plans = {}
     for platform in _PLATFORMS:
-        bs = pick_block_sizes(m, T, S, platform, layout_fn) if block_sizes is None else block_sizes
+        if block_sizes is not None:
+            bs = block_sizes
+        elif call.score.pair_form:  # a pair form holds [B*N, bq, bk, H] per tile: the small tiles
+            bs = default_block_sizes(platform, sparse=True)
+        else:
+            bs = pick_block_sizes(m, T, S, platform, layout_fn)
         plans[platform] = _plan(layout_fn, call, m, bs, platform)
     branches = {}
     for platform, plan in plans.items():
@@ -347,6 +355,10 @@ def _plan(layout_fn, call: Call, m, block_sizes: BlockSizes, platform: str) -> _
     layout = adjust_layout(layout_fn(bq, bk), S, bk)
     index, kind = layout_rows(layout)
     bias_fn, consts = _bias_fn(call, bq, bk)
+    n_bias, score_def = len(consts), ()
+    if not call.score.is_dot:  # the score's tile form: its treedef is static, its leaves are kernel inputs
+        leaves, treedef = jax.tree_util.tree_flatten(call.score)
+        consts, score_def = consts + tuple(jnp.asarray(x) for x in leaves), (treedef,)
     kinds = set(np.unique(kind).tolist())
     # a mask whose data is traced refines the static layout on device (EMPTY tiles skipped, FULL
     # tiles unmasked), with no recompile when the data changes
@@ -366,8 +378,9 @@ def _plan(layout_fn, call: Call, m, block_sizes: BlockSizes, platform: str) -> _
         lead=call.lead,
         N=call.N,
         K=call.K,
-        scale=default_scale(call.H, call.score.scale),
-        softcap=call.score.tile_cap,
+        scale=default_scale(call.H, call.score.tile_scale(call.H)),
+        score=score_def,
+        n_bias=n_bias,
         has_bias=bias_fn is not None,
         kinds_used=tuple(sorted(kinds)),
         kinds_used_t=(),

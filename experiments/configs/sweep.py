@@ -29,6 +29,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
     c.batch = 1
     c.implementations = ["reference", "xla", "blockwise"]
     c.masks = ["full", "causal", "window:64:64"]
+    c.scores = ["dot"]  # attnlab.scores.from_spec: dot, softcap:CAP, alibi, additive (--scores)
     c.modes = ["fwd", "fwd_bwd"]
     c.dtypes = ["auto"]  # bfloat16 on GPU/TPU, float32 on CPU (experiments.sweep.resolve_dtypes)
     c.repeats = 3
