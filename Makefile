@@ -94,7 +94,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs softcap gpu-check compare-main claims detr docs docs-check clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores gpu-check compare-main claims detr docs docs-check clean
 
 ##@ Setup
 
@@ -188,11 +188,13 @@ lint: $(DEPS)  ## ruff check and format check
 	$(PY) -m ruff check attnlab tests experiments benchmarks
 	$(PY) -m ruff format --check attnlab tests experiments benchmarks
 
-docs: $(DEPS)  ## regenerate the tables in README.md and docs/ from the committed docs/results/
+docs: $(DEPS)  ## regenerate the tables in README.md and docs/ from the committed docs/results/, and the mask gallery
 	$(PY) -m experiments.docs --write
+	$(PY) -m experiments.gallery --write
 
-docs-check: $(DEPS)  ## check that the tables in README.md and docs/ match docs/results/ (also a test)
+docs-check: $(DEPS)  ## check that the tables in README.md and docs/ match docs/results/, and the gallery its masks (also tests)
 	$(PY) -m experiments.docs --check
+	$(PY) -m experiments.gallery --check
 
 ##@ Main job
 
@@ -268,8 +270,8 @@ traced-padding: $(DEPS)  ## bigbird(2048, 64) & padding under jit: traced vs con
 packed-docs: $(DEPS)  ## packed documents in one 8K row, ids traced vs concrete vs dense XLA, fwd+bwd, and time vs sum(len^2) -> results/packed/
 	$(PY) -m benchmarks.packed_documents --out results/packed $(PACKED_FLAGS)
 
-softcap: $(DEPS)  ## soft-capped scores (scores.SoftCap) in the blockwise tiles vs plain dot product at 4K, fwd and fwd+bwd -> results/softcap/
-	$(PY) -m benchmarks.softcap --out results/softcap
+scores: $(DEPS)  ## scores in the blockwise tiles: SoftCap and a ScoreMod (ALiBi) vs dot at 4K, additive fwd+bwd at 16K (memory, GFLOP/s) -> results/scores/
+	$(PY) -m benchmarks.scores --out results/scores
 
 gpu-check: $(DEPS)  ## on a GPU: every GPU implementation vs the reference, bf16 speed 4K-32K, peak memory at 32K (< 5 min) -> results/gpu_check.json
 	PYTHONPATH=. $(PY) -m benchmarks.gpu_check --out results/gpu_check.json $(GPU_CHECK_FLAGS)

@@ -189,7 +189,7 @@ class Score:
     * ``tile_pair(q, k)``, when ``pair_form``: q ``[B, K, G, bq, H]`` (scaled), k ``[B, K, bk, H]``
       -> fp32 logits ``[B, K, G, bq, bk]``; otherwise the logits are the scaled dot product;
     * ``tile_mod(s, q_idx, k_idx)``, when ``has_mod``: s fp32 ``[*lead, N, bq, bk]``, q_idx int32
-      ``[bq]``, k_idx ``[bk]`` (global positions) -> the modified logits, same shape.
+      ``[bq]``, k_idx ``[bk]`` (global positions, 1-D) -> the modified logits, same shape.
 
     The score's array leaves (``Additive.w``, ``ScoreMod``'s arrays) reach the kernel as inputs: traced
     values reuse the compiled program and receive gradients.
@@ -321,9 +321,10 @@ class ScoreMod(Score):
     """The scaled dot product modified per element: ``fn(s, q_idx, k_idx, *arrays)`` (FlexAttention's ``score_mod``).
 
     ``fn`` gets the logits ``s`` fp32 ``[..., N, t, s]`` (the call's leading dims, heads, a block of
-    query and key positions), the global positions ``q_idx`` int32 ``[t]`` and ``k_idx`` ``[s]``, and
-    the ``arrays``; it returns the new logits, same shape, built from broadcasting jnp operations
-    (``q_idx[:, None] - k_idx[None, :]`` is the ``[t, s]`` distance). The dense reference calls it once
+    query and key positions), the global positions ``q_idx`` int32 ``[t, 1]`` and ``k_idx`` ``[1, s]``
+    (as ``masks.predicate`` gets them: ``q_idx - k_idx`` is the ``[t, s]`` distance, ``table[q_idx,
+    k_idx]`` a per-pair term), and the ``arrays``; it returns the new logits, same shape, built from
+    broadcasting jnp operations. The dense reference calls it once
     on ``[..., N, T, S]``; the blockwise kernel once per tile, forward and backward (``jax.vjp`` of
     ``fn``), so memory stays O(T + S). ``arrays`` are pytree leaves: traced values (learned ALiBi
     slopes, per-pair tables indexed by positions) reuse the compiled program and get gradients.
@@ -355,7 +356,7 @@ class ScoreMod(Score):
         object.__setattr__(self, "scale", scale)
 
     def tile_mod(self, s, q_idx, k_idx):
-        out = self.fn(s, q_idx, k_idx, *self.arrays)
+        out = self.fn(s, q_idx[:, None], k_idx[None, :], *self.arrays)
         if getattr(out, "shape", None) != s.shape:
             raise ValueError(
                 f"ScoreMod: fn must return the logits' shape {tuple(s.shape)} ([..., N, t, s]), "
@@ -376,7 +377,7 @@ def alibi_mod(s: jax.Array, q_idx: jax.Array, k_idx: jax.Array, slopes: jax.Arra
     ``slopes`` ``[N]``; use ``ScoreMod(alibi_mod, slopes)`` (``attnlab.positional`` gives the usual
     geometric slopes).
     """
-    dist = jnp.abs(q_idx[:, None] - k_idx[None, :]).astype(jnp.float32)  # [t, s]
+    dist = jnp.abs(q_idx - k_idx).astype(jnp.float32)  # [t, 1] - [1, s] -> [t, s]
     return s - jnp.asarray(slopes, jnp.float32)[:, None, None] * dist
 
 

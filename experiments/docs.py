@@ -321,17 +321,26 @@ def packed_docs(root: Path) -> str:
     )
 
 
-def softcap(root: Path) -> str:
-    """``make softcap``: soft-capped scores in the blockwise tiles against the plain dot product."""
-    data = json.loads((root / BENCH / "softcap.json").read_text())
+def scores_table(root: Path) -> str:
+    """``make scores``: per-element scores (SoftCap, an ALiBi ScoreMod) and additive attention, blockwise."""
+    data = json.loads((root / BENCH / "scores.json").read_text())
     rows = [
-        [r["mask"], r["mode"], f"{r['T']:,}", f"{1e3 * r['dot_s']:.0f}", f"{1e3 * r['softcap_s']:.0f}",
-         f"{r['softcap_over_dot']:.2f}x"]
+        [r["score"], r["mask"], r["mode"], f"{r['T']:,}", f"{1e3 * r['dot_s']:.0f}", f"{1e3 * r['score_s']:.0f}",
+         f"{r['score_over_dot']:.2f}x"]
         for r in data["records"]
     ]  # fmt: skip
     simd = ", ".join(f for f in data["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
-    table = _table(["mask", "mode", "T", "dot ms", f"SoftCap({data['cap']:g}) ms", "SoftCap / dot"], rows)
-    return table + f"\nHost: {data['host']['cpu_model']} ({simd}); jax {data['jax']}, {data['date']}.\n"
+    table = _table(["score", "mask", "mode", "T", "dot ms", "score ms", "score / dot"], rows)
+    a = data["additive"]
+    add = _table(
+        ["T", "heads x H", "additive s", "additive GFLOP/s", "dot s", "dot GFLOP/s", "tiled temp GiB",
+         f"tiled temp GiB at {2 * a['T']:,}", "dense reference temp GiB"],
+        [[f"{a['T']:,}", f"{a['heads']} x {a['H']}", f"{a['additive_s']:.1f}", f"{a['additive_gflops']:.1f}",
+          f"{a['dot_s']:.1f}", f"{a['dot_gflops']:.1f}", f"{a['tiled_temp_gib']:.3f}", f"{a['tiled_temp_gib_2T']:.3f}",
+          f"{a['dense_temp_gib']:,.0f}"]],
+    )  # fmt: skip
+    host = f"Host: {data['host']['cpu_model']} ({simd}); jax {data['jax']}, {data['date']}."
+    return table + "\nAdditive (tanh) attention, fwd+bwd, no mask:\n\n" + add + f"\n{host}\n"
 
 
 def speech_headline(root: Path, folder: Path = Path("docs/results/speech"), *, decoding: bool = True) -> str:
@@ -387,7 +396,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-main": compare_main,
     "compare-core": compare_core,
     "packed-docs": packed_docs,
-    "softcap": softcap,
+    "scores": scores_table,
     "traced-padding": traced_padding,
     "ring-balance": ring_balance,
     "lra-table2": lra_table2,

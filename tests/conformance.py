@@ -77,7 +77,7 @@ DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
 def _pair_table(s, q_idx, k_idx, table, ids):
     """A Graphormer-style per-pair term: a learned table [N, 3] indexed by an integer relation of (t, s)."""
-    rel = jnp.clip(ids[q_idx][:, None] - ids[k_idx][None, :], -1, 1) + 1  # [t, s] in {0, 1, 2}
+    rel = jnp.clip(ids[q_idx] - ids[k_idx], -1, 1) + 1  # q_idx [t, 1], k_idx [1, s] -> [t, s] in {0, 1, 2}
     return s + table[:, rel]  # [N, t, s] broadcast over the leading dims
 
 

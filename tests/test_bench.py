@@ -140,15 +140,19 @@ def test_packed_documents_benchmark_runs_small_and_traces_once(tmp_path):
             assert r["traced_s"] > 0 and r["concrete_s"] > 0 and r["xla_s"] > 0
 
 
-def test_softcap_benchmark_runs_small(tmp_path):
-    """`make softcap` at a tiny size: four rows (full / causal x fwd / fwd+bwd), each with both times."""
+def test_scores_benchmark_runs_small(tmp_path):
+    """`make scores` at a tiny size: softcap and alibi_mod rows per (mask, mode), the additive part's memory."""
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.softcap",
+        "benchmarks.scores",
         "--out",
         str(tmp_path),
         "--seq_len=64",
+        "--heads=2",
+        "--additive_seq_len=128",
+        "--additive_heads=2",
+        "--head_dim=16",
         "--repeats=1",
         "--rounds=1",
     ]
@@ -156,8 +160,12 @@ def test_softcap_benchmark_runs_small(tmp_path):
         cmd, capture_output=True, text=True, timeout=600, cwd=pathlib.Path(__file__).resolve().parents[1]
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads((tmp_path / "softcap.json").read_text())
-    assert [(r["mask"], r["mode"]) for r in result["records"]] == [
-        ("full", "fwd"), ("full", "fwd+bwd"), ("causal", "fwd"), ("causal", "fwd+bwd")
-    ]  # fmt: skip
-    assert all(r["dot_s"] > 0 and r["softcap_s"] > 0 for r in result["records"])
+    result = json.loads((tmp_path / "scores.json").read_text())
+    assert [(r["mask"], r["mode"], r["score"]) for r in result["records"]] == [
+        (m, mode, s) for m in ("full", "causal") for mode in ("fwd", "fwd+bwd") for s in ("softcap", "alibi_mod")
+    ]
+    assert all(r["dot_s"] > 0 and r["score_s"] > 0 for r in result["records"])
+    add = result["additive"]
+    # the dense reference's [T, S, N, H] fp32 tanh tensor alone is 4 * 128^2 * 2 * 16 bytes = 2 MiB
+    assert add["dense_temp_gib"] * 2**30 >= 4 * 128 * 128 * 2 * 16 > add["tiled_temp_gib"] * 2**30
+    assert add["additive_s"] > 0 and add["dot_s"] > 0 and add["additive_gflops"] > 0

@@ -16,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Packed", "pack", "PAD_SEGMENT"]
+__all__ = ["Packed", "pack", "PAD_SEGMENT", "segment_positions"]
 
 PAD_SEGMENT = -1  # the segment id of padding (pass it as masks.document(..., padding_id=PAD_SEGMENT))
 
@@ -91,3 +93,23 @@ def pack(sequences: Sequence[Sequence[int]], row_len: int, *, pad_value: int = 0
             placement[i] = (r, start)
             start += n
     return Packed(tokens, segment_ids, positions, tuple(placement))
+
+
+def segment_positions(segment_ids) -> jax.Array:
+    """Each token's position within its segment, from segment ids ``[..., T]`` (traced or not): int32.
+
+    A segment is a run of equal ids; the position counts from 0 at each run's first token (so padding,
+    one run of ``PAD_SEGMENT``, counts too: its positions are never attended). Equals ``pack``'s
+    ``positions`` on real tokens.
+
+    Example:
+        >>> segment_positions(jnp.array([0, 0, 0, 1, 1, 2])).tolist()
+        [0, 1, 2, 0, 1, 0]
+    """
+    ids = jnp.asarray(segment_ids)
+    if ids.ndim < 1 or not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(f"segment_ids must be an integer array [..., T], got {getattr(ids, 'shape', ids)} {ids.dtype}")
+    t = jnp.arange(ids.shape[-1], dtype=jnp.int32)
+    new = jnp.concatenate([jnp.ones(ids.shape[:-1] + (1,), bool), ids[..., 1:] != ids[..., :-1]], axis=-1)
+    start = jax.lax.cummax(jnp.where(new, t, 0), axis=ids.ndim - 1)
+    return t - start

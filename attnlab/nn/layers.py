@@ -23,6 +23,7 @@ from flax import nnx
 
 from attnlab import masks as masks_lib
 from attnlab import positional
+from attnlab.data import packing
 from attnlab.heads import init_multi_head_params, multi_head_attention
 from attnlab.nn.attention import KINDS, AttentionFn, Softmax, as_attention
 
@@ -495,18 +496,57 @@ class Encoder(nnx.Module):
             )
         return attention_mask
 
+    @staticmethod
+    def _check_packed(x, batch_time, name):
+        x = jnp.asarray(x)
+        if tuple(x.shape) != tuple(batch_time) or not jnp.issubdtype(x.dtype, jnp.integer):
+            raise ValueError(
+                f"Encoder: {name} must be an integer array [B, T] = {list(batch_time)} like the inputs, "
+                f"got {x.dtype} {tuple(x.shape)}"
+            )
+        return x
+
     def mask(self, lengths):
         """The attention mask for a batch: padding(lengths) & attention_mask (None when neither)."""
         m = None if lengths is None else masks_lib.padding(lengths, lengths)
         extra = self.attention_mask
         return extra if m is None else (m if extra is None else m & extra)
 
-    def __call__(self, inputs, lengths=None, *, mask=None, bias=None, dropout_key=None, return_weights=False):
+    def __call__(
+        self,
+        inputs,
+        lengths=None,
+        *,
+        segment_ids=None,
+        positions=None,
+        mask=None,
+        bias=None,
+        dropout_key=None,
+        return_weights=False,
+    ):
+        """``inputs [B, T, ...]`` -> ``[B, T, D]`` (and the weights of every layer with ``return_weights``).
+
+        A packed batch (``attnlab.data.packing.pack``): pass ``segment_ids`` ``[B, T]`` (``PAD_SEGMENT``
+        on padding) and each document attends only within itself (``masks.document``), with its
+        positions restarting at 0 (``positions`` ``[B, T]``, default ``packing.segment_positions``) for
+        the schemes added to the inputs (sinusoidal, learned, 2-D); the relative schemes (RoPE, ALiBi,
+        T5) depend on ``q_idx - k_idx`` only, which is the same inside a document packed or alone.
+        """
         T = inputs.shape[1]
         pe = self.posenc
         param = getattr(self, pe.param_name)[...] if pe.param_name else None
         added = pe.inputs(T, self.features, param)  # [T, D] or None; checks T against the scheme
         x = self.embed(inputs)  # [B, T, D]
+        if segment_ids is not None:
+            segment_ids = self._check_packed(segment_ids, inputs.shape[:2], "segment_ids")
+            if positions is None:
+                positions = packing.segment_positions(segment_ids)
+            doc = masks_lib.document(segment_ids, padding_id=packing.PAD_SEGMENT)
+            mask = doc if mask is None else doc & mask
+        if positions is not None:
+            positions = self._check_packed(positions, inputs.shape[:2], "positions")
+            if added is not None:
+                added = jnp.take(added, positions, axis=0)  # [B, T, D]: each document from position 0
         if added is not None:
             x = x + added
         rotary = pe.rotary()  # applied to q and k in every layer
@@ -521,6 +561,11 @@ class Encoder(nnx.Module):
         keys = split_key(dropout_key, len(self.blocks) + 1)
         x = dropout(x, self.dropout_rate, keys[0])
         takes_mask = self.attention.takes_mask
+        if segment_ids is not None and not takes_mask:
+            raise ValueError(
+                f"Encoder: segment_ids (a packed batch) need an attention that takes a mask; "
+                f"attention={self.attention!r} takes padding lengths only"
+            )
         own = self.mask(lengths) if takes_mask else None
         mask = own if mask is None else (mask if own is None else own & mask)
         kv_lengths = None if takes_mask else lengths

@@ -1,0 +1,148 @@
+r"""Scores inside the blockwise tiles against the plain dot product, one process.
+
+Two parts, both through ``attnlab.kernels.blockwise_attention``:
+
+1. **Per-element scores at 4K** (8 heads, H = 64, fp32): ``scores.SoftCap(30)`` (``cap * tanh(s / cap)``,
+   Gemma 2) and ``scores.ScoreMod(alibi_mod, slopes)`` (a user ``score_mod``: ALiBi) next to
+   ``score="dot"``, full and causal masks, forward and forward + backward, best of ``--repeats`` in
+   interleaved rounds. The target: each within 1.3x of the dot product.
+2. **Additive (tanh) attention at 16K** (``--additive_seq_len``; 4 heads, H = 64, fp32, no mask),
+   ``scores.Additive(w)`` fwd+bwd: the compiled temporary memory (XLA's memory analysis) of the
+   tiled kernel and of the dense reference (compiled only, never run: it needs the
+   ``[T, S, N, H]`` tanh tensor), the time of one call, and its throughput as GFLOP/s (3H per pair
+   and head for the score — add, tanh, multiply-add —, 2H for the weighted sum, the backward
+   counted as twice the forward) next to the dot product's (2H + 2H) on the same shape. Also the
+   compiled memory at twice the length (compile only).
+
+Command (what ``make scores`` runs; ~10 min on the 2-core development CPU):
+
+    python -m benchmarks.scores --out results/scores
+
+Writes ``<out>/scores.json`` (records, host CPU model and SIMD flags, versions, command, date, wall).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+import attnlab
+from attnlab import kernels, masks, scores
+from benchmarks.host import best_of, cpu_info
+
+_OUT = flags.DEFINE_string("out", "results/scores", "Output folder.")
+_T = flags.DEFINE_integer("seq_len", 4096, "Sequence length of part 1 (per-element scores).")
+_HEADS = flags.DEFINE_integer("heads", 8, "Heads of part 1.")
+_TA = flags.DEFINE_integer("additive_seq_len", 16384, "Sequence length of part 2 (additive); 0 skips it.")
+_HEADS_A = flags.DEFINE_integer("additive_heads", 4, "Heads of part 2.")
+_H = flags.DEFINE_integer("head_dim", 64, "Head dimension H.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per cell and round (best kept).")
+_ROUNDS = flags.DEFINE_integer("rounds", 2, "Interleaved rounds.")
+_CAP = flags.DEFINE_float("cap", 30.0, "The soft cap.")
+
+
+def _qkv(T, N, H):
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    return tuple(jax.random.normal(x, (1, T, N, H), jnp.float32) for x in (kq, kk, kv))
+
+
+def _fwd_bwd(attend):
+    return jax.grad(lambda q, k, v: attend(q, k, v).sum(), argnums=(0, 1, 2))
+
+
+def per_element(T: int, N: int, H: int) -> list[dict]:
+    q, k, v = _qkv(T, N, H)
+    slopes = jnp.asarray(attnlab.positional.alibi_slopes(N), jnp.float32)
+    score_list = (("dot", "dot"), ("softcap", scores.SoftCap(_CAP.value)),
+                  ("alibi_mod", scores.ScoreMod(scores.alibi_mod, slopes)))  # fmt: skip
+    cells = {}
+    for mask_name, mask in (("full", None), ("causal", masks.causal())):
+        for score_name, score in score_list:
+
+            def attend(q, k, v, score=score, mask=mask):
+                return kernels.blockwise_attention(q, k, v, mask=mask, score=score)
+
+            cells[mask_name, score_name, "fwd"] = jax.jit(attend)
+            cells[mask_name, score_name, "fwd+bwd"] = jax.jit(_fwd_bwd(attend))
+    best = {key: float("inf") for key in cells}
+    for r in range(_ROUNDS.value):
+        for i, (key, fn) in enumerate(cells.items()):
+            print(f"part 1, round {r + 1}/{_ROUNDS.value}, cell {i + 1}/{len(cells)}: {key}", flush=True)
+            best[key] = min(best[key], best_of(fn, (q, k, v), _REPEATS.value))
+    records = []
+    for mask_name in ("full", "causal"):
+        for mode in ("fwd", "fwd+bwd"):
+            dot = best[mask_name, "dot", mode]
+            for score_name, _ in score_list[1:]:
+                s = best[mask_name, score_name, mode]
+                records.append({"mask": mask_name, "mode": mode, "T": T, "heads": N, "H": H, "score": score_name,
+                                "dot_s": dot, "score_s": s, "score_over_dot": s / dot})  # fmt: skip
+                print(json.dumps(records[-1]), flush=True)
+    return records
+
+
+def _temp_gib(fn, *args) -> float:
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes / 2**30
+
+
+def additive(T: int, N: int, H: int) -> dict:
+    q, k, v = _qkv(T, N, H)
+    w = jnp.asarray(np.random.default_rng(0).normal(0.0, H**-0.5, (N, H)), jnp.float32)
+    add = scores.Additive(w)
+
+    def tiled(q, k, v):
+        return kernels.blockwise_attention(q, k, v, score=add)
+
+    def dot(q, k, v):
+        return kernels.blockwise_attention(q, k, v)
+
+    def dense(q, k, v):
+        return attnlab.attention_reference(q, k, v, score=add)
+
+    spec = [jax.ShapeDtypeStruct((1, T, N, H), jnp.float32)] * 3
+    spec2 = [jax.ShapeDtypeStruct((1, 2 * T, N, H), jnp.float32)] * 3
+    print(f"part 2: compiled memory at T = {T} and {2 * T}", flush=True)
+    mem = {
+        "tiled_temp_gib": _temp_gib(_fwd_bwd(tiled), *spec),
+        "dense_temp_gib": _temp_gib(_fwd_bwd(dense), *spec),
+        "tiled_temp_gib_2T": _temp_gib(_fwd_bwd(tiled), *spec2),
+        "dot_temp_gib": _temp_gib(_fwd_bwd(dot), *spec),
+    }
+    print(json.dumps(mem), flush=True)
+    pairs = T * T
+    flops = {"additive": 3 * (3 * H + 2 * H) * N * pairs, "dot": 3 * (2 * H + 2 * H) * N * pairs}
+    out = {"T": T, "heads": N, "H": H, "mode": "fwd+bwd", **mem, "inputs_gib": 3 * 4 * T * N * H / 2**30}
+    for name, fn in (("dot", dot), ("additive", tiled)):
+        print(f"part 2: timing {name} fwd+bwd at T = {T} (one warm-up call, one timed)", flush=True)
+        s = best_of(jax.jit(_fwd_bwd(fn)), (q, k, v), 1)
+        out[f"{name}_s"], out[f"{name}_gflops"] = s, flops[name] / s / 1e9
+        print(json.dumps({name: s}), flush=True)
+    out["additive_over_dot_time"] = out["additive_s"] / out["dot_s"]
+    return out
+
+
+def main(argv):
+    del argv
+    start, cpu0 = time.perf_counter(), time.process_time()
+    records = per_element(_T.value, _HEADS.value, _H.value)
+    add = additive(_TA.value, _HEADS_A.value, _H.value) if _TA.value else None
+    out = Path(_OUT.value)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "records": records, "additive": add, "host": cpu_info(), "jax": jax.__version__, "cap": _CAP.value,
+        "command": "python -m benchmarks.scores " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
+        "wall_s": round(time.perf_counter() - start, 1), "cpu_s": round(time.process_time() - cpu0, 1),
+    }  # fmt: skip
+    (out / "scores.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out / 'scores.json'}")
+
+
+if __name__ == "__main__":
+    app.run(main)
