@@ -94,7 +94,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores gpu-check compare-main claims detr docs docs-check clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex gpu-check compare-main claims detr docs docs-check clean
 
 ##@ Setup
 
@@ -260,6 +260,9 @@ karate: $(MOL_DEPS)  ## karate-club graph attention demo only (about a minute) -
 
 bench: $(BENCH_DEPS)  ## attnlab's kernels vs torch SDPA / flex_attention, jax.nn, PyG (bench extra) -> results/bench/
 	$(PY) -m benchmarks.bench_attention --out results/bench $(BENCH_FLAGS)
+
+flex: $(BENCH_DEPS)  ## blockwise vs torch.compile(flex_attention) on the CPU, document mask (16 docs) and window ±128 at 16K, forward (bench extra) -> results/flex/
+	$(PY) -m benchmarks.flex --out results/flex
 
 ring-balance: $(DEPS)  ## causal ring on 8 host devices: tiles per device, critical path, fwd+bwd time, contiguous vs zig-zag -> benchmarks/results/cpu-2core-shared/ring_balance.json
 	$(PY) -m benchmarks.ring_balance --out benchmarks/results/cpu-2core-shared/ring_balance.json

@@ -205,6 +205,9 @@ class Score:
     pair_form: bool = False
     #: The tile form applies ``tile_mod`` to the dot product's logits.
     has_mod: bool = False
+    #: ``tile_mod`` is elementwise and reads neither positions nor heads nor arrays (``SoftCap``): a kernel
+    #: may apply it to a tile of any shape (the Pallas kernel's ``[bq, bk]`` tile of one head).
+    elementwise_mod: bool = False
 
     def __call__(self, q: jax.Array, k: jax.Array) -> jax.Array:
         raise NotImplementedError
@@ -301,6 +304,7 @@ class SoftCap(Score):
     has_edge_form = False
     tiled = True
     has_mod = True
+    elementwise_mod = True
 
     def __post_init__(self):
         if isinstance(self.cap, bool) or not isinstance(self.cap, (int, float)) or not self.cap > 0:

@@ -20,8 +20,9 @@ b. **speed**: bf16, B=1, N=16, H=64 and 128, T = 4K, 8K, 16K, 32K, forward and f
    full attention through cudnn, pallas, xla (where its dense logits fit, the dispatcher's rule)
    and blockwise (to 8K): ms (best of ``--repeats`` after a warm-up), useful TFLOP/s (4·N·H per
    allowed pair forward, 3.5x that forward+backward) and the ratio to cuDNN (cuDNN time / time:
-   > 1 is faster than cuDNN). Then causal through pallas vs cuDNN, and window ±128 through
-   pallas vs cuDNN's causal window(128, 0) (what cuDNN covers).
+   > 1 is faster than cuDNN). Then causal through pallas vs cuDNN, window ±128 through
+   pallas vs cuDNN's causal window(128, 0) (what cuDNN covers), 16 packed documents through
+   pallas / xla / blockwise and ``SoftCap(30)`` through pallas, both against cuDNN's full attention.
 c. **memory**: the compiled forward+backward's memory (``memory_analysis``: arguments + outputs +
    temporaries) at the largest length, per implementation.
 
@@ -225,9 +226,9 @@ def _allowed_pairs(kind, T, w):
     return int(np.sum(np.minimum(T - 1, t + right) - np.maximum(0, t - left) + 1))
 
 
-def _speed_fn(impl, mask, direction):
+def _speed_fn(impl, mask, direction, score="dot"):
     def fwd(q, k, v):
-        return attnlab.attention(q, k, v, mask=mask, implementation=impl)
+        return attnlab.attention(q, k, v, mask=mask, score=score, implementation=impl)
 
     if direction == "fwd":
         return jax.jit(fwd)
@@ -246,8 +247,22 @@ def _time(f, args, repeats):
     return best * 1e3, compile_s
 
 
+DOCS = 16  # packed documents per row in the speed section's document cells
+
+
+def doc_ids(T: int, docs: int = DOCS, seed: int = 0) -> np.ndarray:
+    """int32 [1, T]: ``docs`` documents of random lengths covering one row (as benchmarks.flex)."""
+    cuts = np.sort(np.random.default_rng(seed).choice(np.arange(1, T), size=docs - 1, replace=False))
+    return np.repeat(np.arange(docs, dtype=np.int32), np.diff(np.concatenate([[0], cuts, [T]])))[None]
+
+
 def _speed_cells(sz: Sizes):
-    """(kind, mask, window, T, H, impl, direction) in the order they run; cuDNN first in each group."""
+    """(kind, mask, window, T, H, impl, direction, score) in the order they run; cuDNN first in each group.
+
+    The document rows (16 packed documents of random lengths, ids concrete) and the soft-capped rows
+    (``SoftCap(30)``) are compared with full attention through cuDNN (cuDNN takes neither): their
+    ``vs_cudnn`` says what the structure or the score costs against the dense fused kernel.
+    """
     w = sz.speed_window
     for T in sz.speed_lengths:
         for H in sz.speed_heads:
@@ -255,23 +270,31 @@ def _speed_cells(sz: Sizes):
                 for impl in ("cudnn", "pallas", "xla", "blockwise"):
                     if impl == "blockwise" and T > sz.blockwise_max:
                         continue
-                    yield "full", None, None, T, H, impl, direction
+                    yield "full", None, None, T, H, impl, direction, "dot"
                 for impl in ("cudnn", "pallas"):
-                    yield "causal", masks.causal(), None, T, H, impl, direction
+                    yield "causal", masks.causal(), None, T, H, impl, direction, "dot"
                 # window ±w through pallas against what cuDNN covers: the causal window (w, 0)
-                yield f"window({w},0)", masks.window(w, 0), (w, 0), T, H, "cudnn", direction
-                yield f"window({w},{w})", masks.window(w, w), (w, w), T, H, "pallas", direction
+                yield f"window({w},0)", masks.window(w, 0), (w, 0), T, H, "cudnn", direction, "dot"
+                yield f"window({w},{w})", masks.window(w, w), (w, w), T, H, "pallas", direction, "dot"
+                docs = masks.document(doc_ids(T, min(DOCS, T // 2)))
+                for impl in ("pallas", "xla", "blockwise"):
+                    if impl == "blockwise" and T > sz.blockwise_max:
+                        continue
+                    yield "document16", docs, None, T, H, impl, direction, "dot"
+                yield "full", None, None, T, H, "pallas", direction, attnlab.scores.SoftCap(30.0)
 
 
 def speed(sz: Sizes, t0, opts: Options) -> list[dict]:
     rows, cudnn_ms = [], {}
-    for kind, mask, w, T, H, impl, direction in _speed_cells(sz):
+    for kind, mask, w, T, H, impl, direction, score in _speed_cells(sz):
         if impl not in opts.implementations:
             continue
         N = sz.speed_n
+        score_name = "dot" if score == "dot" else f"softcap:{score.cap:g}"
         row = dict(mask=kind, T=T, H=H, N=N, B=1, dtype="bfloat16", implementation=impl, direction=direction)
+        row |= dict(score=score_name)
         sds = jax.ShapeDtypeStruct((1, T, N, H), jnp.bfloat16)
-        why = attnlab.explain(sds, sds, sds, mask=mask, implementation=(impl,)).reason(impl)
+        why = attnlab.explain(sds, sds, sds, mask=mask, score=score, implementation=(impl,)).reason(impl)
         if why is None and impl == "xla":
             why = impls.XLA.pays_off(bind(sds, sds, sds, mask=mask), "gpu")
         if why is not None:
@@ -283,13 +306,17 @@ def speed(sz: Sizes, t0, opts: Options) -> list[dict]:
         keys = jax.random.split(jax.random.key(T + H), 3)
         q, k, v = (jax.random.normal(kk, (1, T, N, H), jnp.bfloat16) for kk in keys)
         try:
-            ms, compile_s = _time(_speed_fn(impl, mask, direction), (q, k, v), opts.repeats)
+            ms, compile_s = _time(_speed_fn(impl, mask, direction, score), (q, k, v), opts.repeats)
         except Exception as e:
             rows.append(row | dict(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}"))
             continue
-        flops = 4 * N * H * _allowed_pairs("window" if w else kind, T, w) * (3.5 if direction == "fwd+bwd" else 1.0)
-        group = (kind if w is None else "window", T, H, direction)
-        if impl == "cudnn":
+        if kind == "document16":
+            pairs = int((np.bincount(doc_ids(T, min(DOCS, T // 2))[0]) ** 2).sum())
+        else:
+            pairs = _allowed_pairs("window" if w else kind, T, w)
+        flops = 4 * N * H * pairs * (3.5 if direction == "fwd+bwd" else 1.0)
+        group = ("full" if kind == "document16" else kind if w is None else "window", T, H, direction)
+        if impl == "cudnn" and score == "dot":
             cudnn_ms[group] = ms
         ratio = cudnn_ms.get(group)
         rows.append(

@@ -343,6 +343,23 @@ def scores_table(root: Path) -> str:
     return table + "\nAdditive (tanh) attention, fwd+bwd, no mask:\n\n" + add + f"\n{host}\n"
 
 
+def flex_table(root: Path) -> str:
+    """``make flex``: the blockwise kernel against torch.compile(flex_attention) on the CPU, forward."""
+    data = json.loads((root / BENCH / "flex.json").read_text())
+    rows = [
+        [f"document ({r['docs']} docs, ids traced)" if r["mask"] == "document" else f"window ±{r['window']}",
+         f"{r['T']:,}", f"{1e3 * r['attnlab_s']:.0f}", f"{1e3 * r['flex_s']:.0f}", f"{r['flex_over_attnlab']:.2f}x",
+         f"{r['flex_block_mask_s']:.1f}", f"{r['max_abs_diff']:.0e}"]
+        for r in data["records"]
+    ]  # fmt: skip
+    simd = ", ".join(f for f in data["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
+    table = _table(["mask", "T", "attnlab ms", "flex ms", "flex / attnlab", "flex block mask s", "max abs diff"], rows)
+    return table + (
+        f"\nHost: {data['host']['cpu_model']}, {data['host']['host_cpus']} CPUs ({simd}); jax {data['jax']}, "
+        f"torch {data['torch']} ({data['torch_threads']} threads), {data['date']}.\n"
+    )
+
+
 def speech_headline(root: Path, folder: Path = Path("docs/results/speech"), *, decoding: bool = True) -> str:
     """README's speech table: CER by encoder window (greedy and beam, seen and held-out voice), decoding speed."""
     speech = importlib.import_module("experiments.speech")
@@ -397,6 +414,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-core": compare_core,
     "packed-docs": packed_docs,
     "scores": scores_table,
+    "flex": flex_table,
     "traced-padding": traced_padding,
     "ring-balance": ring_balance,
     "lra-table2": lra_table2,

@@ -83,6 +83,7 @@ def _pair_table(s, q_idx, k_idx, table, ids):
 
 # name -> () -> (score, extra kwargs); each score's arrays get gradients, compared with the reference's
 SCORE_CASES = {
+    "softcap": lambda: (scores.SoftCap(2.0), {}),
     "softcap_bias": lambda: (scores.SoftCap(2.0), dict(bias=lambda qi, ki: -0.1 * jnp.abs(qi[:, None] - ki))),
     "alibi_mod": lambda: (scores.ScoreMod(scores.alibi_mod, jnp.array([0.5, 0.25, 0.125, 0.0625])), {}),
     "pair_table_mod": lambda: (

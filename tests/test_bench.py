@@ -169,3 +169,18 @@ def test_scores_benchmark_runs_small(tmp_path):
     # the dense reference's [T, S, N, H] fp32 tanh tensor alone is 4 * 128^2 * 2 * 16 bytes = 2 MiB
     assert add["dense_temp_gib"] * 2**30 >= 4 * 128 * 128 * 2 * 16 > add["tiled_temp_gib"] * 2**30
     assert add["additive_s"] > 0 and add["dot_s"] > 0 and add["additive_gflops"] > 0
+
+
+def test_flex_benchmark_runs_small(tmp_path):
+    """`make flex` at a tiny size: both masks, both sides timed, outputs equal (needs torch: the bench extra)."""
+    pytest.importorskip("torch")
+    cmd = [sys.executable, "-m", "benchmarks.flex", "--out", str(tmp_path), "--seq_len=256", "--heads=2",
+           "--head_dim=16", "--docs=4", "--window=16", "--repeats=1", "--rounds=1"]  # fmt: skip
+    run = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, cwd=pathlib.Path(__file__).resolve().parents[1]
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "flex.json").read_text())
+    assert [r["mask"] for r in result["records"]] == ["document", "window"]
+    for r in result["records"]:
+        assert r["attnlab_s"] > 0 and r["flex_s"] > 0 and r["max_abs_diff"] < 1e-4

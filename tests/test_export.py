@@ -7,6 +7,7 @@ for ``tpu`` splash is Mosaic's ``tpu_custom_call``; exported for ``cpu`` the sam
 interpreter (loops, no custom call). Nothing here runs a kernel, so it is fast.
 """
 
+import functools
 import re
 
 import jax
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from jax import export
 
-from attnlab import masks
+from attnlab import masks, scores
 from attnlab.kernels import pallas_flash, splash
 
 TRITON = "__gpu$xla.gpu.triton"
@@ -72,6 +73,22 @@ def test_pallas_exports_gqa_with_per_head_bitmaps_for_cuda():
         *_specs(2, 100, 90, 6, 2, 32, jnp.bfloat16)
     ).mlir_module()
     assert text.count(f"@{TRITON}(") == 3 and "stablehlo.while" not in text
+
+
+def test_pallas_exports_soft_capped_scores_for_cuda():
+    """SoftCap inside the Triton kernels (forward and both backward kernels), lowered for cuda from this CPU."""
+    capped = functools.partial(pallas_flash.pallas_attention, score=scores.SoftCap(30.0))
+    _, grad = _fwd_and_grad(capped, PALLAS_MASKS["causal_traced_padding"])
+    no_check = [export.DisabledSafetyCheck.custom_call(TRITON)]
+    text = export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=no_check)(
+        *_specs(2, 200, 190, 4, 2, 64, jnp.bfloat16)
+    ).mlir_module()
+    assert re.findall(r'name = "(attnlab_flash_[a-z]+)"', text) == [
+        "attnlab_flash_fwd",
+        "attnlab_flash_dq",
+        "attnlab_flash_dkv",
+    ]
+    assert "stablehlo.while" not in text
 
 
 def test_pallas_exports_the_interpreter_for_cpu():

@@ -31,6 +31,9 @@ def test_smoke_runs_every_section_and_writes_json(tmp_path):
     speed = [r for r in result["speed"] if r["status"] == "ok"]
     assert {r["implementation"] for r in speed} >= {"xla", "blockwise"}
     assert all(r["ms"] > 0 and r["tflops"] > 0 for r in speed)
+    assert {(r["mask"], r["implementation"]) for r in speed} >= {("document16", "xla"), ("document16", "blockwise")}
+    softcap = [r for r in result["speed"] if r["score"] != "dot"]
+    assert softcap and all(r["implementation"] == "pallas" and r["score"] == "softcap:30" for r in softcap)
     mem = [r for r in result["memory"] if r["status"] == "ok"]
     assert mem and all(r["total_bytes"] >= r["temp_bytes"] > 0 for r in mem)
 

@@ -7,10 +7,16 @@ import jax.numpy as jnp
 from attnlab.call import Call
 
 
-def dot_call_reason(kernel: str, call: Call, *, dtypes, bias_hint: str = "") -> str | None:
-    """None when the bound call is a dot-product call without bias in one of ``dtypes``, else why not."""
-    if not call.score.is_dot:
-        return f"{kernel}: dot-product score only (got score {type(call.score).__name__})"
+def dot_call_reason(kernel: str, call: Call, *, dtypes, bias_hint: str = "", mods: bool = False) -> str | None:
+    """None when the bound call is a dot-product call without bias in one of ``dtypes``, else why not.
+
+    ``mods``: the kernel also applies a score's elementwise ``tile_mod`` (``SoftCap``) to its logits.
+    """
+    if mods and call.score.elementwise_mod:
+        pass
+    elif not call.score.is_dot:
+        also = " and elementwise score mods (SoftCap)" if mods else ""
+        return f"{kernel}: dot-product score{also} only (got score {type(call.score).__name__})"
     if call.bias is not None:
         return f"{kernel}: no bias{bias_hint}"
     names = [jnp.dtype(d).name for d in dtypes]

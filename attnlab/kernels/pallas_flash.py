@@ -81,7 +81,9 @@ def call_reason(call: Call, backend: str) -> str | None:
         return "pallas: the Triton kernel is for GPUs; on TPU use 'splash'"
     if backend not in ("gpu", "cuda", "rocm", "cpu"):
         return f"pallas: unknown backend {backend!r}"
-    reason = dot_call_reason("pallas", call, dtypes=_DTYPES, bias_hint=" (use 'blockwise' for a callable bias)")
+    reason = dot_call_reason(
+        "pallas", call, dtypes=_DTYPES, bias_hint=" (use 'blockwise' for a callable bias)", mods=True
+    )
     if reason is not None:
         return reason
     if max(call.H, call.Hv) > _MAX_HEAD_DIM:
@@ -98,6 +100,21 @@ def _dot(a, b, st, *, ta=False, tb=False):
     dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
     prec = jax.lax.Precision.HIGHEST if st.fp32 else None
     return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
+
+
+def _logits(st, q, k):
+    """The tile's fp32 logits [bq, bk]: scale * q . k, then the score's elementwise mod (SoftCap)."""
+    s = _dot(q, k, st, tb=True) * st.scale
+    return st.tile_score(()).tile_mod(s, None, None) if st.score else s
+
+
+def _logits_slope(st, q, k):
+    """(logits, d logits / d(scale * q . k) or None): the backward's tile through the score's mod."""
+    s = _dot(q, k, st, tb=True) * st.scale
+    if not st.score:
+        return s, None
+    out, vjp = jax.vjp(lambda x: st.tile_score(()).tile_mod(x, None, None), s)
+    return out, vjp(jnp.ones_like(s))[0]
 
 
 def _allowed(st, q_pos, k_pos, lens_ref, bm_ref, bm_idx, with_mask=True):
@@ -156,7 +173,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: Static):
 
         def tile(c, ok):
             m, l, acc = c
-            s = _dot(q, k_ref[pl.ds(kb * st.bk, st.bk), :], st, tb=True) * st.scale  # [bq, bk]
+            s = _logits(st, q, k_ref[pl.ds(kb * st.bk, st.bk), :])  # [bq, bk]
             if ok is not None:
                 s = jnp.where(ok, s, _NEG)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
@@ -199,11 +216,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_
         def tile(dq, ok):
             k = k_ref[pl.ds(kb * st.bk, st.bk), :]
             v = v_ref[pl.ds(kb * st.bk, st.bk), :]
-            s = _dot(q, k, st, tb=True) * st.scale
+            s, slope = _logits_slope(st, q, k)
             p = jnp.exp(s - lse[:, None])
             if ok is not None:
                 p = jnp.where(ok, p, 0.0)
             ds = p * (_dot(do, v, st, tb=True) - delta[:, None])
+            ds = ds if slope is None else ds * slope
             return dq + _dot(ds.astype(k.dtype), k, st)
 
         k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
@@ -238,12 +256,13 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens
                 dk, dv = c
                 q, do = q_ref[rows, g, :], do_ref[rows, g, :]
                 lse, delta = lse_ref[g, rows], delta_ref[g, rows]
-                s = _dot(q, k, st, tb=True) * st.scale  # [bq, bk]
+                s, slope = _logits_slope(st, q, k)  # [bq, bk]
                 p = jnp.exp(s - lse[:, None])
                 if ok is not None:
                     p = jnp.where(ok, p, 0.0)
                 dv = dv + _dot(p.astype(do.dtype), do, st, ta=True)  # [bk, Hvp]
                 ds = p * (_dot(do, v, st, tb=True) - delta[:, None])
+                ds = ds if slope is None else ds * slope
                 return dk + _dot(ds.astype(q.dtype), q, st, ta=True), dv
 
             bm_idx = (g, slot) if per_head_bitmap else (slot,)
@@ -449,7 +468,7 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 # Public entry point
 
 
-def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None, block_k=None):
+def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, score="dot", block_q=None, block_k=None):
     """Block-sparse flash attention in one Pallas kernel per (batch, head, query block).
 
     Args:
@@ -460,6 +479,8 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None,
             layout decides the tiles visited; padding lengths may be traced.
         bias: must be None (no bias in this kernel; see ``call_reason``).
         scale: logit scale; default ``1/sqrt(H)``.
+        score: ``"dot"`` or ``scores.SoftCap(cap, scale)`` (a score whose ``elementwise_mod`` the
+            kernel applies to each tile's logits, forward and backward).
         block_q, block_k: tile sizes (powers of two >= 16); default ``min(64, next_pow2(T|S))``.
 
     Returns:
@@ -474,7 +495,7 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, block_q=None,
         >>> pallas_attention(q, k, v, mask=masks_lib.causal()).shape
         (100, 2, 16)
     """
-    call = bind(q, k, v, mask=mask, bias=bias, scale=scale, fn="pallas_attention")
+    call = bind(q, k, v, mask=mask, bias=bias, scale=scale, score=score, fn="pallas_attention")
     return attend(call, block_q=block_q, block_k=block_k, check=True)
 
 
@@ -509,7 +530,8 @@ def attend(call: Call, *, block_q=None, block_k=None, check: bool = False):
         lead=lead,
         N=N,
         K=K,
-        scale=_tiles.default_scale(H, call.score.scale),
+        scale=_tiles.default_scale(H, call.score.tile_scale(H)),
+        score=() if call.score.is_dot else (jax.tree_util.tree_structure(call.score),),  # SoftCap: no leaves
         has_bias=False,
         kinds_used=tuple(sorted(kinds)),
         kinds_used_t=tuple(sorted(kinds_t)),
