@@ -97,6 +97,9 @@ def run():
         "causal": masks.causal(),
         "window": masks.window(6, 2),
         "padding": masks.padding(lengths, lengths),
+        # packed documents crossing shard boundaries (shards of 6), ids traced: documents across shards
+        "document&causal": masks.document(jnp.asarray(np.repeat([[0, 1, 2, 3]], 2, 0).repeat([5, 14, 9, 9], 1)))
+        & masks.causal(),
     }
     ring = lambda q, k, v, m: parallel.attention(q, k, v, mesh=mesh, seq_axis="sp", mask=m, block_sizes=bs)  # noqa: E731
     for name, r in zip(named, errors(ring, reference, q, k, v, ct, list(named.values())), strict=True):

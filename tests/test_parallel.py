@@ -37,6 +37,7 @@ CASES = [
     "ring-bfloat16-T32-causal&padding",
     "ring-zigzag-sp8-float32-T37-causal",
     "ring-zigzag-sp8-float32-T37-causal&padding",
+    "ring-float32-T37-document&causal",
     "ring-zigzag-sp4-float32-T21-causal",
     "ring-zigzag-sp4-float32-T21-causal&padding",
     "ring-zigzag-sp8-bfloat16-T32-causal&padding",
