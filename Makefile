@@ -94,7 +94,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex gpu-check compare-main claims detr docs docs-check clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex gpu-check compare-main claims detr docs docs-check notebooks clean
 
 ##@ Setup
 
@@ -191,6 +191,9 @@ lint: $(DEPS)  ## ruff check and format check
 docs: $(DEPS)  ## regenerate the tables in README.md and docs/ from the committed docs/results/, and the mask gallery
 	$(PY) -m experiments.docs --write
 	$(PY) -m experiments.gallery --write
+
+notebooks: $(DEPS)  ## execute every notebook and commit it with its outputs (figures visible when browsing)
+	$(PY) -m experiments.notebooks --write
 
 docs-check: $(DEPS)  ## check that the tables in README.md and docs/ match docs/results/, and the gallery its masks (also tests)
 	$(PY) -m experiments.docs --check

@@ -12,19 +12,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _execute(name: str, tmp_path) -> tuple[str, int]:
     """Runs notebooks/<name> in tmp_path (experiments/ linked in); returns (its printed text, its images)."""
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
-    os.symlink(os.path.join(ROOT, "experiments"), tmp_path / "experiments")
-    client = nbclient.NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
-    client.execute()
+    pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    from pathlib import Path
+
+    from experiments import notebooks
+
+    nb = notebooks.execute(Path(ROOT) / "notebooks" / name, tmp_path, timeout=600)
+    assert not notebooks.errors(nb)
+    return _text_and_images(nb)
+
+
+def _text_and_images(nb) -> tuple[str, int]:
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
-    assert not [o for o in outputs if o.get("output_type") == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     images = sum("image/png" in o.get("data", {}) for o in outputs)
     return text, images
+
+
+@pytest.mark.parametrize("name", sorted(p for p in os.listdir(os.path.join(ROOT, "notebooks")) if p.endswith(".ipynb")))
+def test_committed_notebooks_carry_their_outputs(name):
+    """Committed executed (make notebooks), so a reader browsing the repository sees the figures."""
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.get("execution_count") for c in code), f"{name}: run make notebooks"
+    text, images = _text_and_images(nb)
+    assert images >= 1 and text, f"{name}: no figure or printed text committed: run make notebooks"
+    assert not [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
 @pytest.mark.slow
