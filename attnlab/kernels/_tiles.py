@@ -126,6 +126,7 @@ class Static:
     score: tuple = ()
     n_bias: int = 0
     runtime_schedule: bool = False  # the schedule comes from the mask's runtime_layout (per-row counts, on device)
+    wide: int = 0  # > 0: one key span of this many keys per query block (``wide_spans``), not a tile schedule
     # the Pallas kernels' extra statics (attnlab.kernels.pallas_flash); defaults elsewhere
     H: int = 0
     Hv: int = 0
@@ -169,15 +170,16 @@ def _to_tile(x: jax.Array, st: Static) -> jax.Array:
     return jnp.broadcast_to(x, (st.lead_size, st.K, G, st.bq, k_)).reshape(st.lead_size * st.K, G * st.bq, k_)
 
 
-def _positions(i, j, st: Static):
+def _positions(i, k0, width: int, st: Static):
+    """Query positions of block i [bq] and the ``width`` key positions from ``k0`` (a tile: j * bk, bk)."""
     q_pos = i * st.bq + jnp.arange(st.bq, dtype=jnp.int32)  # [bq]
-    k_pos = j * st.bk + jnp.arange(st.bk, dtype=jnp.int32)  # [bk]
+    k_pos = k0 + jnp.arange(width, dtype=jnp.int32)  # [width]
     return q_pos, k_pos
 
 
-def _allowed(mask, i, j, st: Static):
-    """bool [B*K|1, G*bq, bk]: the mask on tile (i, j), False on padded key positions."""
-    q_pos, k_pos = _positions(i, j, st)
+def _allowed(mask, i, k0, width: int, st: Static):
+    """bool [B*K|1, G*bq, width]: the mask on query block i and keys k0 .. k0 + width, False past S."""
+    q_pos, k_pos = _positions(i, k0, width, st)
     q_c = jnp.minimum(q_pos, st.T - 1)  # padded query rows are discarded; keep indices in range
     k_c = jnp.minimum(k_pos, st.S - 1)
     ok = (k_pos < st.S)[None, :]
@@ -209,11 +211,11 @@ def _from_tile(s, st: Static):
     return s.reshape(*st.lead, st.N, st.bq, s.shape[-1])
 
 
-def _post(s, consts, bias_fn, i, j, st: Static):
+def _post(s, consts, bias_fn, i, k0, st: Static):
     """The logits after the dot (or pair) product: the score's ``tile_mod``, then + bias(q_pos, k_pos)."""
     if not st.score and not st.has_bias:
         return s
-    q_pos, k_pos = _positions(i, j, st)
+    q_pos, k_pos = _positions(i, k0, s.shape[-1], st)
     q_c, k_c = jnp.minimum(q_pos, st.T - 1), jnp.minimum(k_pos, st.S - 1)
     if st.score:
         score = st.tile_score(consts)
@@ -235,12 +237,13 @@ def _raw(qi, kj, consts, st: Static):
     return jnp.einsum("nqh,nsh->nqs", qi, kj, preferred_element_type=jnp.float32)
 
 
-def _logits(qi, kj, bias_fn, consts, i, j, st: Static):
-    """fp32 [B*K, G*bq, bk]: the tile's logits (dot or pair product, the score's tile_mod, the bias)."""
-    return _post(_raw(qi, kj, consts, st), consts, bias_fn, i, j, st)
+def _logits(qi, kj, bias_fn, consts, i, k0, st: Static):
+    """fp32 [B*K, G*bq, bk]: the tile's logits (dot or pair product, the score's tile_mod, the bias);
+    ``k0`` is the position of the tile's first key (j * bk)."""
+    return _post(_raw(qi, kj, consts, st), consts, bias_fn, i, k0, st)
 
 
-def _logits_vjp(qi, kj, bias_fn, consts, i, j, st: Static, qt=None):
+def _logits_vjp(qi, kj, bias_fn, consts, i, k0, st: Static, qt=None):
     """The tile's logits and a function ds -> (dq [B*K, G*bq, H], dk^T [B*K, H, bk], dconsts), fp32.
 
     The dot product's own part is two plain matmuls; what comes after it (``tile_mod``, the bias) and a
@@ -251,7 +254,7 @@ def _logits_vjp(qi, kj, bias_fn, consts, i, j, st: Static, qt=None):
     if score is not None and score.pair_form:
 
         def f(qi, kj, *cs):
-            return _logits(qi, kj, bias_fn, cs, i, j, st)
+            return _logits(qi, kj, bias_fn, cs, i, k0, st)
 
         s, vjp = jax.vjp(f, qi, kj, *consts)
 
@@ -262,9 +265,9 @@ def _logits_vjp(qi, kj, bias_fn, consts, i, j, st: Static, qt=None):
         return s, pull
     raw = jnp.einsum("nqh,nsh->nqs", qi, kj, preferred_element_type=jnp.float32)
     if not st.score and not (st.has_bias and consts):
-        s, post_vjp = _post(raw, consts, bias_fn, i, j, st), None
+        s, post_vjp = _post(raw, consts, bias_fn, i, k0, st), None
     else:
-        s, post_vjp = jax.vjp(lambda r, *cs: _post(r, cs, bias_fn, i, j, st), raw, *consts)
+        s, post_vjp = jax.vjp(lambda r, *cs: _post(r, cs, bias_fn, i, k0, st), raw, *consts)
 
     def pull(ds):
         dcs = tuple(jnp.zeros(x.shape, jnp.float32) for x in consts)
@@ -380,10 +383,10 @@ def forward_carry(q, k, v, mask, consts, index, kind, carry, *, st: Static, bias
 
             def visit(carry, partial, ok=None):
                 if partial and ok is None:  # evaluate the tile's mask; skip it if empty at run time
-                    ok = _allowed(mask, i, j, st)
+                    ok = _allowed(mask, i, j * st.bk, st.bk, st)
                     return jax.lax.cond(ok.any(), functools.partial(visit, partial=True, ok=ok), lambda c: c, carry)
                 m, l, acc = carry
-                s = _logits(qi, k[j], bias_fn, consts, i, j, st)
+                s = _logits(qi, k[j], bias_fn, consts, i, j * st.bk, st)
                 if partial:
                     s = jnp.where(ok, s, -jnp.inf)
                 m_new = jnp.maximum(m, s.max(-1))
@@ -476,9 +479,9 @@ def backward(
 
             def visit(partial, ok=None):
                 if partial and ok is None:
-                    ok = _allowed(mask, i, j, st)
+                    ok = _allowed(mask, i, j * st.bk, st.bk, st)
                     return jax.lax.cond(ok.any(), functools.partial(visit, True, ok), zeros)
-                s, pull = _logits_vjp(qi, kj, bias_fn, consts, i, j, st, qt=qt_i)
+                s, pull = _logits_vjp(qi, kj, bias_fn, consts, i, j * st.bk, st, qt=qt_i)
                 p = tile_probs(s, lse_i[0][..., None], lse_i[1][..., None])
                 if partial:
                     p = jnp.where(ok, p, 0.0)
@@ -526,6 +529,99 @@ def const_cotangents(dconsts, consts):
         d.astype(c.dtype) if jnp.issubdtype(c.dtype, jnp.inexact) else np.zeros(c.shape, jax.dtypes.float0)
         for d, c in zip(dconsts, consts, strict=True)
     )
+
+
+# ------------------------------------------------------------------------------------------
+# Wide spans: one contiguous key span per query block instead of a list of tiles
+
+
+def wide_spans(layout: np.ndarray, S: int, bk: int, max_keys: int, max_pairs: int, bq: int):
+    """``(starts int32 [nq], width)`` when every query block's non-empty key blocks are one contiguous
+    run of at most ``max_keys`` keys (a window, a band), else None.
+
+    Each query block then takes one span of ``width = J * bk`` keys from ``starts[i]`` (its first
+    non-empty block, moved left where the span would pass the last key block): one step per query block
+    with the mask evaluated on the span, instead of J tile steps each paying a loop step, a branch and
+    its softmax bookkeeping. The span covers every key the layout allows to the row, so extra keys it
+    holds are ones the mask excludes or allows: either way the mask decides. ``max_pairs`` bounds
+    ``bq * width`` (the span's logits stay in cache).
+    """
+    nq, nk = layout.shape
+    rows = [np.nonzero(layout[i])[0] for i in range(nq)]
+    J = max((len(r) for r in rows), default=0)
+    width = J * bk
+    if J < 2 or width > max_keys or bq * width > max_pairs:
+        return None
+    if any(len(r) and r[-1] - r[0] + 1 != len(r) for r in rows):
+        return None
+    last = max(0, nk * bk - width)
+    starts = np.array([min(int(r[0]) * bk, last) if len(r) else 0 for r in rows], np.int32)
+    return starts, width
+
+
+def _flat_kv(x):
+    """Key/value tiles [nk, B*K, bk, D] -> [B*K, nk*bk, D]."""
+    nk, BK, bk, D = x.shape
+    return jnp.swapaxes(x, 0, 1).reshape(BK, nk * bk, D)
+
+
+def forward_wide(q, k, v, mask, consts, starts, *, st: Static, bias_fn):
+    """The forward over one key span per query block (``wide_spans``): same outputs as ``forward``."""
+    kf, vf, W = _flat_kv(k), _flat_kv(v), st.wide
+
+    def one(args):
+        qi, i, k0 = args
+        kj = jax.lax.dynamic_slice_in_dim(kf, k0, W, axis=1)
+        vj = jax.lax.dynamic_slice_in_dim(vf, k0, W, axis=1)
+        ok = _allowed(mask, i, k0, W, st)
+        s = jnp.where(ok, _logits(qi, kj, bias_fn, consts, i, k0, st), -jnp.inf)
+        m = s.max(-1)
+        p = jnp.exp(s - jnp.where(m == -jnp.inf, 0.0, m)[..., None])  # a row with nothing allowed: p = 0
+        acc = jnp.einsum("nqs,nsh->nqh", p.astype(v.dtype), vj, preferred_element_type=jnp.float32)
+        return finalize(m, p.sum(-1), acc)
+
+    iq = jnp.arange(q.shape[0], dtype=jnp.int32)
+    return jax.lax.map(one, (q, iq, starts))
+
+
+def backward_wide(q, k, v, mask, consts, starts, out, lse, dout, *, st: Static, bias_fn, dlse=None):
+    """The backward of ``forward_wide``: a scan over query blocks adding each span's dk, dv in place."""
+    nk, BK, bk, H = k.shape
+    Hv, W = v.shape[-1], st.wide
+    kf, vf = _flat_kv(k), _flat_kv(v)
+    delta = softmax_delta(out, dout, dlse)
+
+    def one(carry, args):
+        dkt, dvt, dconsts = carry  # transposed: [B*K, H, nk*bk], [B*K, Hv, nk*bk]
+        qi, doi, lse_i, delta_i, i, k0 = args
+        kj = jax.lax.dynamic_slice_in_dim(kf, k0, W, axis=1)
+        vj = jax.lax.dynamic_slice_in_dim(vf, k0, W, axis=1)
+        ok = _allowed(mask, i, k0, W, st)
+        s, pull = _logits_vjp(qi, kj, bias_fn, consts, i, k0, st, qt=jnp.swapaxes(qi, -1, -2))
+        p = jnp.where(ok, tile_probs(s, lse_i[0][..., None], lse_i[1][..., None]), 0.0)
+        dot_i = jnp.swapaxes(doi, -1, -2)
+        dv_j = jnp.einsum("nhq,nqs->nhs", dot_i, p.astype(doi.dtype), preferred_element_type=jnp.float32)
+        dp = jnp.einsum("nqh,nsh->nqs", doi, vj, preferred_element_type=jnp.float32)
+        dq_i, dk_j, dcs = pull(p * (dp - delta_i[..., None]))
+
+        def add(acc, x):
+            return jax.lax.dynamic_update_slice_in_dim(acc, jax.lax.dynamic_slice_in_dim(acc, k0, W, 2) + x, k0, 2)
+
+        dconsts = tuple(a + _f32_cotangent(d, c) for a, d, c in zip(dconsts, dcs, consts, strict=True))
+        return (add(dkt, dk_j), add(dvt, dv_j), dconsts), dq_i
+
+    init = (
+        jnp.zeros((BK, H, nk * bk), jnp.float32),
+        jnp.zeros((BK, Hv, nk * bk), jnp.float32),
+        tuple(jnp.zeros(c.shape, jnp.float32) for c in consts),
+    )
+    iq = jnp.arange(q.shape[0], dtype=jnp.int32)
+    (dkt, dvt, dconsts), dq = jax.lax.scan(one, init, (q, dout, lse, delta, iq, starts))
+
+    def tiles(xt):  # [B*K, D, nk*bk] -> [nk, B*K, bk, D]
+        return xt.reshape(BK, xt.shape[1], nk, bk).transpose(2, 0, 3, 1)
+
+    return dq, tiles(dkt), tiles(dvt), const_cotangents(dconsts, consts)
 
 
 def softmax_delta(out, dout, dlse):

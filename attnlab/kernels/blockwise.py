@@ -40,17 +40,20 @@ from attnlab.kernels._tiles import (  # the shared tile machinery (also used by 
     Static,
     adjust_layout,
     backward,
+    backward_wide,
     block_schedule,
     compute_dtype,
     default_scale,
     dropout_keep,
     forward,
+    forward_wide,
     layout_rows,
     lse_value,
     runtime_schedule,
     tile_kv,
     tile_q,
     untile,
+    wide_spans,
     zero_cotangents,
 )
 
@@ -122,6 +125,12 @@ def default_block_sizes(backend: str | None = None, *, sparse: bool = False) -> 
 # A tile's fixed cost (loop step, mask and softmax bookkeeping) counted in (query, key) pairs.
 _TILE_OVERHEAD_PAIRS = 64 * 64
 
+# One key span per query block instead of a tile list (``_tiles.wide_spans``) when every row's non-empty
+# key blocks are contiguous, span at most WIDE_MAX_KEYS keys and bq * span <= WIDE_MAX_PAIRS (so the
+# sparse 64 x 64 tiles of a window qualify, the dense 512 x 256 tiles do not).
+WIDE_MAX_KEYS = 512
+WIDE_MAX_PAIRS = 64 * 512
+
 
 def pick_block_sizes(m, T: int, S: int, backend: str | None = None, layout_fn=None) -> BlockSizes:
     """The backend's dense or sparse tiles, whichever visits fewer pairs (plus a per-tile cost).
@@ -145,27 +154,39 @@ def pick_block_sizes(m, T: int, S: int, backend: str | None = None, layout_fn=No
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
 def _flash(q, k, v, mask, consts, seed, sched, st, bias_fn):
-    """sched = (index, kind, count): the schedule, int32 arrays (count [nq] or None: see ``_tiles.forward``).
+    """sched = (index, kind, count): the schedule, int32 arrays (count [nq] or None: see ``_tiles.forward``);
+    with ``st.wide``, (starts [nq], None, None): one key span per query block (``_tiles.wide_spans``).
 
     seed: uint32 [2], the dropout seed (unused when ``st.dropout_rate == 0``).
     Returns (out [nq, B*K, G*bq, Hv], lse [nq, B*K, G*bq] fp32, -inf on empty rows).
     """
-    out, lse = forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn, seed=seed, count=sched[2])
+    out, lse = _forward(q, k, v, mask, consts, seed, sched, st, bias_fn)
     return out, lse_value(lse)
 
 
+def _forward(q, k, v, mask, consts, seed, sched, st, bias_fn):
+    if st.wide:
+        return forward_wide(q, k, v, mask, consts, sched[0], st=st, bias_fn=bias_fn)
+    return forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn, seed=seed, count=sched[2])
+
+
 def _flash_fwd(q, k, v, mask, consts, seed, sched, st, bias_fn):
-    out, lse = forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn, seed=seed, count=sched[2])
+    out, lse = _forward(q, k, v, mask, consts, seed, sched, st, bias_fn)
     return (out, lse_value(lse)), (q, k, v, mask, consts, seed, sched, out, lse)
 
 
 def _flash_bwd(st, bias_fn, res, cts):
     q, k, v, mask, consts, seed, sched, out, lse = res
     dout, dlse = cts
-    dq, dk, dv, dconsts = backward(
-        q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn, seed=seed, dlse=dlse,
-        count=sched[2],
-    )  # fmt: skip
+    if st.wide:
+        dq, dk, dv, dconsts = backward_wide(
+            q, k, v, mask, consts, sched[0], out, lse, dout, st=st, bias_fn=bias_fn, dlse=dlse
+        )
+    else:
+        dq, dk, dv, dconsts = backward(
+            q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn, seed=seed,
+            dlse=dlse, count=sched[2],
+        )  # fmt: skip
     grads = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
     return (*grads, zero_cotangents(mask), dconsts, zero_cotangents(seed), zero_cotangents(sched))
 
@@ -337,7 +358,9 @@ class _Plan:
     def branch(self):
         def run(q, k, v, m, seed):
             index, kind, layout = self.sched
-            if self.st.runtime_schedule:  # refined on device from the mask's (traced) data
+            if self.st.wide:  # index holds the span starts
+                sched = (jnp.asarray(index), None, None)
+            elif self.st.runtime_schedule:  # refined on device from the mask's (traced) data
                 st = self.st
                 runtime = m.runtime_layout(st.T, st.S, st.bq, st.bk)
                 sched = runtime_schedule(layout, runtime, st.S, st.bk, index.shape[1])
@@ -354,11 +377,6 @@ def _plan(layout_fn, call: Call, m, block_sizes: BlockSizes, platform: str) -> _
     bq, bk = min(block_sizes.block_q, T), min(block_sizes.block_k, S)
     layout = adjust_layout(layout_fn(bq, bk), S, bk)
     index, kind = layout_rows(layout)
-    bias_fn, consts = _bias_fn(call, bq, bk)
-    n_bias, score_def = len(consts), ()
-    if not call.score.is_dot:  # the score's tile form: its treedef is static, its leaves are kernel inputs
-        leaves, treedef = jax.tree_util.tree_flatten(call.score)
-        consts, score_def = consts + tuple(jnp.asarray(x) for x in leaves), (treedef,)
     kinds = set(np.unique(kind).tolist())
     # a mask whose data is traced refines the static layout on device (EMPTY tiles skipped, FULL
     # tiles unmasked), with no recompile when the data changes
@@ -370,6 +388,16 @@ def _plan(layout_fn, call: Call, m, block_sizes: BlockSizes, platform: str) -> _
     )
     if runtime:
         kinds |= {masks_lib.FULL}
+    # a band (window): one contiguous key span per query block, one step each (CPU-measured: see WIDE_*)
+    # (not for a pair-form score: its tile holds H values per pair)
+    wide = None
+    if not runtime and not call.dropout_rate and not call.score.pair_form:
+        wide = wide_spans(layout, S, bk, WIDE_MAX_KEYS, WIDE_MAX_PAIRS, bq)
+    bias_fn, consts = _bias_fn(call, bq, bk if wide is None else wide[1])  # traced at the tile's key width
+    n_bias, score_def = len(consts), ()
+    if not call.score.is_dot:  # the score's tile form: its treedef is static, its leaves are kernel inputs
+        leaves, treedef = jax.tree_util.tree_flatten(call.score)
+        consts, score_def = consts + tuple(jnp.asarray(x) for x in leaves), (treedef,)
     st = Static(
         T=T,
         S=S,
@@ -387,7 +415,10 @@ def _plan(layout_fn, call: Call, m, block_sizes: BlockSizes, platform: str) -> _
         compute_dtype=compute_dtype(call.dtype, platform).name,
         dropout_rate=call.dropout_rate,
         runtime_schedule=runtime,
+        wide=0 if wide is None else wide[1],
     )
+    if wide is not None:
+        return _Plan(st, (wide[0], np.zeros((0,), np.int32), layout), bias_fn, consts)
     return _Plan(st, (index, kind, layout), bias_fn, consts)
 
 
