@@ -1,0 +1,230 @@
+"""The number tracer: every measurement quoted in README.md and docs/*.md is generated or traced to a file.
+
+Commands::
+
+    python -m experiments.docs_numbers          # list each untraced or wrong number, exit 1 if any (make docs-numbers)
+    python -m experiments.docs_numbers --list   # every measurement number found, traced or not
+
+**What counts as a number that reports a measurement.** In the prose of a page, that is outside fenced
+code blocks, inline code spans (`` `...` ``: flags, config values, commands), link targets, HTML
+comments and generated blocks (``<!-- begin generated: NAME -->`` ... ``<!-- end generated: NAME -->``,
+checked by ``experiments/docs.py``), a number is a measurement when
+
+- it carries a unit of a measured quantity: ``%``, ``x``/``×`` (a ratio, as in ``6.5x``), a time
+  (``ms``, ``µs``, ``s``, ``min``, ``h``, ``seconds``, ``minutes``, ``hours``) or a size (``KiB``,
+  ``MiB``, ``GiB``, ``KB``, ``MB``, ``GB``), or ``steps/s``; or
+- it is a decimal fraction without such a unit (``0.85``, ``R^2 0.94``), which in prose is a loss,
+  an accuracy, a correlation or an average precision.
+
+Ranges count as one number per end (``6.5-7.8x``: both 6.5 and 7.8). Integers without a unit (counts of
+seeds, cells, layers, steps) and version numbers (``0.10.2``) are not measurements.
+
+**How a number is traced.** ``docs/numbers.toml`` lists ``[[number]]`` entries::
+
+    [[number]]
+    page = "docs/detr.md"                        # the page
+    text = "0.6994 at 6,000 steps"               # an exact piece of the page that holds the number(s)
+    file = "docs/results/detr/results.jsonl"     # the committed file that backs them
+    values = ["rows[0]['curve'][5]['ap']"]       # one Python expression per measurement in `text`
+    scale = 1                                    # optional: shown = value * scale (100 for %, 1/60 for min)
+    tol = 0                                      # optional: allowed |shown - value * scale| beyond rounding
+
+Each expression sees the file loaded as ``d`` (JSON), ``rows`` (a JSONL file: a list of dicts) or
+``text`` (any other file), and ``mean``, ``sd`` (population), ``pick(rows, **where)`` (the rows
+whose fields equal the given values), ``min``, ``max``, ``len``, ``sum``, ``abs``, ``round``. The
+check evaluates it and fails unless the number on the page equals the value rounded to the decimals the
+page shows (plus ``tol``). A ``[[setting]]`` entry (``page``, ``text``, ``why``) declares that the
+numbers in ``text`` are not measurements but settings or derived from settings (a window of ±32
+frames is 1280 ms): they are excused with a written reason and no file.
+
+To trace a new number: add an entry (same ``page``/``text``/``file``/``values``) and run
+``python -m experiments.docs_numbers``; better, put the table between generated markers
+(``experiments/docs.py``). ``tests/test_docs_numbers.py`` runs the check in the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = Path("docs/numbers.toml")
+PAGES = ("README.md", "docs/*.md")
+
+_UNITS = r"(?:%|x\b(?!\s?\d)|×(?!\s?\d)|ms\b|µs\b|s\b|min\b|h\b|seconds?\b|minutes?\b|hours?\b|KiB\b|MiB\b|GiB\b|KB\b|MB\b|GB\b|steps/s\b)"
+# a number: digits with optional thousands commas and decimals, not part of a word or a version number
+_NUM = r"(?<![\w.])(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?![\w]|\.\d)"
+# a range's first end takes the unit of its second: 6.5-7.8x, 0.85-0.95
+_RANGE = re.compile(_NUM + r"(?=\s*(?:-|–|to)\s*\d[\d,.]*\s?" + _UNITS + ")")
+_WITH_UNIT = re.compile(_NUM + r"(?=\s?" + _UNITS + ")")
+_DECIMAL = re.compile(r"(?<![\w.])(?P<num>\d+\.\d+)(?![\w]|\.\d)")
+
+_MASKED = [
+    re.compile(r"<!-- begin generated: (?P<name>[\w.-]+) -->.*?<!-- end generated: (?P=name) -->", re.DOTALL),
+    re.compile(r"^(?P<fence>```|~~~).*?^(?P=fence)", re.DOTALL | re.MULTILINE),  # fenced code
+    re.compile(r"<!--.*?-->", re.DOTALL),  # comments
+    re.compile(r"`[^`\n]+`"),  # inline code
+    re.compile(r"\]\([^)\s]*\)"),  # link targets
+    re.compile(r"!\[[^\]]*\]"),  # image alt text
+    re.compile(r"\b(?:arXiv:?\s?)?\d{4}\.\d{4,5}\b"),  # arXiv identifiers
+    re.compile(r"\d+\s?[x×]\s?\d+(?:\s?[x×]\s?\d+)*"),  # shapes: 28 x 28, 4×4×3
+]
+
+
+@dataclass(frozen=True)
+class Number:
+    page: str
+    start: int
+    end: int
+    text: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}: {self.text}"
+
+
+def prose(text: str) -> str:
+    """`text` with everything that is not prose blanked out (same length, newlines kept)."""
+    out = list(text)
+    for pattern in _MASKED:
+        for m in pattern.finditer("".join(out)):
+            for i in range(m.start(), m.end()):
+                if out[i] != "\n":
+                    out[i] = " "
+    return "".join(out)
+
+
+def measurements(text: str, page: str = "") -> list[Number]:
+    """Every number in the prose of `text` that reports a measurement (the rule in this module's docstring)."""
+    visible = prose(text)
+    spans = {}
+    for pattern in (_WITH_UNIT, _RANGE, _DECIMAL):
+        for m in pattern.finditer(visible):
+            spans.setdefault(m.start("num"), m.end("num"))
+    return [
+        Number(page, s, e, text[s:e], text.count("\n", 0, s) + 1)
+        for s, e in sorted(spans.items())
+    ]
+
+
+def table_numbers(text: str) -> set[str]:
+    """The numbers written inside the generated blocks of a page, as they are written there."""
+    return {
+        m[0]
+        for block in _MASKED[0].finditer(text)
+        for m in re.finditer(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?|(?<![\w.])\d+(?:\.\d+)?", block[0])
+    }
+
+
+def to_float(s: str) -> float:
+    return float(s.replace(",", ""))
+
+
+def pick(rows: list[dict], **where) -> list[dict]:
+    return [r for r in rows if all(r.get(k) == v for k, v in where.items())]
+
+
+def _load(path: Path) -> dict:
+    if path.suffix == ".jsonl":
+        return {"rows": [json.loads(line) for line in path.read_text().splitlines() if line.strip()]}
+    if path.suffix == ".json":
+        return {"d": json.loads(path.read_text())}
+    return {"text": path.read_text()}
+
+
+_ENV = {
+    "mean": statistics.fmean,
+    "sd": statistics.pstdev,
+    "pick": pick,
+    "min": min,
+    "max": max,
+    "len": len,
+    "sum": sum,
+    "abs": abs,
+    "round": round,
+    "sorted": sorted,
+}
+
+
+def load_manifest(root: Path = ROOT) -> dict:
+    return tomllib.loads((root / MANIFEST).read_text())
+
+
+def _occurrences(text: str, piece: str) -> list[int]:
+    return [m.start() for m in re.finditer(re.escape(piece), text)]
+
+
+def check_entry(entry: dict, text: str, root: Path) -> list[str]:
+    """What is wrong with one [[number]] entry: missing text, a wrong count of numbers, a wrong value."""
+    where = f"{entry['page']}: {entry['text']!r}"
+    if not _occurrences(text, entry["text"]):
+        return [f"{where}: this text is not on the page"]
+    shown = [n.text for n in measurements(entry["text"])]
+    values = entry["values"]
+    if len(shown) != len(values):
+        return [f"{where}: {len(shown)} measurement(s) {shown} but {len(values)} value(s) in the manifest"]
+    path = root / entry["file"]
+    if not path.exists():
+        return [f"{where}: {entry['file']} does not exist"]
+    env = {**_ENV, **_load(path)}
+    scale, tol = float(entry.get("scale", 1)), float(entry.get("tol", 0))
+    errors = []
+    for s, expr in zip(shown, values, strict=True):
+        value = float(eval(expr, {"__builtins__": {}}, env)) * scale  # noqa: S307 (the repository's own manifest)
+        decimals = len(s.split(".")[1]) if "." in s else 0
+        if abs(to_float(s) - value) > 0.5 * 10**-decimals + tol + 1e-9:
+            errors.append(f"{where}: the page says {s}, {entry['file']} gives {value:.{decimals + 2}f} ({expr})")
+    return errors
+
+
+def check(root: Path = ROOT) -> list[str]:
+    """Every problem: measurements no entry covers, entries whose text is gone, values that differ."""
+    manifest = load_manifest(root)
+    numbers, settings = manifest.get("number", []), manifest.get("setting", [])
+    errors = []
+    for entry in settings:
+        if not entry.get("why"):
+            errors.append(f"{entry['page']}: {entry['text']!r}: a [[setting]] needs a `why`")
+    pages = sorted({p for pattern in PAGES for p in root.glob(pattern)})
+    for path in pages:
+        rel = path.relative_to(root).as_posix()
+        text = path.read_text()
+        covered: set[int] = set()
+        for entry in [*numbers, *settings]:
+            if entry["page"] != rel:
+                continue
+            starts = _occurrences(text, entry["text"])
+            if entry in numbers:
+                errors += check_entry(entry, text, root)
+            elif not starts:
+                errors.append(f"{rel}: {entry['text']!r}: this text is not on the page")
+            for s in starts:
+                covered.update(range(s, s + len(entry["text"])))
+        shown = table_numbers(text)
+        for n in measurements(text, rel):
+            if n.start not in covered and n.text not in shown:
+                errors.append(f"{n}: not traced (generate it, add it to {MANIFEST}, or remove it)")
+    known = {p.relative_to(root).as_posix() for p in pages}
+    errors += [f"{e['page']}: no such page" for e in [*numbers, *settings] if e["page"] not in known]
+    return errors
+
+
+def main(argv: list[str]) -> int:
+    if "--list" in argv:
+        for path in sorted({p for pattern in PAGES for p in ROOT.glob(pattern)}):
+            rel = path.relative_to(ROOT).as_posix()
+            for n in measurements(path.read_text(), rel):
+                print(n)
+        return 0
+    errors = check()
+    print("\n".join(errors) or f"every measurement in the docs is generated or traced ({MANIFEST})")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
