@@ -13,13 +13,17 @@ checked by ``experiments/docs.py``), a number is a measurement when
 - it carries a unit of a measured quantity: ``%``, ``x``/``×`` (a ratio, as in ``6.5x``), a time
   (``ms``, ``µs``, ``s``, ``min``, ``h``, ``seconds``, ``minutes``, ``hours``) or a size (``KiB``,
   ``MiB``, ``GiB``, ``KB``, ``MB``, ``GB``), or ``steps/s``; or
-- it is a decimal fraction without such a unit (``0.85``, ``R^2 0.94``), which in prose is a loss,
-  an accuracy, a correlation or an average precision.
+- it is a decimal fraction without such a unit (``0.85``, ``R^2 0.94``, ``1.6e-7``), which in prose is
+  a loss, an error, an accuracy, a correlation or an average precision (``1e-3`` without a decimal
+  point is a learning rate or a tolerance: a setting).
 
 Ranges count as one number per end (``6.5-7.8x``: both 6.5 and 7.8). Integers without a unit (counts of
 seeds, cells, layers, steps) and version numbers (``0.10.2``) are not measurements.
 
-**How a number is traced.** ``docs/numbers.toml`` lists ``[[number]]`` entries::
+**How a number is traced.** Either it is written, as it is written on the page, in one of the same
+page's generated blocks and has a decimal point or at least three digits (a prose number that repeats a
+cell of the generated table beside it: ``make docs`` keeps the cell true, and a changed cell unmasks
+the prose copy); or ``docs/numbers.toml`` lists ``[[number]]`` entries::
 
     [[number]]
     page = "docs/detr.md"                        # the page
@@ -31,7 +35,8 @@ seeds, cells, layers, steps) and version numbers (``0.10.2``) are not measuremen
 
 Each expression sees the file loaded as ``d`` (JSON), ``rows`` (a JSONL file: a list of dicts) or
 ``text`` (any other file), and ``mean``, ``sd`` (population), ``pick(rows, **where)`` (the rows
-whose fields equal the given values), ``min``, ``max``, ``len``, ``sum``, ``abs``, ``round``. The
+whose fields equal the given values), ``one(rows, **where)`` (the single such row), ``after(text, marker, start='')`` (the first number after ``marker``, searched from ``start``: for
+a page's generated block or a summary file), ``min``, ``max``, ``len``, ``sum``, ``abs``, ``round``. The
 check evaluates it and fails unless the number on the page equals the value rounded to the decimals the
 page shows (plus ``tol``). A ``[[setting]]`` entry (``page``, ``text``, ``why``) declares that the
 numbers in ``text`` are not measurements but settings or derived from settings (a window of ±32
@@ -58,11 +63,12 @@ PAGES = ("README.md", "docs/*.md")
 
 _UNITS = r"(?:%|x\b(?!\s?\d)|×(?!\s?\d)|ms\b|µs\b|s\b|min\b|h\b|seconds?\b|minutes?\b|hours?\b|KiB\b|MiB\b|GiB\b|KB\b|MB\b|GB\b|steps/s\b)"
 # a number: digits with optional thousands commas and decimals, not part of a word or a version number
-_NUM = r"(?<![\w.])(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?![\w]|\.\d)"
+_NUM = r"(?<![\w.])(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?!(?!x\b)\w|\.\d)"
 # a range's first end takes the unit of its second: 6.5-7.8x, 0.85-0.95
 _RANGE = re.compile(_NUM + r"(?=\s*(?:-|–|to)\s*\d[\d,.]*\s?" + _UNITS + ")")
 _WITH_UNIT = re.compile(_NUM + r"(?=\s?" + _UNITS + ")")
-_DECIMAL = re.compile(r"(?<![\w.])(?P<num>\d+\.\d+)(?![\w]|\.\d)")
+_SCIENTIFIC = re.compile(r"(?<![\w.])(?P<num>\d+\.\d+e[-+]?\d+)\b")
+_DECIMAL = re.compile(r"(?<![\w.])(?P<num>\d+\.\d+)(?!(?!x\b)\w|\.\d)")
 
 _MASKED = [
     re.compile(r"<!-- begin generated: (?P<name>[\w.-]+) -->.*?<!-- end generated: (?P=name) -->", re.DOTALL),
@@ -103,7 +109,7 @@ def measurements(text: str, page: str = "") -> list[Number]:
     """Every number in the prose of `text` that reports a measurement (the rule in this module's docstring)."""
     visible = prose(text)
     spans = {}
-    for pattern in (_WITH_UNIT, _RANGE, _DECIMAL):
+    for pattern in (_SCIENTIFIC, _WITH_UNIT, _RANGE, _DECIMAL):
         for m in pattern.finditer(visible):
             spans.setdefault(m.start("num"), m.end("num"))
     return [
@@ -125,8 +131,22 @@ def to_float(s: str) -> float:
     return float(s.replace(",", ""))
 
 
+def after(text: str, marker: str, start: str = "") -> float:
+    """The first number after `marker` (itself after `start`) in `text`: a summary.md, a generated block."""
+    i = text.index(marker, text.index(start)) + len(marker)
+    return to_float(re.search(r"-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?", text[i:])[0])
+
+
 def pick(rows: list[dict], **where) -> list[dict]:
     return [r for r in rows if all(r.get(k) == v for k, v in where.items())]
+
+
+def one(rows: list[dict], **where) -> dict:
+    """The one row whose fields equal `where` (an error if none or several)."""
+    found = pick(rows, **where)
+    if len(found) != 1:
+        raise ValueError(f"{len(found)} rows match {where}")
+    return found[0]
 
 
 def _load(path: Path) -> dict:
@@ -141,6 +161,8 @@ _ENV = {
     "mean": statistics.fmean,
     "sd": statistics.pstdev,
     "pick": pick,
+    "one": one,
+    "after": after,
     "min": min,
     "max": max,
     "len": len,
@@ -175,10 +197,12 @@ def check_entry(entry: dict, text: str, root: Path) -> list[str]:
     scale, tol = float(entry.get("scale", 1)), float(entry.get("tol", 0))
     errors = []
     for s, expr in zip(shown, values, strict=True):
-        value = float(eval(expr, {"__builtins__": {}}, env)) * scale  # noqa: S307 (the repository's own manifest)
-        decimals = len(s.split(".")[1]) if "." in s else 0
-        if abs(to_float(s) - value) > 0.5 * 10**-decimals + tol + 1e-9:
-            errors.append(f"{where}: the page says {s}, {entry['file']} gives {value:.{decimals + 2}f} ({expr})")
+        value = float(eval(expr, {"__builtins__": {}, **env})) * scale  # noqa: S307 (the repository's own manifest)
+        mantissa, _, exponent = s.partition("e")
+        decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+        half_unit = 0.5 * 10.0 ** (int(exponent or 0) - decimals)  # half the last digit shown
+        if abs(to_float(s) - value) > half_unit * (1 + 1e-9) + tol:
+            errors.append(f"{where}: the page says {s}, {entry['file']} gives {value:.{decimals + 2}g} ({expr})")
     return errors
 
 
@@ -207,7 +231,7 @@ def check(root: Path = ROOT) -> list[str]:
                 covered.update(range(s, s + len(entry["text"])))
         shown = table_numbers(text)
         for n in measurements(text, rel):
-            if n.start not in covered and n.text not in shown:
+            if n.start not in covered and not (n.text in shown and re.search(r"\.|\d{3}", n.text)):
                 errors.append(f"{n}: not traced (generate it, add it to {MANIFEST}, or remove it)")
     known = {p.relative_to(root).as_posix() for p in pages}
     errors += [f"{e['page']}: no such page" for e in [*numbers, *settings] if e["page"] not in known]
