@@ -33,8 +33,11 @@ the prose copy); or ``docs/numbers.toml`` lists ``[[number]]`` entries::
     scale = 1                                    # optional: shown = value * scale (100 for %, 1/60 for min)
     tol = 0                                      # optional: allowed |shown - value * scale| beyond rounding
 
+With several files, ``files = { vit = "a.jsonl", pixel = "b.jsonl" }`` loads each under its name (the
+rows of a JSONL file, the object of a JSON file, the text of any other) instead of one ``file``.
+
 Each expression sees the file loaded as ``d`` (JSON), ``rows`` (a JSONL file: a list of dicts) or
-``text`` (any other file), and ``mean``, ``sd`` (population), ``pick(rows, **where)`` (the rows
+``text`` (any other file), and ``mean``, ``sd`` (population), ``sd1`` (ddof = 1), ``pick(rows, **where)`` (the rows
 whose fields equal the given values), ``one(rows, **where)`` (the single such row), ``after(text, marker, start='')`` (the first number after ``marker``, searched from ``start``: for
 a page's generated block or a summary file), ``min``, ``max``, ``len``, ``sum``, ``abs``, ``round``. The
 check evaluates it and fails unless the number on the page equals the value rounded to the decimals the
@@ -160,6 +163,7 @@ def _load(path: Path) -> dict:
 _ENV = {
     "mean": statistics.fmean,
     "sd": statistics.pstdev,
+    "sd1": statistics.stdev,
     "pick": pick,
     "one": one,
     "after": after,
@@ -190,10 +194,15 @@ def check_entry(entry: dict, text: str, root: Path) -> list[str]:
     values = entry["values"]
     if len(shown) != len(values):
         return [f"{where}: {len(shown)} measurement(s) {shown} but {len(values)} value(s) in the manifest"]
-    path = root / entry["file"]
-    if not path.exists():
-        return [f"{where}: {entry['file']} does not exist"]
-    env = {**_ENV, **_load(path)}
+    files = {"": entry["file"]} if "file" in entry else {}
+    files |= entry.get("files", {})
+    env = dict(_ENV)
+    for name, rel in files.items():
+        path = root / rel
+        if not path.exists():
+            return [f"{where}: {rel} does not exist"]
+        loaded = _load(path)
+        env |= loaded if not name else {name: next(iter(loaded.values()))}
     scale, tol = float(entry.get("scale", 1)), float(entry.get("tol", 0))
     errors = []
     for s, expr in zip(shown, values, strict=True):
@@ -202,7 +211,7 @@ def check_entry(entry: dict, text: str, root: Path) -> list[str]:
         decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
         half_unit = 0.5 * 10.0 ** (int(exponent or 0) - decimals)  # half the last digit shown
         if abs(to_float(s) - value) > half_unit * (1 + 1e-9) + tol:
-            errors.append(f"{where}: the page says {s}, {entry['file']} gives {value:.{decimals + 2}g} ({expr})")
+            errors.append(f"{where}: the page says {s}, {', '.join(files.values())} gives {value:.{decimals + 2}g} ({expr})")
     return errors
 
 
