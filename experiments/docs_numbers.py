@@ -18,7 +18,7 @@ checked by ``experiments/docs.py``), a number is a measurement when
   point is a learning rate or a tolerance: a setting).
 
 Ranges count as one number per end (``6.5-7.8x``: both 6.5 and 7.8). Integers without a unit (counts of
-seeds, cells, layers, steps) and version numbers (``0.10.2``) are not measurements.
+seeds, cells, layers, steps) and versions (``0.10.2``, ``jax 0.11``, ``0.11.x``) are not measurements.
 
 **How a number is traced.** Either it is written, as it is written on the page, in one of the same
 page's generated blocks and has a decimal point or at least three digits (a prose number that repeats a
@@ -81,6 +81,7 @@ _MASKED = [
     re.compile(r"\]\([^)\s]*\)"),  # link targets
     re.compile(r"!\[[^\]]*\]"),  # image alt text
     re.compile(r"\b(?:arXiv:?\s?)?\d{4}\.\d{4,5}\b"),  # arXiv identifiers
+    re.compile(r"\b(?:jax|jaxlib|torch|Python|python)\s+\d+(?:\.\d+)+(?:\.x)?|\b\d+\.\d+\.x\b"),  # versions
     re.compile(r"\d+\s?[x×]\s?\d+(?:\s?[x×]\s?\d+)*"),  # shapes: 28 x 28, 4×4×3
 ]
 
