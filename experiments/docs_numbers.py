@@ -18,7 +18,8 @@ checked by ``experiments/docs.py``), a number is a measurement when
   point is a learning rate or a tolerance: a setting).
 
 Ranges count as one number per end (``6.5-7.8x``: both 6.5 and 7.8). Integers without a unit (counts of
-seeds, cells, layers, steps) and versions (``0.10.2``, ``jax 0.11``, ``0.11.x``) are not measurements.
+seeds, cells, layers, steps) versions (``0.10.2``, ``jax 0.11``, ``0.11.x``) and the numbers in a metric's name
+(``AP@0.5``, ``acc@32``) are not measurements.
 
 **How a number is traced.** Either it is written, as it is written on the page, in one of the same
 page's generated blocks and has a decimal point or at least three digits (a prose number that repeats a
@@ -39,7 +40,7 @@ rows of a JSONL file, the object of a JSON file, the text of any other) instead 
 Each expression sees the file loaded as ``d`` (JSON), ``rows`` (a JSONL file: a list of dicts) or
 ``text`` (any other file), and ``mean``, ``sd`` (population), ``sd1`` (ddof = 1), ``pick(rows, **where)`` (the rows
 whose fields equal the given values), ``one(rows, **where)`` (the single such row), ``after(text, marker, start='')`` (the first number after ``marker``, searched from ``start``: for
-a page's generated block or a summary file), ``min``, ``max``, ``len``, ``sum``, ``abs``, ``round``. The
+a page's generated block or a summary file), ``min``, ``max``, ``len``, ``sum``, ``abs``, ``round``, ``sorted``, ``int``, ``float``. The
 check evaluates it and fails unless the number on the page equals the value rounded to the decimals the
 page shows (plus ``tol``). A ``[[setting]]`` entry (``page``, ``text``, ``why``) declares that the
 numbers in ``text`` are not measurements but settings or derived from settings (a window of ±32
@@ -81,6 +82,7 @@ _MASKED = [
     re.compile(r"\]\([^)\s]*\)"),  # link targets
     re.compile(r"!\[[^\]]*\]"),  # image alt text
     re.compile(r"\b(?:arXiv:?\s?)?\d{4}\.\d{4,5}\b"),  # arXiv identifiers
+    re.compile(r"@\d+(?:\.\d+)?"),  # a metric's name: AP@0.5, acc@32
     re.compile(r"\b(?:jax|jaxlib|torch|Python|python)\s+\d+(?:\.\d+)+(?:\.x)?|\b\d+\.\d+\.x\b"),  # versions
     re.compile(r"\d+\s?[x×]\s?\d+(?:\s?[x×]\s?\d+)*"),  # shapes: 28 x 28, 4×4×3
 ]
@@ -175,6 +177,8 @@ _ENV = {
     "abs": abs,
     "round": round,
     "sorted": sorted,
+    "int": int,
+    "float": float,
 }
 
 
@@ -207,7 +211,11 @@ def check_entry(entry: dict, text: str, root: Path) -> list[str]:
     scale, tol = float(entry.get("scale", 1)), float(entry.get("tol", 0))
     errors = []
     for s, expr in zip(shown, values, strict=True):
-        value = float(eval(expr, {"__builtins__": {}, **env})) * scale  # noqa: S307 (the repository's own manifest)
+        try:
+            value = float(eval(expr, {"__builtins__": {}, **env})) * scale  # noqa: S307 (the repository's own manifest)
+        except Exception as e:  # a wrong field or file shape: reported with the entry, the other entries still run
+            errors.append(f"{where}: {expr} fails: {type(e).__name__}: {e}")
+            continue
         mantissa, _, exponent = s.partition("e")
         decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
         half_unit = 0.5 * 10.0 ** (int(exponent or 0) - decimals)  # half the last digit shown
