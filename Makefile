@@ -191,8 +191,9 @@ lint: $(DEPS)  ## ruff check and format check
 docs: $(DEPS)  ## regenerate the tables in README.md and docs/ from the committed docs/results/
 	$(PY) -m experiments.docs --write
 
-docs-check: $(DEPS)  ## check that the tables in README.md and docs/ match docs/results/ (also a test)
+docs-check: $(DEPS)  ## check the tables in README.md and docs/ against docs/results/, and that every quoted measurement is traced (docs/numbers.toml; also tests)
 	$(PY) -m experiments.docs --check
+	$(PY) -m experiments.docs_numbers
 
 ##@ Main job
 

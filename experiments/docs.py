@@ -401,7 +401,8 @@ def claims_heads_by_seed(root: Path, folder: Path = Path("docs/results/claims"))
               "ablation cost (points)", "layer 1 entropy", "layer 1 max mass", "heads with mass >= 0.5",
               "their R²"]  # fmt: skip
     uniform = next(r for r in _jsonl(root / folder / "results.jsonl") if r["task"] == "shift")["heads_analysis"][0]
-    return _table(header, rows) + f"\nUniform attention's entropy on these rows: {uniform['uniform_entropy']:.2f} nats.\n"
+    note = f"\nUniform attention's entropy on these rows: {uniform['uniform_entropy']:.2f} nats.\n"
+    return _table(header, rows) + note
 
 
 # name -> function of the repository root returning the markdown between the markers

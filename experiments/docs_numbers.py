@@ -2,7 +2,7 @@
 
 Commands::
 
-    python -m experiments.docs_numbers          # list each untraced or wrong number, exit 1 if any (make docs-numbers)
+    python -m experiments.docs_numbers          # each untraced or wrong number, exit 1 if any (in make docs-check)
     python -m experiments.docs_numbers --list   # every measurement number found, traced or not
 
 **What counts as a number that reports a measurement.** In the prose of a page, that is outside fenced
@@ -18,7 +18,7 @@ checked by ``experiments/docs.py``), a number is a measurement when
   point is a learning rate or a tolerance: a setting).
 
 Ranges count as one number per end (``6.5-7.8x``: both 6.5 and 7.8). Integers without a unit (counts of
-seeds, cells, layers, steps) versions (``0.10.2``, ``jax 0.11``, ``0.11.x``) and the numbers in a metric's name
+seeds, cells, layers, steps), versions (``0.10.2``, ``jax 0.11``, ``0.11.x``) and the numbers in a metric's name
 (``AP@0.5``, ``acc@32``) are not measurements.
 
 **How a number is traced.** Either it is written, as it is written on the page, in one of the same
@@ -27,22 +27,24 @@ cell of the generated table beside it: ``make docs`` keeps the cell true, and a 
 the prose copy); or ``docs/numbers.toml`` lists ``[[number]]`` entries::
 
     [[number]]
-    page = "docs/detr.md"                        # the page
-    text = "0.6994 at 6,000 steps"               # an exact piece of the page that holds the number(s)
-    file = "docs/results/detr/results.jsonl"     # the committed file that backs them
-    values = ["rows[0]['curve'][5]['ap']"]       # one Python expression per measurement in `text`
-    scale = 1                                    # optional: shown = value * scale (100 for %, 1/60 for min)
-    tol = 0                                      # optional: allowed |shown - value * scale| beyond rounding
+    page = "docs/detr.md"                                 # the page
+    text = "had reached 0.594 (10,000 steps, 16.0 min"    # an exact piece of it holding the number(s)
+    file = "docs/results/detr/long_lr1e-3/items1-2/result.json"   # the committed file that backs them
+    values = ["d['ap50']", "d['train_time_s_last_session'] / 60"] # one expression per measurement in `text`
+    scale = 1      # optional: shown = value * scale (100 for %, 1/60 for minutes)
+    tol = 0        # optional: allowed |shown - value * scale| beyond the rounding the page shows
 
 With several files, ``files = { vit = "a.jsonl", pixel = "b.jsonl" }`` loads each under its name (the
 rows of a JSONL file, the object of a JSON file, the text of any other) instead of one ``file``.
 
 Each expression sees the file loaded as ``d`` (JSON), ``rows`` (a JSONL file: a list of dicts) or
-``text`` (any other file), and ``mean``, ``sd`` (population), ``sd1`` (ddof = 1), ``pick(rows, **where)`` (the rows
-whose fields equal the given values), ``one(rows, **where)`` (the single such row), ``after(text, marker, start='')`` (the first number after ``marker``, searched from ``start``: for
-a page's generated block or a summary file), ``min``, ``max``, ``len``, ``sum``, ``abs``, ``round``, ``sorted``, ``int``, ``float``. The
-check evaluates it and fails unless the number on the page equals the value rounded to the decimals the
-page shows (plus ``tol``). A ``[[setting]]`` entry (``page``, ``text``, ``why``) declares that the
+``text`` (any other file), and helpers: ``mean``, ``sd`` (population), ``sd1`` (ddof = 1),
+``pick(rows, **where)`` (the rows whose fields equal the given values), ``one(rows, **where)`` (the
+single such row), ``after(text, marker, start='')`` (the first number after ``marker``, searched
+from ``start``: for a page's generated block or a summary file), ``min``, ``max``, ``len``, ``sum``,
+``abs``, ``round``, ``sorted``, ``int``, ``float``. The check evaluates it and fails unless the
+number on the page equals the value rounded to the decimals the page shows (plus ``tol``).
+A ``[[setting]]`` entry (``page``, ``text``, ``why``) declares that the
 numbers in ``text`` are not measurements but settings or derived from settings (a window of ±32
 frames is 1280 ms): they are excused with a written reason and no file.
 
@@ -65,7 +67,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = Path("docs/numbers.toml")
 PAGES = ("README.md", "docs/*.md")
 
-_UNITS = r"(?:%|x\b(?!\s?\d)|×(?!\s?\d)|ms\b|µs\b|s\b|min\b|h\b|seconds?\b|minutes?\b|hours?\b|KiB\b|MiB\b|GiB\b|KB\b|MB\b|GB\b|steps/s\b)"
+_UNITS = (
+    r"(?:%|x\b(?!\s?\d)|×(?!\s?\d)|ms\b|µs\b|s\b|min\b|h\b|seconds?\b|minutes?\b|hours?\b"
+    r"|KiB\b|MiB\b|GiB\b|KB\b|MB\b|GB\b|steps/s\b)"
+)
 # a number: digits with optional thousands commas and decimals, not part of a word or a version number
 _NUM = r"(?<![\w.])(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?!(?!x\b)\w|\.\d)"
 # a range's first end takes the unit of its second: 6.5-7.8x, 0.85-0.95
@@ -118,10 +123,7 @@ def measurements(text: str, page: str = "") -> list[Number]:
     for pattern in (_SCIENTIFIC, _WITH_UNIT, _RANGE, _DECIMAL):
         for m in pattern.finditer(visible):
             spans.setdefault(m.start("num"), m.end("num"))
-    return [
-        Number(page, s, e, text[s:e], text.count("\n", 0, s) + 1)
-        for s, e in sorted(spans.items())
-    ]
+    return [Number(page, s, e, text[s:e], text.count("\n", 0, s) + 1) for s, e in sorted(spans.items())]
 
 
 def table_numbers(text: str) -> set[str]:
@@ -190,6 +192,11 @@ def _occurrences(text: str, piece: str) -> list[int]:
     return [m.start() for m in re.finditer(re.escape(piece), text)]
 
 
+def _shown(value: float, decimals: int, exponent: str) -> str:
+    """`value` with two more digits than the page shows."""
+    return f"{value:.{decimals + 2}e}" if exponent else f"{value:.{decimals + 2}f}"
+
+
 def check_entry(entry: dict, text: str, root: Path) -> list[str]:
     """What is wrong with one [[number]] entry: missing text, a wrong count of numbers, a wrong value."""
     where = f"{entry['page']}: {entry['text']!r}"
@@ -220,7 +227,8 @@ def check_entry(entry: dict, text: str, root: Path) -> list[str]:
         decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
         half_unit = 0.5 * 10.0 ** (int(exponent or 0) - decimals)  # half the last digit shown
         if abs(to_float(s) - value) > half_unit * (1 + 1e-9) + tol:
-            errors.append(f"{where}: the page says {s}, {', '.join(files.values())} gives {value:.{decimals + 2}g} ({expr})")
+            got = _shown(value, decimals, exponent)
+            errors.append(f"{where}: the page says {s}, {', '.join(files.values())} gives {got} ({expr})")
     return errors
 
 
