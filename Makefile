@@ -195,9 +195,10 @@ docs: $(DEPS)  ## regenerate the tables in README.md and docs/ from the committe
 notebooks: $(DEPS)  ## execute every notebook and commit it with its outputs (figures visible when browsing)
 	$(PY) -m experiments.notebooks --write
 
-docs-check: $(DEPS)  ## check that the tables in README.md and docs/ match docs/results/, and the gallery its masks (also tests)
+docs-check: $(DEPS)  ## check the tables in README.md and docs/ against docs/results/, the gallery against its masks, and that every quoted measurement is traced (docs/numbers.toml; also tests)
 	$(PY) -m experiments.docs --check
 	$(PY) -m experiments.gallery --check
+	$(PY) -m experiments.docs_numbers
 
 ##@ Main job
 

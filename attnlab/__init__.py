@@ -17,7 +17,26 @@ from attnlab.heads import init_multi_head_params, merge_heads, multi_head_attent
 
 __version__ = "0.1.0"
 
-__all__ = [
+# Loaded on first use (`attnlab.nn.Encoder`, `attnlab.train.train`, ...): they pull in flax, optax, orbax
+# and the data libraries, which the attention functions above do not need. `import attnlab.nn` works too.
+_LAZY_MODULES = ("data", "decoding", "nn", "train")
+
+
+def __getattr__(name):
+    if name in _LAZY_MODULES:
+        import importlib
+
+        module = importlib.import_module(f"attnlab.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_LAZY_MODULES})
+
+
+__all__ = [  # the lazily loaded modules are not in __all__: `from attnlab import *` stays light
     "IMPLEMENTATIONS",
     "attention",
     "attention_reference",

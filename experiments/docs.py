@@ -399,6 +399,38 @@ def speech_pilots(root: Path, folder: Path = Path("docs/results/speech-pilots"))
     return _table([*header, "final train loss", "train s"], rows)
 
 
+def claims_heads_by_seed(root: Path, folder: Path = Path("docs/results/claims")) -> str:
+    """The shift task's per-head figures per model and seed (docs/results/claims/results.jsonl).
+
+    The second layer's most concentrated head (its top offset, mass there, entropy, offset-only R² and the
+    points its ablation costs), the first layer's entropy range and largest mass on one offset, and how
+    many heads put at least half their mass on one offset, with those heads' R² range."""
+    rows = []
+    for r in _jsonl(root / folder / "results.jsonl"):
+        if r["task"] != "shift" or r["score"] != "dot":
+            continue
+        heads = r["heads_analysis"]
+        first = [h for h in heads if h["layer"] == 0]
+        best = max((h for h in heads if h["layer"] == 1), key=lambda h: h["top_offset_mass"])
+        sharp = [h for h in heads if h["top_offset_mass"] >= 0.5]
+        r2 = [h["r2_offset"] for h in sharp]
+        rows.append(
+            [str(r["heads"]), str(r["seed"]), f"{100 * r['accuracy']:.1f}", f"{best['top_offset']:+d}",
+             f"{best['top_offset_mass']:.2f}", f"{best['entropy']:.2f}", f"{best['r2_offset']:.2f}",
+             f"{100 * (r['accuracy'] - best['ablated_accuracy']):.0f}",
+             f"{min(h['entropy'] for h in first):.2f}-{max(h['entropy'] for h in first):.2f}",
+             f"{max(h['top_offset_mass'] for h in first):.2f}", f"{len(sharp)} of {len(heads)}",
+             f"{min(r2):.2f}-{max(r2):.2f}" if r2 else "-"]
+        )  # fmt: skip
+    rows.sort(key=lambda row: (int(row[0]), int(row[1])))
+    header = ["heads", "seed", "acc %", "layer 2 best head: offset", "mass", "entropy (nats)", "R²",
+              "ablation cost (points)", "layer 1 entropy", "layer 1 max mass", "heads with mass >= 0.5",
+              "their R²"]  # fmt: skip
+    uniform = next(r for r in _jsonl(root / folder / "results.jsonl") if r["task"] == "shift")["heads_analysis"][0]
+    note = f"\nUniform attention's entropy on these rows: {uniform['uniform_entropy']:.2f} nats.\n"
+    return _table(header, rows) + note
+
+
 # name -> function of the repository root returning the markdown between the markers
 TABLES: dict[str, Callable[[Path], str]] = {
     "sweep-run": sweep_run,
@@ -436,6 +468,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "detr": lambda root: experiment_report("detr", root / "docs/results/detr"),
     "detr-pilots": lambda root: experiment_report("detr", root / "docs/results/detr-pilots"),
     "claims": lambda root: experiment_report("claims", root / "docs/results/claims"),
+    "claims-heads-by-seed": claims_heads_by_seed,
     "explain": lambda root: "```\n" + importlib.import_module("attnlab.dispatch")._demo().strip("\n") + "\n```\n",
 }
 

@@ -24,8 +24,8 @@ the mean attention distance per layer and head, trained and at initialisation), 
 The report writes ``summary.md`` (accuracy mean +- std over seeds per model and size),
 ``accuracy_vs_size.png`` (error bars: +- one standard deviation over seeds) and
 ``attention_distance.png`` (per layer and head for the ViT trained on the most data and for the
-pixel model; the layer means against training-set size). Measured numbers: README, "Images as
-sequences".
+pixel model; the layer means against training-set size). Measured numbers: docs/images.md
+(generated from docs/results/images/).
 """
 
 from __future__ import annotations

@@ -27,14 +27,8 @@ Commands:
 The report writes ``summary.md`` (three tables), ``listops_accuracy.png``, ``efficiency.png``
 (steps/s and memory vs N), ``time_vs_n.png`` (attention vs GRU per training step) and ``recall.png``.
 
-Expected (measured on the shared 2-core CPU under load 15-20; README "Cutting attention's cost" has
-the tables). ListOps ``:cpu`` (lengths 32-128, not LRA's 500-2000; 300 steps = half an epoch):
-full 24.4%, local 25.7%, BigBird 27.2%, linear 13.3%, Performer 16.2%, GRU 21.0% test accuracy
-(majority class 12.6%; LRA's vanilla Transformer gets 36.37% on LRA's ListOps after 5K steps of a
-d=512 model). Recall: full attention 100% at every distance 16..256, the GRU 24.6% at 16 and
-chance (~14%) from 64 on, at this budget of 250 steps. Efficiency: see ``summary.md``; the
-blockwise full attention and the sparse masks keep memory linear in N while ``full_dense`` grows
-as N^2, linear and Performer are O(N) in time, and the GRU's time per step grows linearly in N.
+Measured (one seed per model): docs/efficiency.md, tables generated from docs/results/long_range/
+(commands and times in its ``run.json``).
 """
 
 from __future__ import annotations

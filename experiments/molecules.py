@@ -27,7 +27,7 @@ params, train time; a rerun skips the lines already there), ``runs/<model>-<task
 ``attention_<model>.json`` (seed-0 classification attention for one test molecule), ``karate.json``;
 and from them ``summary.md``, ``bars.png`` (mean +- std over seeds), ``molecule_attention.png``
 (RDKit drawing: the graph model's weights on the bonds, the spatial model's weights from one atom)
-and ``karate.png``. The measured tables are in the README ("Molecules as graphs").
+and ``karate.png``. The measured tables are in docs/molecules.md (generated from docs/results/molecules/).
 """
 
 from __future__ import annotations

@@ -25,13 +25,13 @@ Variants:
     epochs   the default ViT and CNN at 1K / 5K / 20K images, each trained for the same 5 epochs
              (78 / 391 / 1,562 steps of batch 64), 3 seeds: compute grows with the data, so whether
              the CNN's lead shrinks with more data is no longer confounded by fewer epochs
-             (``make images-epochs``; about 15 min on a quiet 2-core CPU).
+             (``make images-epochs``; its wall time is in ``docs/results/images/run.json``).
     smoke    scikit-learn's 8 x 8 digits, ViT and CNN (2 x 2 patches, 16 tokens), sizes 200 / 1,347,
              2 seeds, 12 steps: seconds of compute (mostly compiling); used by the tests. (The pixel
              model is the same Encoder with ``attention_mask``; the tests check it and the mask apart.)
 
-Measured (shared 2-core CPU, load average ~20): README "Images as sequences"; the table is
-``results/images/summary.md``.
+Measured: docs/images.md (tables generated from ``docs/results/images/``, commands and times in its
+``run.json``); a rerun writes ``results/images/summary.md``.
 
 Every field can be overridden, e.g. `--config.sizes=1000,5000 --config.seeds=0`.
 """

@@ -3,14 +3,14 @@
 Commands:
 
     make listops      # = python -m experiments.long_range --config experiments/configs/long_range.py:default \
-                      #       --out results/long_range   (14 min wall, 15 min CPU on a quiet 2-core CPU)
+                      #       --out results/long_range   (wall and CPU time: docs/results/long_range/run.json)
     python -m experiments.long_range --config experiments/configs/long_range.py:smoke --out /tmp/lr   # seconds
     python -m experiments.long_range --config experiments/configs/long_range.py:lra --out results/lra_listops
                       # LRA's ListOps sizes (96K examples, length 500-2000) and model; for a GPU/TPU
 
 Variants:
     default  ListOps ``:cpu`` (20K train, lengths 32-128), d=64, 2 layers, 4 heads, batch 32, the same
-             300 AdamW steps for every model (half an epoch: the shared CPU allows no more in ~20 min);
+             300 AdamW steps for every model (half an epoch: what the shared 2-core CPU allows);
              efficiency table at N = 512 .. 4K (batch 2); recall task at distances 16 .. 256.
     smoke    tiny everything (used by tests/test_long_range.py).
     lra      LRA's ListOps setting (Tay et al. 2020, appendix: 96K/2K/2K, max length 2000, 4 layers,

@@ -13,11 +13,10 @@ Variants:
              learned per-head bias by shortest-path distance (Graphormer), (d) ``gin``: a GIN
              message-passing baseline. Tasks: ``classification`` (3 classes, accuracy) and
              ``regression`` (logS, RMSE). d=64, 3 layers, 4 heads, batch 64, 500 AdamW steps
-             (28 epochs). Then the karate-club demo. Measured (test, mean +- std over 3 seeds):
-             accuracy / RMSE full 77.0% / 0.907, graph 78.2% / 0.842, spatial 78.7% / 0.847,
-             gin 76.0% / 0.950 (README, "Molecules as graphs").
+             (28 epochs). Then the karate-club demo. Measured: docs/molecules.md (tables generated
+             from docs/results/molecules/, mean +- std over 3 seeds).
     karate   only the karate-club demo (graph vs full attention, 2 labelled nodes, 5 seeds, 300 steps each;
-             5 min at load 18 on the 2-core CPU, well under that when idle).
+             minutes on the 2-core CPU: ``time_s`` in docs/results/molecules/karate.json).
     smoke    tiny models on 96 train / 48 test molecules, 20 steps, 1 seed; karate (graph model) 20 steps.
              Seconds; used by the tests.
 

@@ -9,21 +9,16 @@ Command (one model):
 and then draws the figures and table from the JSONL (`--report`).
 
 Variants (12 universal tags, Petrov et al. 2012; inputs: word id + 3-letter suffix + word shape;
-d=64, 2 layers, batch 64 sentences, 2,500 AdamW steps = 3.5 epochs). Measured test accuracy on the
-shared 2-core development CPU (README, "Models, training and part-of-speech tagging"):
+d=64, 2 layers, batch 64 sentences, 2,500 AdamW steps = 3.5 epochs). Measured test accuracies (one
+seed): docs/pos_tagging.md, generated from docs/results/pos/results.jsonl.
     attention    pre-norm self-attention encoder, 4 heads, sinusoidal positions, full attention.
-                 Measured 97.0% (ambiguous words 95.3%, OOV 84.5%) in 397-584 s of training.
-    window2/4/8  the same with each word seeing only +-2/4/8 neighbours. Measured 97.9, 97.9, 97.65%:
-                 better than full attention; POS needs little context, and the window is a prior
-                 that full attention must learn from data.
-    nopos        full attention without positional encoding (a bag of context words). Measured
-                 95.6%: word order matters for tags.
-    learned      full attention with a learned position table (init std 0.02). Measured 95.6%,
-                 the same as nopos: in 2,500 steps it did not learn to use positions.
-    mlp          per-token MLP (no context). Measured 94.9% (ambiguous 91.1%), about the
-                 most-frequent-tag baseline (94.6% on this split), in 108 s.
-    cnn          2 convolutions of width 5 (+-4 words of context). Measured 98.3% in 180 s.
-    lstm         1-layer bidirectional LSTM. Measured 98.2% in 246 s.
+    window2/4/8  the same with each word seeing only +-2/4/8 neighbours (a locality prior that
+                 full attention must learn from data).
+    nopos        full attention without positional encoding (a bag of context words).
+    learned      full attention with a learned position table (init std 0.02).
+    mlp          per-token MLP (no context).
+    cnn          2 convolutions of width 5 (+-4 words of context).
+    lstm         1-layer bidirectional LSTM.
     smoke        tiny model, 8 files, 30 steps, one padded length: seconds; used by the tests.
 
 Every field can be overridden, e.g. `--config.train.num_steps=500 --config.model.d_model=64`.

@@ -1,6 +1,6 @@
 """Positional-encoding ablation: one small encoder, every scheme, several seeds, length generalisation.
 
-Command (the whole ablation, ~10-15 min on a 2-core CPU):
+Command (the whole ablation; its wall and CPU time: docs/results/posenc/run.json):
 
     make posenc
     # = python -m experiments.posenc --config experiments/configs/posenc.py:default --out results/posenc
@@ -18,16 +18,8 @@ Variants:
              seeds 0, 1, 2 (18 runs).
     smoke    tiny model, 2 schemes, 1 seed, 20 steps: seconds; used by the tests.
 
-Measured with `default` (token accuracy %, mean ± std over seeds 0-2; 18 runs, 4.4 min of CPU time,
-17 min wall on the shared 2-core CPU at load 14-22; README "Positional encoding"):
-
-    posenc       L = 32        2L            4L
-    none         13.6 ± 0.2    11.3 ± 0.1     9.7 ± 0.2   no positions: cannot solve it
-    sinusoidal  100.0 ± 0.0    46.5 ± 5.7    23.0 ± 2.5   chance on positions t >= L
-    learned     100.0 ± 0.0    54.1 ± 0.1    30.5 ± 0.4   chance on positions t >= L
-    rope        100.0 ± 0.0    94.0 ± 0.0    51.7 ± 1.6   100% on t >= L at 2L
-    alibi        19.0 ± 0.2    18.1 ± 0.2    18.2 ± 0.4   symmetric bias: no left vs right
-    t5          100.0 ± 0.0    99.1 ± 0.7    71.9 ± 19.6  (t5_max_distance = L)
+Measured with `default` (token accuracy %, mean ± std over seeds 0-2): docs/positional.md, generated
+from docs/results/posenc/results.jsonl.
 
 Every field can be overridden, e.g. `--config.train.num_steps=3000 --config.schemes=rope,t5`.
 """

@@ -14,7 +14,7 @@ Variants:
              CTC/attention); encoder windows full, ±32, ±16, ±8, ±4, ±2 (after subsampling); seed 0.
     budget   the same data, d = 64, 2 + 1 layers, 600 steps of 16, windows full, ±16, ±4, no CMVN,
              no CTC: what a loaded shared CPU finished in an earlier session, then with random
-             batches (it did not learn: CER ~105%; docs/speech.md).
+             batches (it did not learn; docs/speech.md, docs/results/speech-budget/).
     smoke    a few utterances, a tiny model, 1 window, a few steps: seconds (tests/test_speech.py).
 
 Every field can be overridden, e.g. `--config.train.num_steps=3000 --config.windows=full,16`. Brown

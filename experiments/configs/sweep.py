@@ -1,7 +1,8 @@
 """Named variants of the attention sweep (`python -m experiments.sweep --config experiments/configs/sweep.py:NAME`).
 
 Variants:
-    default     `make sweep`: 2-core CPU, ~5 minutes. Full, causal and +-64 window masks, N = 512..2048,
+    default     `make sweep`: minutes on a 2-core CPU (docs/results/sweep/run.json). Full, causal and
+                +-64 window masks, N = 512..2048,
                 1 and 8 heads, forward and forward+backward, reference / xla / blockwise. Expect:
                 quadratic growth for the dense implementations with every mask (they compute every
                 pair, then mask); "xla" ahead of the fp32 reference; "blockwise" ahead of both at
