@@ -94,7 +94,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs softcap gpu-check compare-main claims detr docs docs-check clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs softcap gpu-check compare-main claims detr inspect-memory docs docs-check clean
 
 ##@ Setup
 
@@ -279,3 +279,6 @@ compare-main: $(DEPS)  ## CPU before/after: the same attention calls on 160a7db 
 
 ring-memory: $(DEPS)  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
 	$(PY) -m benchmarks.ring_memory --out results/ring_memory
+
+inspect-memory: $(DEPS)  ## inspect.capture of one query row of a 32K-token encoder layer vs its forward: XLA buffers + peak RSS -> benchmarks/results/cpu-2core-shared/inspect_memory.json
+	$(PY) -m benchmarks.inspect_memory --run --out benchmarks/results/cpu-2core-shared/inspect_memory.json

@@ -343,3 +343,13 @@ def test_bad_arguments_raise_value_errors_naming_them():
         inspect.summarise(jnp.ones((2, 1, 3, 3)), lengths=jnp.ones(3, int))
     with pytest.raises(ValueError, match="weights must be"):
         inspect.summarise(jnp.ones((3, 3)))
+
+
+def test_row_capture_builds_no_dense_weights_smoke():
+    """benchmarks/inspect_memory.py at T = 2048 (compile only): one row costs far less than [N, T, S]."""
+    from benchmarks import inspect_memory
+
+    got = inspect_memory.analyse(2048)
+    dense = 4 * 2048 * 2048 * 4  # N T S fp32
+    assert 0 <= got["capture_row"]["extra_bytes"] < dense / 16, got
+    assert got["capture_row_all"]["extra_bytes"] < dense / 4, got
