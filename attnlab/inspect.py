@@ -60,6 +60,7 @@ __all__ = [
     "LayerCapture",
     "Probe",
     "ablate",
+    "ablated",
     "capture",
     "head_mask",
     "head_sweep",
@@ -264,14 +265,16 @@ class Probe(AttentionFn):
     """Wraps a layer's attention kind: same result, plus records and per-head replacements.
 
     Built by ``capture`` / ``ablate`` / ``patch`` on a clone of the model; not meant to be
-    constructed by hand. ``index`` and ``name`` identify the layer, ``score`` is the layer's
-    resolved score (the softmax path takes it from the module).
+    constructed by hand. ``index`` and ``name`` identify the layer; ``score`` is the module's
+    score name (``"dot"`` or ``"additive"``). An additive layer's ``w_score`` reaches the probe as its
+    ``state`` (the module reads the variable that ``state_name`` names at every call), so a probed
+    model stays a pure function of its parameters, under ``jit`` and in training.
     """
 
     inner: AttentionFn
     index: int
     name: str
-    score: Any
+    score: str
     session: _Session
 
     @property
@@ -280,7 +283,12 @@ class Probe(AttentionFn):
 
     @property
     def state_name(self) -> str | None:  # type: ignore[override]
-        return self.inner.state_name  # the module hands the probe the wrapped kind's state
+        if self.inner.state_name is not None:
+            return self.inner.state_name  # the module hands the probe the wrapped kind's state
+        return "w_score" if self.score == "additive" else None
+
+    def _resolved(self, state):
+        return resolve_score(self.score, {"w_score": state}) if self.score == "additive" else self.score
 
     def mha_kwargs(self, *, mask, bias, kv_lengths, state):
         self.inner.mha_kwargs(mask=mask, bias=bias, kv_lengths=kv_lengths, state=state)  # its checks
@@ -288,8 +296,9 @@ class Probe(AttentionFn):
 
     def __call__(self, q, k, v, *, mask=None, bias=None, kv_lengths=None, state=None):
         inner = self.inner
+        score = self._resolved(state)
         if isinstance(inner, Softmax):  # what multi_head_attention itself calls on this path
-            o = attention(q, k, v, mask=mask, bias=bias, score=self.score, implementation=inner.implementation)
+            o = attention(q, k, v, mask=mask, bias=bias, score=score, implementation=inner.implementation)
         else:
             o = inner(q, k, v, mask=mask, bias=bias, kv_lengths=kv_lengths, state=state)
         s = self.session
@@ -321,7 +330,7 @@ class Probe(AttentionFn):
         return LayerCapture(self.name, type(self.inner).__name__, rows_meta, weights=weights, lse=lse, **keep)
 
     def _weights(self, q, k, v, *, mask, bias, kv_lengths, state, rows):
-        inner = self.inner
+        inner, score = self.inner, self._resolved(state)
         T, S = q.shape[-3], k.shape[-3]
         if rows is None and T * S > DENSE_MAX_PAIRS:
             raise ValueError(
@@ -338,9 +347,9 @@ class Probe(AttentionFn):
         if not isinstance(inner, Softmax):
             return None, None
         if rows is None:
-            return attention_weights(q, k, mask=mask, bias=bias, score=self.score), None
+            return attention_weights(q, k, mask=mask, bias=bias, score=score), None
         # The chosen rows only: the mask and bias evaluated at (rows, all keys), O(R S).
-        call = bind(q, k, v, mask=mask, bias=bias, score=self.score, fn="inspect.capture")
+        call = bind(q, k, v, mask=mask, bias=bias, score=score, fn="inspect.capture")
         r, keys = jnp.asarray(rows), jnp.arange(call.S)
         row_mask = None if call.mask is None else call.mask(r, keys)
         row_bias = call.bias
@@ -349,8 +358,8 @@ class Probe(AttentionFn):
         elif row_bias is not None:
             b = jnp.asarray(row_bias)
             row_bias = b if b.ndim < 2 or b.shape[-2] == 1 else jnp.take(b, r, axis=-2)
-        w = attention_weights(qr, k, mask=row_mask, bias=row_bias, score=self.score)  # [..., N, R, S]
-        _, lse = attention(q, k, v, mask=mask, bias=bias, score=self.score, return_lse=True)  # [..., T, N], O(T)
+        w = attention_weights(qr, k, mask=row_mask, bias=row_bias, score=score)  # [..., N, R, S]
+        _, lse = attention(q, k, v, mask=mask, bias=bias, score=score, return_lse=True)  # [..., T, N], O(T)
         return w, lse
 
 
@@ -358,8 +367,9 @@ def _probed(model, session: _Session, fn: str):
     """A clone of ``model`` whose attention layers carry probes reporting to ``session``."""
     clone = nnx.clone(model)
     for i, (name, mha) in enumerate(_attention_layers(clone, fn)):
-        score = resolve_score(mha.score, mha.params())
-        mha.kind = Probe(mha.kind, i, name, score, session)
+        if not isinstance(mha.score, str) or mha.score not in ("dot", "additive"):
+            raise ValueError(f"{fn}: layer {name} has score {mha.score!r}; inspect takes 'dot' or 'additive'")
+        mha.kind = Probe(mha.kind, i, name, mha.score, session)
     return clone
 
 
@@ -500,6 +510,29 @@ def ablate(model, heads, *args, kind: str = "zero", source=None, reference=None,
     chosen = head_mask(model, heads)
     reps = _replacements(model, kind, ins, source, reference, "inspect.ablate")
     return _intervened(model, chosen, reps, ins, "inspect.ablate")
+
+
+def ablated(model, heads, *, kind: str = "zero", reference=None):
+    """A copy of ``model`` whose chosen heads' outputs are replaced in every call: any evaluation
+    code that takes a model (an accuracy loop, ``nnx.jit``-ed prediction) then measures the ablation.
+
+    Args:
+        heads: ``(layer, head)`` pairs or a bool ``[L, N]`` (see ``head_mask``).
+        kind: ``"zero"`` or ``"mean"`` (the mean over ``reference``, required: ``inspect.inputs(...)``
+            or a tuple of args). Resampling depends on each call's inputs: use ``ablate``.
+
+    Returns:
+        a clone of the model (its parameters shared by value, the original untouched); its output
+        equals ``ablate(model, heads, *args, kind=kind, reference=reference)``.
+    """
+    if kind not in ("zero", "mean"):
+        raise ValueError(f"inspect.ablated: kind must be 'zero' or 'mean' (resample: use inspect.ablate), got {kind!r}")
+    if kind == "mean" and reference is None:
+        raise ValueError("inspect.ablated: kind='mean' needs reference= (the inputs to average the heads over)")
+    chosen = head_mask(model, heads)
+    reps = _replacements(model, kind, None, None, reference, "inspect.ablated")
+    session = _Session(edits={i: (chosen[i], rep) for i, rep in reps.items()}, fn="inspect.ablated")
+    return _probed(model, session, "inspect.ablated")
 
 
 def patch(model, heads, source, target):

@@ -353,3 +353,32 @@ def test_row_capture_builds_no_dense_weights_smoke():
     dense = 4 * 2048 * 2048 * 4  # N T S fp32
     assert 0 <= got["capture_row"]["extra_bytes"] < dense / 16, got
     assert got["capture_row_all"]["extra_bytes"] < dense / 4, got
+
+
+def test_additive_score_and_an_ablated_model_under_jit():
+    model = make_model(score="additive", posenc="none")
+    x, lengths = batch()
+    cap = inspect.capture(model, x, lengths, record=("q", "k", "weights"))
+    mask = model.backbone.mask(lengths)
+    for i, c in enumerate(cap.layers):
+        w = model.backbone.blocks[i].attn.w_score[...]
+        score = lambda q, k, w=w: attnlab.scores.additive(q, k, w)  # noqa: E731
+        chex.assert_trees_all_close(c.weights, attnlab.attention_weights(c.q, c.k, mask=mask, score=score), atol=1e-6)
+    np.testing.assert_array_equal(cap.output, model(x, lengths))
+    by_hand = nnx.clone(model)
+    by_hand.backbone.blocks[1].attn.wo[...] = by_hand.backbone.blocks[1].attn.wo[...].at[0].set(0.0)
+    ablated = inspect.ablated(model, [(1, 0)])
+    run = nnx.jit(lambda m, x, lengths: m(x, lengths))
+    chex.assert_trees_all_close(run(ablated, x, lengths), by_hand(x, lengths), atol=1e-5, rtol=1e-5)
+    # the probe reads w_score from the module at each call: a new value is seen, not a baked constant
+    for m in (ablated, by_hand):
+        m.backbone.blocks[0].attn.w_score[...] = 2.0 * m.backbone.blocks[0].attn.w_score[...]
+    chex.assert_trees_all_close(run(ablated, x, lengths), by_hand(x, lengths), atol=1e-5, rtol=1e-5)
+    ref = inspect.inputs(*batch(seed=1))
+    chex.assert_trees_all_close(
+        inspect.ablated(model, [(0, 2)], kind="mean", reference=ref)(x, lengths),
+        inspect.ablate(model, [(0, 2)], x, lengths, kind="mean", reference=ref),
+        atol=1e-6,
+    )
+    with pytest.raises(ValueError, match="resample: use inspect.ablate"):
+        inspect.ablated(model, [(0, 0)], kind="resample")
