@@ -94,7 +94,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs softcap gpu-check compare-main claims detr inspect-memory docs docs-check clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs softcap gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check clean
 
 ##@ Setup
 
@@ -250,6 +250,9 @@ detr: $(DEPS) data-images  ## DETR on canvases of Fashion-MNIST items: the 6 run
 	$(PY) -m experiments.detr --config experiments/configs/detr.py:long --config.variant=long_lr1e-3 --config.train.learning_rate=1e-3 --config.train.num_steps=10000 --out results/detr $(DETR_FLAGS)
 	$(PY) -m experiments.detr --config experiments/configs/detr.py:default --config.variant=items14_lr1e-3 --config.train.learning_rate=1e-3 --config.train.num_steps=8000 --config.train.eval_every=1000 --out results/detr $(DETR_FLAGS)
 	$(PY) -m experiments.detr --report results/detr
+
+inspect-demo: $(DEPS)  ## attnlab.inspect on a trained model: the shift-task RoPE checkpoint (10 s of training), per-head summaries and ablations, figures -> results/inspect/ (committed copy: docs/results/inspect/)
+	$(PY) -m experiments.inspect_demo --out results/inspect
 
 karate: $(MOL_DEPS)  ## karate-club graph attention demo only (about a minute) -> results/molecules/karate.png
 	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules
