@@ -408,6 +408,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "traced-padding": traced_padding,
     "ring-balance": ring_balance,
     "inspect-memory": inspect_memory,
+    "inspect-demo": lambda root: (
+        importlib.import_module("experiments.inspect_demo").table(root / "docs/results/inspect") + "\n"
+    ),
     "lra-table2": lra_table2,
     "molecules": lambda root: experiment_report(
         "molecules", root / "docs/results/molecules", only=("results.jsonl", "baselines.json")

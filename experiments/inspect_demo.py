@@ -40,6 +40,7 @@ from experiments import common, posenc
 from experiments.configs import posenc as posenc_config
 
 SCHEME, SEED, OFFSETS = "rope", 0, (-3, -2, -1, 0)
+PATCHES = (((1, 0),), ((1, 1),), ((1, 0), (1, 1)), ((0, 2), (0, 3)))  # head sets patched from the source batch
 NAME = "shift_rope"
 
 
@@ -88,6 +89,14 @@ def eval_batch(cfg=None) -> dict:
     return posenc.eval_sets(cfg)[cfg.task.train_length]
 
 
+def source_batch(batch: dict, vocab: int) -> dict:
+    """Other random tokens with the same lengths (seed 1), and their shift-task targets."""
+    x = np.random.default_rng(1).integers(0, vocab, batch["inputs"].shape)
+    k = config().task.shift
+    targets = np.where(np.arange(x.shape[1]) >= k, np.roll(x, k, axis=1), batch["targets"])  # x[t - k]; blank for t < k
+    return {"inputs": x, "targets": targets, "lengths": batch["lengths"]}
+
+
 def accuracy_of(targets, lengths):
     """``logits -> token accuracy`` on these targets (a function of the model's output only, for head_sweep)."""
     targets, valid = jnp.asarray(targets), nn.sequence_mask(jnp.asarray(lengths), targets.shape[1])
@@ -102,20 +111,27 @@ def analyse(model, batch: dict) -> tuple[dict, np.ndarray]:
     """-> (the heads.json record, the first sequence's weights [L, N, T, T])."""
     x, lengths = jnp.asarray(batch["inputs"]), jnp.asarray(batch["lengths"])
     accuracy = accuracy_of(batch["targets"], lengths)
+    src = source_batch(batch, config().task.vocab)
+    k = config().task.shift
     graphdef, state = nnx.split(model)
 
+    def agree(logits, targets):  # positions t >= k, where source and target answers differ by construction
+        return jnp.mean((logits.argmax(-1) == jnp.asarray(targets))[:, k:])
+
     @jax.jit
-    def run(state, x, lengths):
+    def run(state, x, lengths, src_x):
         m = nnx.merge(graphdef, state)
         cap = inspect.capture(m, x, lengths, record=("weights",))
         stats = [inspect.summarise(c.weights, offsets=OFFSETS, lengths=lengths) for c in cap.layers]
         sets = inspect.single_heads(m)
         zero = inspect.head_sweep(m, sets, x, lengths, fn=accuracy)
         mean = inspect.head_sweep(m, sets, x, lengths, kind="mean", fn=accuracy)
-        return accuracy(cap.output), stats, zero, mean, [c.weights[0] for c in cap.layers]
+        patched = [inspect.patch(m, list(p), (src_x, lengths), (x, lengths)) for p in PATCHES]
+        patched = [(agree(o, src["targets"]), agree(o, batch["targets"])) for o in patched]
+        return accuracy(cap.output), stats, zero, mean, [c.weights[0] for c in cap.layers], patched
 
     t0 = time.perf_counter()
-    base, stats, zero, mean, first = run(state, x, lengths)
+    base, stats, zero, mean, first, patched = run(state, x, lengths, jnp.asarray(src["inputs"]))
     seconds = time.perf_counter() - t0
     names, counts = inspect.layers(model), inspect.num_heads(model)
     heads, i = [], 0
@@ -138,6 +154,10 @@ def analyse(model, batch: dict) -> tuple[dict, np.ndarray]:
             i += 1
     record = {"accuracy": round(float(base), 4), "sequences": int(x.shape[0]), "length": int(x.shape[1])}
     record |= {"offsets": list(OFFSETS), "analysis_s": round(seconds, 1), "heads": heads}
+    record["patching"] = [
+        {"heads": [list(h) for h in p], "source_answers": round(float(a), 4), "target_answers": round(float(b), 4)}
+        for p, (a, b) in zip(PATCHES, patched, strict=True)
+    ]
     return record, np.stack([np.asarray(w) for w in first])
 
 
@@ -186,33 +206,64 @@ def head_importance(heads: list[dict], base: float, path, *, key: str = "zero_ab
     common.save_figure(fig, path)
 
 
-def report(folder) -> str:
-    folder = Path(folder)
-    record = json.loads((folder / "heads.json").read_text())
-    weights = np.load(folder / "weights.npz")["weights"]
-    attention_grid(weights, folder / "attention_grid.png", title="shift task (RoPE): eval sequence 0")
-    head_importance(record["heads"], record["accuracy"], folder / "head_importance.png")
+def table(folder) -> str:
+    """The per-head table of ``heads.json`` (markdown; no side effects: ``make docs`` calls it)."""
+    record = json.loads((Path(folder) / "heads.json").read_text())
     rows = [
         [h["layer"], h["head"], f"{h['entropy']:.2f}", f"{h['distance']:.2f}", f"{h['offset_mass']['-3']:.2f}",
          f"{100 * h['zero_ablated_accuracy']:.1f}", f"{100 * h['mean_ablated_accuracy']:.1f}"]
         for h in record["heads"]
     ]  # fmt: skip
     header = ["layer", "head", "entropy", "distance", "mass on t-3", "acc. zero-ablated %", "acc. mean-ablated %"]
-    return f"Accuracy {100 * record['accuracy']:.1f}% on {record['sequences']} sequences of length " + (
-        f"{record['length']}.\n\n" + common.markdown_table(header, rows)
+    patch_rows = [
+        [
+            ", ".join(f"({a}, {b})" for a, b in p["heads"]),
+            f"{100 * p['source_answers']:.1f}",
+            f"{100 * p['target_answers']:.1f}",
+        ]
+        for p in record["patching"]
+    ]
+    patching = common.markdown_table(
+        ["patched (layer, head)", "answers the source's token %", "the target's %"], patch_rows
     )
+    return f"Accuracy {100 * record['accuracy']:.1f}% on {record['sequences']} sequences of length " + (
+        f"{record['length']}.\n\n" + common.markdown_table(header, rows) + "\n\nActivation patching from "
+        "other random tokens (positions t >= 3):\n\n" + patching
+    )
+
+
+def report(folder) -> str:
+    """Draws ``attention_grid.png`` and ``head_importance.png`` from the results files; returns ``table``."""
+    folder = Path(folder)
+    record = json.loads((folder / "heads.json").read_text())
+    weights = np.load(folder / "weights.npz")["weights"]
+    attention_grid(weights, folder / "attention_grid.png", title="shift task (RoPE): eval sequence 0")
+    head_importance(record["heads"], record["accuracy"], folder / "head_importance.png")
+    return table(folder)
 
 
 def main(argv) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/inspect", help="folder for the checkpoint, results and figures")
     parser.add_argument("--report", default=None, help="only redraw the figures from this folder's results")
+    parser.add_argument("--retrain", action="store_true", help="train again even if --out holds the checkpoint")
     args = parser.parse_args(argv)
     if args.report:
         print(report(args.report))
         return
     out = Path(args.out)
     cfg = config()
+    if args.retrain or not (out / f"{NAME}.npz").exists():
+        train_and_save(cfg, out)
+    model, _ = load_checkpoint(out)  # what the notebook gets
+    record, weights = analyse(model, eval_batch(cfg))
+    (out / "heads.json").write_text(json.dumps(record, indent=1) + "\n")
+    np.savez_compressed(out / "weights.npz", weights=weights.astype(np.float32))
+    print(report(out))
+
+
+def train_and_save(cfg, out: Path) -> None:
+    """600 AdamW steps of the posenc default config with RoPE (about 10 s), saved to ``out``."""
     model = posenc.build_model(cfg, SCHEME, SEED)
     t = cfg.train
     tx = train_lib.adamw_cosine(t.learning_rate, t.warmup_steps, t.num_steps, t.weight_decay)
@@ -226,7 +277,7 @@ def main(argv) -> None:
     )
     acc = posenc.evaluate(model, posenc.eval_sets(cfg), cfg.task.train_length)
     meta = {
-        "command": f"python -m experiments.inspect_demo --out {out}",
+        "command": f"python -m experiments.inspect_demo --retrain --out {out}",
         "model": f"experiments.posenc.build_model(posenc default config, {SCHEME!r}, seed={SEED})",
         "steps": t.num_steps,
         "train_time_s": round(common.train_time(records), 1),
@@ -234,11 +285,6 @@ def main(argv) -> None:
         "config": json.loads(cfg.to_json_best_effort()),
     }
     save_checkpoint(model, out, meta)
-    model, _ = load_checkpoint(out)  # what the notebook gets
-    record, weights = analyse(model, eval_batch(cfg))
-    (out / "heads.json").write_text(json.dumps(record, indent=1) + "\n")
-    np.savez_compressed(out / "weights.npz", weights=weights.astype(np.float32))
-    print(report(out))
 
 
 if __name__ == "__main__":

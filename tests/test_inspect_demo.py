@@ -25,6 +25,12 @@ def test_committed_checkpoint_reproduces_its_analysis():
             assert abs(got[k] - want[k]) <= 1e-4, (k, got, want)
         np.testing.assert_allclose(list(got["offset_mass"].values()), list(want["offset_mass"].values()), atol=1e-4)
     np.testing.assert_allclose(weights, np.load(FOLDER / "weights.npz")["weights"], atol=1e-5)
+    for got, want in zip(record["patching"], committed["patching"], strict=True):
+        assert got["heads"] == want["heads"]
+        assert abs(got["source_answers"] - want["source_answers"]) <= 1e-4
+        assert abs(got["target_answers"] - want["target_answers"]) <= 1e-4
+    both = next(p for p in record["patching"] if p["heads"] == [[1, 0], [1, 1]])
+    assert both["source_answers"] > 0.9  # the two offset -3 heads carry the answer
 
 
 def test_load_checkpoint_refuses_other_parameters(tmp_path):
