@@ -37,6 +37,7 @@ dim, L attention layers, R captured query rows, P head sets.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -124,6 +125,16 @@ class Capture:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.layers)
+
+    @property
+    def weights(self) -> tuple:
+        """Every layer's ``weights``, in order (what the models' ``return_weights=True`` lists)."""
+        return tuple(c.weights for c in self.layers)
+
+    def select(self, pattern: str) -> tuple[LayerCapture, ...]:
+        """The layers whose name matches the glob ``pattern``, in order: ``cap.select("*cross_attn")``,
+        ``cap.select("encoder.*")``."""
+        return tuple(c for c in self.layers if fnmatch.fnmatchcase(c.name, pattern))
 
     def __getitem__(self, layer: int | str) -> LayerCapture:
         """A layer by index or by name."""

@@ -263,6 +263,9 @@ def test_encoder_decoder_cross_attention():
     _, own = model.decode(toks, memory, mlen, tlen, return_weights=True)
     chex.assert_trees_all_close(cap["blocks.0.cross_attn"].weights, own[0], atol=1e-6)
     chex.assert_shape(cap["blocks.0.cross_attn"].weights, (2, 2, 4, memory.shape[1]))
+    assert [c.name for c in cap.select("*cross_attn")] == ["blocks.0.cross_attn"]
+    assert [c.name for c in cap.select("encoder.*")] == ["encoder.blocks.0.attn"]
+    assert len(cap.weights) == 3 and cap.weights[2] is cap["encoder.blocks.0.attn"].weights
 
 
 def np_summary(w, offsets, lengths, adjacency, rows):
