@@ -385,3 +385,15 @@ def test_additive_score_and_an_ablated_model_under_jit():
     )
     with pytest.raises(ValueError, match="resample: use inspect.ablate"):
         inspect.ablated(model, [(0, 0)], kind="resample")
+
+
+def test_grouped_query_heads():
+    model = make_model(num_kv_heads=2)
+    x, lengths = batch()
+    cap = inspect.capture(model, x, lengths)
+    _, seen = hand_run(model, x, lengths)
+    chex.assert_shape(cap[0].k, (B, T, 2, D // N))
+    chex.assert_trees_all_close([c.weights for c in cap.layers], [s["weights"] for s in seen], atol=1e-6)
+    by_hand = nnx.clone(model)
+    by_hand.backbone.blocks[0].attn.wo[...] = by_hand.backbone.blocks[0].attn.wo[...].at[3].set(0.0)
+    chex.assert_trees_all_close(inspect.ablate(model, [(0, 3)], x, lengths), by_hand(x, lengths), atol=1e-5)
