@@ -397,3 +397,42 @@ def test_grouped_query_heads():
     by_hand = nnx.clone(model)
     by_hand.backbone.blocks[0].attn.wo[...] = by_hand.backbone.blocks[0].attn.wo[...].at[3].set(0.0)
     chex.assert_trees_all_close(inspect.ablate(model, [(0, 3)], x, lengths), by_hand(x, lengths), atol=1e-5)
+
+
+def _browser():
+    import shutil
+
+    return next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+def test_html_view_data_and_errors():
+    import json
+    import re
+
+    w = np.random.default_rng(0).dirichlet(np.ones(4), size=(2, 3))  # [N, T, S]
+    page = inspect.html_view(w, ["a", "b", "</script>"], ["w", "x", "y", "z"], title="layer 1")
+    data = re.search(r'<script type="application/json">(.*?)</script>', page, re.S)[1]
+    np.testing.assert_allclose(json.loads(data.replace("<\\/", "</")), np.round(w, 4))
+    assert "&lt;/script&gt;" in page and page.count('class="h"') == 2 and page.count('class="k"') == 4
+    with pytest.raises(ValueError, match="queries must be T = 3"):
+        inspect.html_view(w, ["a", "b"], ["w", "x", "y", "z"])
+    with pytest.raises(ValueError, match="keys must be S = 4"):
+        inspect.html_view(w, ["a", "b", "c"])
+    with pytest.raises(ValueError, match="weights must be"):
+        inspect.html_view(w[None], ["a", "b", "c"])
+
+
+@pytest.mark.skipif(_browser() is None, reason="no headless chromium (Debian package chromium)")
+def test_html_view_in_a_headless_browser(tmp_path):
+    """The page's script runs in a real browser: #q=2&h=1 shades the keys with row 2 of head 1."""
+    import re
+    import subprocess
+
+    w = np.random.default_rng(1).dirichlet(np.ones(5), size=(3, 4))
+    path = tmp_path / "view.html"
+    path.write_text("<html><body>" + inspect.html_view(w, list("abcd"), list("vwxyz")) + "</body></html>")
+    cmd = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", f"{path.as_uri()}#q=2&h=1"]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+    shown = [float(x) for x in re.findall(r'class="k"[^>]*data-weight="([^"]+)"', dom)]
+    np.testing.assert_allclose(shown, np.round(w[1, 2], 4))
+    assert 'data-head="1"' in dom and 'data-query="2"' in dom

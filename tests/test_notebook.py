@@ -72,6 +72,7 @@ def test_inspect_notebook(tmp_path):
     assert "accuracy at length 32: 100.0%" in text
     diffs = [float(d) for d in re.findall(r"max \|difference\| (\S+)", text)]
     assert len(diffs) == 2 and max(diffs) < 1e-5  # the output unchanged; the rows capture = the dense rows
+    assert "html view of 4 heads and 32 tokens" in text
     mass = {
         (int(a), int(b)): float(m) for a, b, m in re.findall(r"^layer (\d) head (\d):.*-3,-2,-1,0: (\S+)", text, re.M)
     }
