@@ -420,11 +420,12 @@ def capture(model, *args, rows=None, record: Sequence[str] = RECORDS, **kwargs) 
         *args, **kwargs: the model's inputs, e.g. ``(tokens, lengths)``, ``adjacency=``.
         rows: None (dense weights ``[..., N, T, S]``; refused beyond 4096 x 4096 pairs) or the query
             rows to keep (ints): then softmax layers give ``weights [..., N, R, S]`` of those rows and
-            ``lse [..., T, N]`` of all rows, without any ``[T, S]`` array.
+            ``lse [..., T, N]`` of all rows, without any ``[T, S]`` array. The same rows are taken in
+            every layer (each layer's T must exceed them).
         record: which of ``RECORDS`` = ("q", "k", "v", "out", "weights") to keep.
 
     Returns:
-        ``Capture(output, layers)``, one ``LayerCapture`` per layer of ``layers(model)``.
+        ``Capture(output, layers)``, one ``LayerCapture`` per layer of ``layers(model)`` that ran.
 
     Raises:
         ValueError: a bad ``rows`` or ``record``, or a model without attention layers.
@@ -441,7 +442,7 @@ def capture(model, *args, rows=None, record: Sequence[str] = RECORDS, **kwargs) 
     rows = _check_rows(rows)
     session = _Session(record=record, rows=rows)
     out, session = _run(model, session, Inputs(args, kwargs), "inspect.capture")
-    caps = [session.layers[i] for i in range(len(session.layers))]
+    caps = [session.layers[i] for i in sorted(session.layers)]  # the layers that ran, in layers(model) order
     return Capture(out, tuple(caps))
 
 
