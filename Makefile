@@ -94,7 +94,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex gpu-check compare-main claims detr docs docs-check notebooks clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check notebooks clean
 
 ##@ Setup
 
@@ -257,6 +257,9 @@ detr: $(DEPS) data-images  ## DETR on canvases of Fashion-MNIST items: the 6 run
 	$(PY) -m experiments.detr --config experiments/configs/detr.py:default --config.variant=items14_lr1e-3 --config.train.learning_rate=1e-3 --config.train.num_steps=8000 --config.train.eval_every=1000 --out results/detr $(DETR_FLAGS)
 	$(PY) -m experiments.detr --report results/detr
 
+inspect-demo: $(DEPS)  ## attnlab.inspect on a trained model: the shift-task RoPE checkpoint (10 s of training), per-head summaries and ablations, figures -> results/inspect/ (committed copy: docs/results/inspect/)
+	$(PY) -m experiments.inspect_demo --out results/inspect
+
 karate: $(MOL_DEPS)  ## karate-club graph attention demo only (about a minute) -> results/molecules/karate.png
 	$(PY) -m experiments.molecules --config experiments/configs/molecules.py:karate --out results/molecules
 
@@ -288,3 +291,6 @@ compare-main: $(DEPS)  ## CPU before/after: the same attention calls on 160a7db 
 
 ring-memory: $(DEPS)  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
 	$(PY) -m benchmarks.ring_memory --out results/ring_memory
+
+inspect-memory: $(DEPS)  ## inspect.capture of one query row of a 32K-token encoder layer vs its forward: XLA buffers + peak RSS -> benchmarks/results/cpu-2core-shared/inspect_memory.json
+	$(PY) -m benchmarks.inspect_memory --run --out benchmarks/results/cpu-2core-shared/inspect_memory.json

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from attnlab import scores
-from attnlab.attention import attention_reference
+from attnlab.attention import attention_reference, attention_weights
 
 __all__ = [
     "elu_plus_one",
@@ -38,6 +38,9 @@ __all__ = [
     "performer_attention",
     "init_linformer",
     "linformer_attention",
+    "linear_attention_weights",
+    "performer_attention_weights",
+    "linformer_attention_weights",
 ]
 
 
@@ -298,3 +301,92 @@ def linformer_attention(q, k, v, params: dict, *, kv_lengths=None, scale: float 
     k_proj = jnp.einsum("PS,...SKH->...PKH", e.astype(jnp.float32), kf)  # [..., P, K, H]
     v_proj = jnp.einsum("PS,...SKH->...PKH", f.astype(jnp.float32), vf)
     return attention_reference(q.astype(jnp.float32), k_proj, v_proj, scale=scale).astype(q.dtype)
+
+
+# ------------------------------------------------------------------------------------------
+# Effective weight matrices: what each O(N) method's output is a weighted sum of
+
+
+def _feature_weights(phi_q, phi_k, *, causal, kv_lengths, eps):
+    """``[..., N, T, S]`` fp32: ``φ(q_t)·φ(k_s) / (Σ_s' φ(q_t)·φ(k_s') + eps)`` over the allowed keys."""
+    kh = phi_k.shape[-2]
+    w = jnp.einsum("...TKGF,...SKF->...KGTS", _group(phi_q, kh), phi_k)  # [..., K, G, T, S]
+    t, s = phi_q.shape[-3], phi_k.shape[-3]
+    if causal:
+        w = w * jnp.tril(jnp.ones((t, s), jnp.float32))
+    if kv_lengths is not None:
+        w = w * (jnp.arange(s) < kv_lengths[..., None])[..., None, None, None, :]
+    w = w / (jnp.sum(w, axis=-1, keepdims=True) + eps)
+    return w.reshape(*w.shape[:-4], -1, t, s)  # [..., K, G, T, S] -> [..., N, T, S]
+
+
+def linear_attention_weights(
+    q, k, *, causal: bool = False, kv_lengths=None, feature_map=elu_plus_one, eps: float = 1e-6
+) -> jax.Array:
+    """The effective weights of ``linear_attention``: ``out_t = Σ_s w[t, s] v_s`` exactly.
+
+    ``w[t, s] = φ(q_t)·φ(k_s) / (Σ_s' φ(q_t)·φ(k_s') + eps)`` over the allowed keys (s < kv_length,
+    s <= t when causal); each row sums to 1 - O(eps). O(T S) memory: pass a few query rows ``q``
+    ``[..., R, N, H]`` (``causal=False``) to get those rows only.
+
+    Returns:
+        fp32 ``[..., N, T, S]``.
+
+    Example:
+        >>> q = k = jnp.ones((3, 1, 2))
+        >>> linear_attention_weights(q, k).round(3).tolist()[0][0]
+        [0.333, 0.333, 0.333]
+    """
+    kv_lengths = _check(q, k, k, kv_lengths, causal, "linear_attention_weights")
+    phi_q = feature_map(q.astype(jnp.float32))
+    phi_k = feature_map(k.astype(jnp.float32))
+    return _feature_weights(phi_q, phi_k, causal=causal, kv_lengths=kv_lengths, eps=eps)
+
+
+def performer_attention_weights(q, k, *, projection, causal: bool = False, kv_lengths=None) -> jax.Array:
+    """The effective weights of ``performer_attention`` with a fixed ``projection`` ``[M, H]``.
+
+    ``w[t, s] = φ(q_t)·φ(k_s) / Σ_s' φ(q_t)·φ(k_s')`` with FAVOR+ features (``favor_features``): an
+    estimate of softmax attention's weights, and ``out_t = Σ_s w[t, s] v_s`` exactly. The keys'
+    stabiliser is one max over all keys, as in the attention, so a subset of query rows ``q``
+    ``[..., R, N, H]`` (``causal=False``) gives exactly those rows.
+
+    Returns:
+        fp32 ``[..., N, T, S]``.
+    """
+    kv_lengths = _check(q, k, k, kv_lengths, causal, "performer_attention_weights")
+    if not hasattr(projection, "ndim") or projection.ndim != 2 or projection.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"performer_attention_weights: projection must be [M, H={q.shape[-1]}], "
+            f"got {getattr(projection, 'shape', projection)}"
+        )
+    phi_q = favor_features(q, projection, is_query=True)
+    phi_k = favor_features(k, projection, is_query=False)
+    return _feature_weights(phi_q, phi_k, causal=causal, kv_lengths=kv_lengths, eps=1e-12)
+
+
+def linformer_attention_weights(q, k, params: dict, *, kv_lengths=None, scale: float | None = None) -> jax.Array:
+    """The effective weights of ``linformer_attention`` over the S original positions.
+
+    ``out = softmax(q (E k)^T * scale) (F v) = W v`` with ``W = softmax(q (E k)^T * scale) F``
+    (F's columns of padded keys zeroed). W is not a probability distribution: F has signed entries.
+
+    Returns:
+        fp32 ``[..., N, T, S]``.
+    """
+    kv_lengths = _check(q, k, k, kv_lengths, False, "linformer_attention_weights")
+    e, f = params["e"], params["f"]
+    s = k.shape[-3]
+    for name, m in (("e", e), ("f", f)):
+        if m.ndim != 2 or m.shape[1] != s:
+            raise ValueError(f"linformer_attention_weights: params['{name}'] must be [P, S={s}], got {m.shape}")
+    kf = k.astype(jnp.float32)
+    valid = _key_valid(k, kv_lengths)
+    if valid is not None:
+        kf = kf * valid
+    k_proj = jnp.einsum("PS,...SKH->...PKH", e.astype(jnp.float32), kf)  # [..., P, K, H]
+    a = attention_weights(q.astype(jnp.float32), k_proj, scale=scale)  # softmax over P: [..., N, T, P]
+    f = f.astype(jnp.float32)
+    if kv_lengths is not None:
+        f = f * (jnp.arange(s) < kv_lengths[..., None])[..., None, :]  # padded keys' columns: [..., P, S]
+    return jnp.einsum("...NTP,...PS->...NTS", a, f)

@@ -40,7 +40,7 @@ import numpy as np
 from flax import nnx
 
 import attnlab
-from attnlab import heads, nn
+from attnlab import heads, inspect, nn
 from attnlab import train as train_lib
 from attnlab.data import brown
 from experiments import common, pos_tagging, posenc
@@ -141,18 +141,6 @@ def freeze_word_table(model: nn.TokenClassifier, codes: np.ndarray) -> None:
     emb.embedding = nnx.Variable(jnp.asarray(codes))  # not an nnx.Param: the trainer holds it fixed
 
 
-def head_outputs_zeroed(model, layer: int, head: int):
-    """Context manager-free ablation: returns ``restore()`` after zeroing ``wo[head]`` of ``layer``."""
-    attn = model.backbone.blocks[layer].attn
-    wo = attn.wo[...]  # [N, H, D]
-    attn.wo[...] = wo.at[head].set(0.0)
-
-    def restore():
-        attn.wo[...] = wo
-
-    return restore
-
-
 def dispatch_choice(model, inputs, lengths) -> dict[str, str]:
     """The implementation ``attnlab.explain`` gives the model's first attention layer per backend."""
     block = model.backbone.blocks[0]
@@ -167,21 +155,22 @@ def dispatch_choice(model, inputs, lengths) -> dict[str, str]:
 
 @nnx.jit
 def _weights(model, inputs, lengths):
-    return model.backbone(inputs, lengths, return_weights=True)[1]
+    return [c.weights for c in inspect.capture(model.backbone, inputs, lengths, record=("weights",)).layers]
 
 
 def analyse_heads(model, inputs, lengths, max_offset: int, accuracy_fn) -> tuple[list[dict], list]:
-    """Per (layer, head): the statistics of ``head_statistics`` and the accuracy with that head ablated."""
+    """Per (layer, head): the statistics of ``head_statistics`` and the accuracy with that head ablated.
+
+    The weights come from ``attnlab.inspect.capture``; the ablation is ``accuracy_fn`` of
+    ``inspect.ablated(model, [(layer, head)])`` (the head's output zeroed before the output
+    projection: the same as zeroing its slice ``wo[head]``).
+    """
     weights = [np.asarray(w) for w in _weights(model, jnp.asarray(inputs), jnp.asarray(lengths))]
     out = []
     for layer, w in enumerate(weights):
         stats = head_statistics(w, lengths, max_offset)
         for h in range(w.shape[1]):
-            restore = head_outputs_zeroed(model, layer, h)
-            try:
-                ablated = accuracy_fn(model)
-            finally:
-                restore()
+            ablated = accuracy_fn(inspect.ablated(model, [(layer, h)]))
             out.append(
                 {
                     "layer": layer,

@@ -33,6 +33,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from attnlab import inspect
 from attnlab import train as train_lib
 from attnlab.data import canvases, fashion_mnist
 from attnlab.nn import detr as detr_lib
@@ -116,8 +117,9 @@ def _forward(model, images):
 
 @nnx.jit
 def _forward_weights(model, images):
-    logits, boxes, weights = model(images, return_weights=True)
-    return logits, boxes, weights[-1].mean(1)  # last decoder block, head mean: [B, Q, S]
+    cap = inspect.capture(model, images, record=("weights",))
+    logits, boxes = cap.output
+    return logits, boxes, cap.select("*cross_attn")[-1].weights.mean(1)  # last decoder block, head mean: [B, Q, S]
 
 
 def predict(model, images: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:

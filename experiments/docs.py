@@ -282,6 +282,23 @@ def ring_balance(root: Path) -> str:
     return _table([*header, "fwd+bwd median (best)", "compile"], rows)
 
 
+def inspect_memory(root: Path) -> str:
+    """``make inspect-memory``: one-row capture of a 32K-token encoder layer vs its forward (XLA buffers, peak RSS)."""
+    data = json.loads((root / BENCH / "inspect_memory.json").read_text())
+    what = {
+        "forward": "the forward alone",
+        "capture_row": "capture, 1 row: weights + lse",
+        "capture_row_all": "capture, 1 row + q, k, v, per-head outputs",
+    }
+    rows = []
+    for name, label in what.items():
+        c, r = data["compiled"][name], data.get("run", {}).get(name)
+        rss = "-" if r is None else f"{r['peak_rss_bytes'] / 2**20:.0f} ({r['extra_rss_mib']:+.1f})"
+        rows.append([label, f"{c['total_bytes'] / 2**20:.1f}", f"{c['extra_mib']:+.1f}", rss])
+    header = [f"T = {data['seq_len']:,}, {data['backend']}", "XLA buffers, MiB", "extra, MiB", "peak RSS, MiB (extra)"]
+    return _table(header, rows)
+
+
 def compare_main(root: Path) -> str:
     """``make compare-main``: the same attention calls on 160a7db and after, best ms and the ratio."""
     data = json.loads((root / BENCH / "compare_160a7db.json").read_text())
@@ -449,6 +466,10 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "flex": flex_table,
     "traced-padding": traced_padding,
     "ring-balance": ring_balance,
+    "inspect-memory": inspect_memory,
+    "inspect-demo": lambda root: (
+        importlib.import_module("experiments.inspect_demo").table(root / "docs/results/inspect") + "\n"
+    ),
     "lra-table2": lra_table2,
     "molecules": lambda root: experiment_report(
         "molecules", root / "docs/results/molecules", only=("results.jsonl", "baselines.json")

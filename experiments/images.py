@@ -39,7 +39,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from attnlab import masks, nn, positional
+from attnlab import inspect, masks, nn, positional
 from attnlab import train as train_lib
 from attnlab.data import fashion_mnist
 from experiments import common
@@ -166,7 +166,7 @@ def mean_distance(weights: np.ndarray, dist: np.ndarray) -> np.ndarray:
 
 @nnx.jit
 def _weights(model, x):
-    return model.backbone(x, return_weights=True)[1]  # L x [B, N, T, T]
+    return inspect.capture(model.backbone, x, record=("weights",)).weights  # L x [B, N, T, T]
 
 
 def attention_distance(model, tokens, mean, std, grid, patch, batch_size=8) -> list[list[float]]:

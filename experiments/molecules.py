@@ -43,7 +43,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from attnlab import nn, positional
+from attnlab import inspect, nn, positional
 from attnlab import train as train_lib
 from attnlab.data import molecules as mol_data
 from experiments import common
@@ -186,7 +186,9 @@ def attention_example(test_graphs) -> int:
 @nnx.jit
 def _attention_weights(backbone, inputs, lengths, adjacency, distances):
     """The list of per-layer attention weights ``[B, N, T, S]`` of a ``GraphEncoder``."""
-    return backbone(inputs, lengths, adjacency=adjacency, distances=distances, return_weights=True)[1]
+    return inspect.capture(
+        backbone, inputs, lengths, adjacency=adjacency, distances=distances, record=("weights",)
+    ).weights
 
 
 def attention_record(model, g: mol_data.Graph, k: int) -> dict:

@@ -42,7 +42,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from attnlab import masks, nn, positional
+from attnlab import inspect, masks, nn, positional
 from attnlab import train as train_lib
 from attnlab.data import brown, pku
 from experiments import common
@@ -194,7 +194,7 @@ def focus_occurrences(examples, raw, preds, tags, word: str, split: str) -> list
 
 @nnx.jit
 def _attention_weights(model, inputs, lengths):  # one compile instead of op-by-op dispatch
-    return model.backbone(inputs, lengths, return_weights=True)
+    return inspect.capture(model.backbone, inputs, lengths, record=("weights",)).weights
 
 
 def tag_example(model, data, words: list[str]) -> tuple[list[str], dict | None]:
@@ -204,7 +204,7 @@ def tag_example(model, data, words: list[str]) -> tuple[list[str], dict | None]:
     tags = [data["tagmap"].tags[i] for i in pred]
     if not isinstance(model.backbone, nn.Encoder):
         return tags, None
-    _, weights = _attention_weights(model, jnp.asarray(x)[None], jnp.array([len(words)]))
+    weights = _attention_weights(model, jnp.asarray(x)[None], jnp.array([len(words)]))
     return tags, {
         "words": words,
         "pred": tags,
@@ -222,7 +222,7 @@ def attention_map(model, data) -> dict | None:
             if 8 <= len(words) <= 16 and word in [w.lower() for w in words]:
                 x, gold = data["test"][k]
                 lengths = jnp.array([len(gold)])
-                _, weights = model.backbone(jnp.asarray(x)[None], lengths, return_weights=True)
+                weights = _attention_weights(model, jnp.asarray(x)[None], lengths)
                 pred = predict(model, [data["test"][k]], buckets=data["buckets"])[0]
                 tags = data["tagmap"].tags
                 return {

@@ -34,10 +34,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from attnlab import decoding, masks
+from attnlab import decoding, inspect, masks
 from attnlab import train as train_lib
 from attnlab.data import speech
-from attnlab.nn import EncoderDecoder
+from attnlab.nn import EncoderDecoder, subsampled_lengths
 from experiments import common
 
 
@@ -169,12 +169,12 @@ def error_rates(model, split: speech.Split, ev, *, beam: int) -> dict:
 def _maps(model, split: speech.Split) -> dict:
     """Encoder self-attention (last layer, head-averaged) and decoder cross-attention of utterance 0."""
     f, n, tgt, tl = (jnp.asarray(a[:1]) for a in (split.features, split.lengths, split.targets, split.target_lengths))
-    memory, weights, mem_len = model.encode(f, n, return_weights=True)
-    _, cross = model.decode(_teacher_inputs(tgt), memory, mem_len, tl, return_weights=True)
-    s, u = int(mem_len[0]), int(tl[0])
+    cap = inspect.capture(model, f, n, _teacher_inputs(tgt), tl, record=("weights",))
+    encoder, cross = cap.select("encoder.*")[-1].weights, cap.select("*cross_attn")[-1].weights
+    s, u = int(subsampled_lengths(n, model.subsample)[0]), int(tl[0])
     return {
-        "encoder": np.asarray(weights[-1][0].mean(0))[:s, :s],
-        "cross": np.asarray(cross[-1][0].mean(0))[:u, :s],
+        "encoder": np.asarray(encoder[0].mean(0))[:s, :s],
+        "cross": np.asarray(cross[0].mean(0))[:u, :s],
         "text": np.array(split.texts[0]),
     }
 

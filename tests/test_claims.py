@@ -152,22 +152,36 @@ def test_smoke_weights_statistics_recomputed(smoke):
         np.testing.assert_allclose([h["r2_offset"] for h in got], r2, rtol=1e-4, atol=1e-6)
 
 
-def test_head_ablation_zeroes_one_head_and_restores(smoke):
+@pytest.mark.parametrize("score", ["dot", "additive"])
+def test_analyse_heads_on_inspect_matches_the_previous_computation(score):
+    """analyse_heads (weights from inspect.capture, ablation by inspect.ablated) against what it computed
+    before: the weights of ``backbone(..., return_weights=True)`` and the accuracy of a copy of the
+    model with the head's slice ``wo[head]`` zeroed by hand; the model itself is left untouched."""
     import jax.numpy as jnp
+    from flax import nnx
 
     from experiments import posenc
 
-    cfg, _, _ = smoke
-    model = posenc.build_model(cfg.shift, cfg.shift.posenc, 0)
-    x = jnp.asarray(posenc.eval_sets(cfg.shift)[cfg.shift.task.train_length]["inputs"][:2])
-    before = np.asarray(model(x))
-    wo = np.asarray(model.backbone.blocks[0].attn.wo[...])
-    restore = claims.head_outputs_zeroed(model, 0, 1)
-    zeroed = np.asarray(model.backbone.blocks[0].attn.wo[...])
-    assert np.all(zeroed[1] == 0) and np.array_equal(zeroed[0], wo[0])
-    assert not np.allclose(np.asarray(model(x)), before)
-    restore()
-    np.testing.assert_array_equal(np.asarray(model(x)), before)
+    cfg = claims_config.get_config("smoke")
+    model = claims.with_score(posenc.build_model(cfg.shift, cfg.shift.posenc, 0), score, 0)
+    L = cfg.shift.task.train_length
+    evalset = {L: posenc.eval_sets(cfg.shift)[L]}
+    x, lengths = evalset[L]["inputs"], evalset[L]["lengths"]
+    before = np.asarray(model(jnp.asarray(x), jnp.asarray(lengths)))
+
+    def accuracy(m):
+        return posenc.evaluate(m, evalset, L)[f"acc@{L}"]
+
+    heads, weights = claims.analyse_heads(model, x, lengths, cfg.analysis.max_offset, accuracy)
+    _, old_weights = model.backbone(jnp.asarray(x), jnp.asarray(lengths), return_weights=True)
+    for w, old in zip(weights, old_weights, strict=True):
+        np.testing.assert_allclose(w, np.asarray(old), atol=1e-6)
+    for h in heads:
+        by_hand = nnx.clone(model)
+        attn = by_hand.backbone.blocks[h["layer"]].attn
+        attn.wo[...] = attn.wo[...].at[h["head"]].set(0.0)
+        assert h["ablated_accuracy"] == accuracy(by_hand), h
+    np.testing.assert_array_equal(np.asarray(model(jnp.asarray(x), jnp.asarray(lengths))), before)
 
 
 def test_frozen_table_is_not_trained(smoke):

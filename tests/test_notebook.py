@@ -78,3 +78,21 @@ def test_heads_and_positions_notebook(tmp_path):
     assert float(acc["rope"]["acc@64"]) > float(acc["sinusoidal"]["acc@64"]) + 20  # RoPE carries over to 2L
     focused = re.search(r"heads focused on offset -3: (\[.*\])", text)[1]
     assert focused != "[]"  # at least one head puts > half its weight on offset -3
+
+
+@pytest.mark.slow
+def test_inspect_notebook(tmp_path):
+    text, images = _execute("inspect.ipynb", tmp_path)
+    assert images == 2  # the attention grid and the head-importance heatmap
+    assert "accuracy at length 32: 100.0%" in text
+    diffs = [float(d) for d in re.findall(r"max \|difference\| (\S+)", text)]
+    assert len(diffs) == 2 and max(diffs) < 1e-5  # the output unchanged; the rows capture = the dense rows
+    assert "html view of 4 heads and 32 tokens" in text
+    mass = {
+        (int(a), int(b)): float(m) for a, b, m in re.findall(r"^layer (\d) head (\d):.*-3,-2,-1,0: (\S+)", text, re.M)
+    }
+    assert mass[(1, 0)] > 0.8 and mass[(1, 1)] > 0.8  # the two heads that fetch the token at t - 3
+    together = float(re.search(r"heads 0 and 1 zeroed together: ([\d.]+)%", text)[1])
+    assert together < 30
+    follows = re.search(r"patch \[\(1, 0\), \(1, 1\)\]: answers the source's token +([\d.]+)%", text)
+    assert float(follows[1]) > 90  # patched from the source, the model answers the source's tokens
