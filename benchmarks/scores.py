@@ -44,7 +44,7 @@ _TA = flags.DEFINE_integer("additive_seq_len", 16384, "Sequence length of part 2
 _HEADS_A = flags.DEFINE_integer("additive_heads", 4, "Heads of part 2.")
 _H = flags.DEFINE_integer("head_dim", 64, "Head dimension H.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per cell and round (best kept).")
-_ROUNDS = flags.DEFINE_integer("rounds", 2, "Interleaved rounds.")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved rounds.")
 _CAP = flags.DEFINE_float("cap", 30.0, "The soft cap.")
 
 

@@ -247,7 +247,9 @@ def _logits_vjp(qi, kj, bias_fn, consts, i, k0, st: Static, qt=None):
     """The tile's logits and a function ds -> (dq [B*K, G*bq, H], dk^T [B*K, H, bk], dconsts), fp32.
 
     The dot product's own part is two plain matmuls; what comes after it (``tile_mod``, the bias) and a
-    pair form are differentiated by ``jax.vjp`` on this tile only. ``qt``: qi transposed, [B*K, H, G*bq]
+    pair form are differentiated by ``jax.vjp`` on this tile only; with no arrays to differentiate
+    (``SoftCap``), the elementwise ``tile_mod``'s slope comes from one ``jax.jvp`` instead, computed
+    with the logits (on XLA:CPU that ran SoftCap's fwd+bwd at 4K about a tenth faster than ``jax.vjp``). ``qt``: qi transposed, [B*K, H, G*bq]
     (made once per query block by the caller).
     """
     score = st.tile_score(consts)
@@ -266,6 +268,9 @@ def _logits_vjp(qi, kj, bias_fn, consts, i, k0, st: Static, qt=None):
     raw = jnp.einsum("nqh,nsh->nqs", qi, kj, preferred_element_type=jnp.float32)
     if not st.score and not (st.has_bias and consts):
         s, post_vjp = _post(raw, consts, bias_fn, i, k0, st), None
+    elif not consts:  # an elementwise tile_mod (and a bias with no arrays): its slope by one jvp, fused
+        s, slope = jax.jvp(lambda r: _post(r, (), bias_fn, i, k0, st), (raw,), (jnp.ones_like(raw),))
+        post_vjp = lambda ds: (ds * slope,)  # noqa: E731
     else:
         s, post_vjp = jax.vjp(lambda r, *cs: _post(r, cs, bias_fn, i, k0, st), raw, *consts)
 
