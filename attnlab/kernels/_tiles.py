@@ -249,8 +249,8 @@ def _logits_vjp(qi, kj, bias_fn, consts, i, k0, st: Static, qt=None):
     The dot product's own part is two plain matmuls; what comes after it (``tile_mod``, the bias) and a
     pair form are differentiated by ``jax.vjp`` on this tile only; with no arrays to differentiate
     (``SoftCap``), the elementwise ``tile_mod``'s slope comes from one ``jax.jvp`` instead, computed
-    with the logits (on XLA:CPU that ran SoftCap's fwd+bwd at 4K about a tenth faster than ``jax.vjp``). ``qt``: qi transposed, [B*K, H, G*bq]
-    (made once per query block by the caller).
+    with the logits (on XLA:CPU that ran SoftCap's fwd+bwd at 4K about a tenth faster than ``jax.vjp``).
+    ``qt``: qi transposed, [B*K, H, G*bq] (made once per query block by the caller).
     """
     score = st.tile_score(consts)
     if score is not None and score.pair_form:
