@@ -47,45 +47,69 @@ import attnlab
 from attnlab import masks, parallel
 from experiments import common
 
-_SUITES = flags.DEFINE_list("suites", ["full", "full_bwd", "window", "window_bwd", "graph", "memory"], "Suites to run.")
-_FULL = flags.DEFINE_list("full_lengths", ["1024", "2048", "4096", "8192"], "N for full attention forward.")
-_BWD = flags.DEFINE_list("bwd_lengths", ["1024", "2048", "4096", "8192"], "N for full attention forward+backward.")
-_WIN = flags.DEFINE_list("window_lengths", ["1024", "4096", "16384", "65536"], "N for window attention.")
-_WIN_BWD = flags.DEFINE_list(
-    "window_bwd_lengths", ["1024", "4096", "16384", "65536"], "N for window attention forward+backward."
-)
-_WIN_FLEX = flags.DEFINE_list(
-    "window_flex_lengths",
-    ["1024", "4096", "16384"],
-    "N at which torch flex_attention is also timed (each N compiles anew).",
-)
-_WIN_JNN = flags.DEFINE_list(
-    "window_jax_nn_lengths",
-    ["4096", "8192"],
-    "N at which jax.nn's local window is also timed (it forms [N, T, S]: 16K needs > 20 GB).",
-)
-_WINDOW = flags.DEFINE_integer("window", 128, "Window half-width: keys t-w .. t+w.")
-_NODES = flags.DEFINE_integer("graph_nodes", 100_000, "Graph suite: nodes.")
-_EDGES = flags.DEFINE_integer("graph_edges", 1_000_000, "Graph suite: edges (random, unique).")
-_MEM = flags.DEFINE_list("memory_lengths", ["8192", "32768"], "N for the compiled fwd+bwd memory.")
-_HEADS = flags.DEFINE_integer("heads", 8, "N heads.")
-_HEAD_DIM = flags.DEFINE_integer("head_dim", 64, "H head dim.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed rounds (best is reported).")
-_PEERS = flags.DEFINE_list("peers", ["torch", "jax_nn", "pyg"], "Peers to include if installed.")
-_DTYPE = flags.DEFINE_enum(
-    "dtype",
-    "auto",
-    ["auto", "float32", "bfloat16", "float16"],
-    "Input dtype of every implementation and peer; auto: bfloat16 on GPU/TPU, float32 on CPU.",
-)
-_OUT = flags.DEFINE_string("out", "results/bench", "Output folder for bench.json.")
-_DEVICES = flags.DEFINE_integer(
-    "host_devices",
-    -1,
-    "CPU only: also time attnlab with the heads split over this many host devices (one per core, "
-    "attnlab.parallel head parallelism), beside the one-device kernel. -1: the largest divisor of "
-    "--heads not above the core count; 0 or 1: off.",
-)
+
+def define_flags():
+    """The command-line flags, defined only when run as a program (importing the module defines none)."""
+    global \
+        _SUITES, \
+        _FULL, \
+        _BWD, \
+        _WIN, \
+        _WIN_BWD, \
+        _WIN_FLEX, \
+        _WIN_JNN, \
+        _WINDOW, \
+        _NODES, \
+        _EDGES, \
+        _MEM, \
+        _HEADS, \
+        _HEAD_DIM, \
+        _REPEATS, \
+        _PEERS, \
+        _DTYPE, \
+        _OUT, \
+        _DEVICES
+    _SUITES = flags.DEFINE_list(
+        "suites", ["full", "full_bwd", "window", "window_bwd", "graph", "memory"], "Suites to run."
+    )
+    _FULL = flags.DEFINE_list("full_lengths", ["1024", "2048", "4096", "8192"], "N for full attention forward.")
+    _BWD = flags.DEFINE_list("bwd_lengths", ["1024", "2048", "4096", "8192"], "N for full attention forward+backward.")
+    _WIN = flags.DEFINE_list("window_lengths", ["1024", "4096", "16384", "65536"], "N for window attention.")
+    _WIN_BWD = flags.DEFINE_list(
+        "window_bwd_lengths", ["1024", "4096", "16384", "65536"], "N for window attention forward+backward."
+    )
+    _WIN_FLEX = flags.DEFINE_list(
+        "window_flex_lengths",
+        ["1024", "4096", "16384"],
+        "N at which torch flex_attention is also timed (each N compiles anew).",
+    )
+    _WIN_JNN = flags.DEFINE_list(
+        "window_jax_nn_lengths",
+        ["4096", "8192"],
+        "N at which jax.nn's local window is also timed (it forms [N, T, S]: 16K needs > 20 GB).",
+    )
+    _WINDOW = flags.DEFINE_integer("window", 128, "Window half-width: keys t-w .. t+w.")
+    _NODES = flags.DEFINE_integer("graph_nodes", 100_000, "Graph suite: nodes.")
+    _EDGES = flags.DEFINE_integer("graph_edges", 1_000_000, "Graph suite: edges (random, unique).")
+    _MEM = flags.DEFINE_list("memory_lengths", ["8192", "32768"], "N for the compiled fwd+bwd memory.")
+    _HEADS = flags.DEFINE_integer("heads", 8, "N heads.")
+    _HEAD_DIM = flags.DEFINE_integer("head_dim", 64, "H head dim.")
+    _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed rounds (best is reported).")
+    _PEERS = flags.DEFINE_list("peers", ["torch", "jax_nn", "pyg"], "Peers to include if installed.")
+    _DTYPE = flags.DEFINE_enum(
+        "dtype",
+        "auto",
+        ["auto", "float32", "bfloat16", "float16"],
+        "Input dtype of every implementation and peer; auto: bfloat16 on GPU/TPU, float32 on CPU.",
+    )
+    _OUT = flags.DEFINE_string("out", "results/bench", "Output folder for bench.json.")
+    _DEVICES = flags.DEFINE_integer(
+        "host_devices",
+        -1,
+        "CPU only: also time attnlab with the heads split over this many host devices (one per core, "
+        "attnlab.parallel head parallelism), beside the one-device kernel. -1: the largest divisor of "
+        "--heads not above the core count; 0 or 1: off.",
+    )
 
 
 def bench_dtype(flag: str, backend: str) -> str:
@@ -564,4 +588,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

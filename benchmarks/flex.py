@@ -36,14 +36,18 @@ import attnlab
 from attnlab import masks
 from benchmarks.host import best_of, cpu_info
 
-_OUT = flags.DEFINE_string("out", "results/flex", "Output folder.")
-_T = flags.DEFINE_integer("seq_len", 16384, "Sequence length T = S.")
-_HEADS = flags.DEFINE_integer("heads", 8, "Heads N.")
-_H = flags.DEFINE_integer("head_dim", 64, "Head dimension H.")
-_DOCS = flags.DEFINE_integer("docs", 16, "Documents in the row (document mask).")
-_WINDOW = flags.DEFINE_integer("window", 128, "Window half-width (window mask).")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per round (best kept).")
-_ROUNDS = flags.DEFINE_integer("rounds", 2, "Interleaved rounds.")
+
+def define_flags():
+    """The command-line flags, defined only when run as a program (importing the module defines none)."""
+    global _OUT, _T, _HEADS, _H, _DOCS, _WINDOW, _REPEATS, _ROUNDS
+    _OUT = flags.DEFINE_string("out", "results/flex", "Output folder.")
+    _T = flags.DEFINE_integer("seq_len", 16384, "Sequence length T = S.")
+    _HEADS = flags.DEFINE_integer("heads", 8, "Heads N.")
+    _H = flags.DEFINE_integer("head_dim", 64, "Head dimension H.")
+    _DOCS = flags.DEFINE_integer("docs", 16, "Documents in the row (document mask).")
+    _WINDOW = flags.DEFINE_integer("window", 128, "Window half-width (window mask).")
+    _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per round (best kept).")
+    _ROUNDS = flags.DEFINE_integer("rounds", 2, "Interleaved rounds.")
 
 
 def doc_ids(T: int, docs: int, seed: int = 0) -> np.ndarray:
@@ -138,4 +142,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

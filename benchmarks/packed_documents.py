@@ -38,14 +38,18 @@ import attnlab
 from attnlab import kernels, masks
 from benchmarks.host import best_of, cpu_info
 
-_OUT = flags.DEFINE_string("out", "results/packed", "Output folder.")
-_T = flags.DEFINE_integer("seq_len", 8192, "Tokens per packed row.")
-_DOCS = flags.DEFINE_integer("docs", 16, "Documents per row for the main comparison.")
-_SCALING = flags.DEFINE_list("scaling_docs", ["4", "8", "16", "32", "64"], "Document counts for the scaling rows.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per cell (best is kept).")
-_BATCHES = flags.DEFINE_integer("batches", 10, "Batches of new ids for the trace count.")
-_HEADS = flags.DEFINE_integer("heads", 8, "Heads N.")
-_XLA = flags.DEFINE_bool("xla", True, "Also time dense XLA with the same mask (needs ~8 GiB at 8K).")
+
+def define_flags():
+    """The command-line flags, defined only when run as a program (importing the module defines none)."""
+    global _OUT, _T, _DOCS, _SCALING, _REPEATS, _BATCHES, _HEADS, _XLA
+    _OUT = flags.DEFINE_string("out", "results/packed", "Output folder.")
+    _T = flags.DEFINE_integer("seq_len", 8192, "Tokens per packed row.")
+    _DOCS = flags.DEFINE_integer("docs", 16, "Documents per row for the main comparison.")
+    _SCALING = flags.DEFINE_list("scaling_docs", ["4", "8", "16", "32", "64"], "Document counts for the scaling rows.")
+    _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per cell (best is kept).")
+    _BATCHES = flags.DEFINE_integer("batches", 10, "Batches of new ids for the trace count.")
+    _HEADS = flags.DEFINE_integer("heads", 8, "Heads N.")
+    _XLA = flags.DEFINE_bool("xla", True, "Also time dense XLA with the same mask (needs ~8 GiB at 8K).")
 
 
 def packed_ids(T: int, docs: int, seed: int) -> np.ndarray:
@@ -154,4 +158,5 @@ def plot(result: dict, path) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -37,15 +37,19 @@ import attnlab
 from attnlab import kernels, masks, scores
 from benchmarks.host import best_of, cpu_info
 
-_OUT = flags.DEFINE_string("out", "results/scores", "Output folder.")
-_T = flags.DEFINE_integer("seq_len", 4096, "Sequence length of part 1 (per-element scores).")
-_HEADS = flags.DEFINE_integer("heads", 8, "Heads of part 1.")
-_TA = flags.DEFINE_integer("additive_seq_len", 16384, "Sequence length of part 2 (additive); 0 skips it.")
-_HEADS_A = flags.DEFINE_integer("additive_heads", 4, "Heads of part 2.")
-_H = flags.DEFINE_integer("head_dim", 64, "Head dimension H.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per cell and round (best kept).")
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved rounds.")
-_CAP = flags.DEFINE_float("cap", 30.0, "The soft cap.")
+
+def define_flags():
+    """The command-line flags, defined only when run as a program (importing the module defines none)."""
+    global _OUT, _T, _HEADS, _TA, _HEADS_A, _H, _REPEATS, _ROUNDS, _CAP
+    _OUT = flags.DEFINE_string("out", "results/scores", "Output folder.")
+    _T = flags.DEFINE_integer("seq_len", 4096, "Sequence length of part 1 (per-element scores).")
+    _HEADS = flags.DEFINE_integer("heads", 8, "Heads of part 1.")
+    _TA = flags.DEFINE_integer("additive_seq_len", 16384, "Sequence length of part 2 (additive); 0 skips it.")
+    _HEADS_A = flags.DEFINE_integer("additive_heads", 4, "Heads of part 2.")
+    _H = flags.DEFINE_integer("head_dim", 64, "Head dimension H.")
+    _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per cell and round (best kept).")
+    _ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved rounds.")
+    _CAP = flags.DEFINE_float("cap", 30.0, "The soft cap.")
 
 
 def _qkv(T, N, H):
@@ -145,4 +149,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

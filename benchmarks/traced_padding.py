@@ -27,14 +27,18 @@ from absl import app, flags
 import attnlab
 from attnlab import masks
 
-_T = flags.DEFINE_integer("T", 2048, "Sequence length (T = S).")
-_B = flags.DEFINE_integer("B", 2, "Batch.")
-_N = flags.DEFINE_integer("N", 4, "Heads.")
-_H = flags.DEFINE_integer("H", 64, "Head dim.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed rounds (best is reported).")
-_OUT = flags.DEFINE_string("out", None, "JSON file to write.")
-_LABEL = flags.DEFINE_string("label", "after", "Name of the code measured.")
-_APPEND = flags.DEFINE_bool("append", False, "Append to --out's records.")
+
+def define_flags():
+    """The command-line flags, defined only when run as a program (importing the module defines none)."""
+    global _T, _B, _N, _H, _REPEATS, _OUT, _LABEL, _APPEND
+    _T = flags.DEFINE_integer("T", 2048, "Sequence length (T = S).")
+    _B = flags.DEFINE_integer("B", 2, "Batch.")
+    _N = flags.DEFINE_integer("N", 4, "Heads.")
+    _H = flags.DEFINE_integer("H", 64, "Head dim.")
+    _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed rounds (best is reported).")
+    _OUT = flags.DEFINE_string("out", None, "JSON file to write.")
+    _LABEL = flags.DEFINE_string("label", "after", "Name of the code measured.")
+    _APPEND = flags.DEFINE_bool("append", False, "Append to --out's records.")
 
 
 def _tiles(mask, T):
@@ -127,4 +131,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

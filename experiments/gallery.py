@@ -234,14 +234,19 @@ def build() -> dict[Path, bytes]:
     return files
 
 
-_WRITE = flags.DEFINE_bool("write", False, "Write docs/gallery.md and the pictures.")
-_CHECK = flags.DEFINE_bool("check", False, "Exit 1 when a committed file differs from what the masks give.")
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    """The command-line flags, defined only when run as a program (so importing this module is free)."""
+    flags.DEFINE_bool("write", False, "Write docs/gallery.md and the pictures.")
+    flags.DEFINE_bool("check", False, "Exit 1 when a committed file differs from what the masks give.")
 
 
 def main(argv):
     del argv
     files = build()
-    if _WRITE.value:
+    if FLAGS.write:
         (ROOT / FIGURES).mkdir(parents=True, exist_ok=True)
         for stale in (ROOT / FIGURES).glob("*.png"):
             if stale.relative_to(ROOT) not in files:
@@ -249,7 +254,7 @@ def main(argv):
         for path, data in files.items():
             (ROOT / path).write_bytes(data)
         print(f"wrote {PAGE} and {len(files) - 1} pictures under {FIGURES}")
-    if _CHECK.value:
+    if FLAGS.check:
         bad = [str(p) for p, data in files.items() if not (ROOT / p).exists() or (ROOT / p).read_bytes() != data]
         if bad:
             print("out of date (run make docs): " + ", ".join(bad))
@@ -258,4 +263,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -60,25 +60,31 @@ def clean(nb):
     return nb
 
 
-_WRITE = flags.DEFINE_bool("write", False, "Execute the notebooks and write them back with their outputs.")
-_ONLY = flags.DEFINE_list("only", None, "Notebook file names (default: every notebooks/*.ipynb).")
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    """The command-line flags, defined only when run as a program (so importing this module is free)."""
+    flags.DEFINE_bool("write", False, "Execute the notebooks and write them back with their outputs.")
+    flags.DEFINE_list("only", None, "Notebook file names (default: every notebooks/*.ipynb).")
 
 
 def main(argv):
     del argv
     import nbformat
 
-    names = _ONLY.value or sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+    names = FLAGS.only or sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
     for i, name in enumerate(names):
         print(f"[{i + 1}/{len(names)}] executing notebooks/{name}", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             nb = execute(NOTEBOOKS / name, Path(tmp))
         if bad := errors(nb):
             raise SystemExit(f"notebooks/{name} failed: {bad}")
-        if _WRITE.value:
+        if FLAGS.write:
             nbformat.write(clean(nb), str(NOTEBOOKS / name))
             print(f"  wrote notebooks/{name}", flush=True)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -104,6 +104,8 @@ def test_memory_suite_reads_the_device_peak_where_the_backend_keeps_one(monkeypa
     from absl import flags
     from absl.testing import flagsaver
 
+    if "memory_lengths" not in flags.FLAGS:  # defined when run as a program; importing defines none
+        bench_attention.define_flags()
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
     # GPU-like statistics: nothing in use before, a 3 MiB peak while the fwd+bwd runs
