@@ -435,6 +435,15 @@ def _pct(stat) -> str:
     return common.mean_std(stat, scale=100, digits=1)
 
 
+STEP_HEADER = "train step (ms), per seed"
+
+
+def _steps_ms(records) -> str:
+    """Each seed's train step time, in seed order: seeds may run on different machines (a mean of
+    timings from a loaded and a quiet host would mean nothing); compare times within one seed."""
+    return " / ".join(f"{1000 * r['step_s']:.1f}" for r in sorted(records, key=lambda r: r["seed"]))
+
+
 def conv_distance(record: dict) -> dict:
     """Summary of how far the model's heads are from convolution heads (which have 1.0 on both)."""
     h = record["heads_analysis"]
@@ -466,12 +475,12 @@ def report(folder: Path) -> str:
     rows = []
     for task in ("shift", "pos"):
         acc = common.summarize([r for r in dot if r["task"] == task], ("heads",), "accuracy")
-        step = common.summarize([r for r in dot if r["task"] == task], ("heads",), "step_s")
         d = next((r["d_model"] for r in dot if r["task"] == task), None)
         for (n,), stat in sorted(acc.items()):
-            rows.append([task, n, d // n, _pct(stat), stat[2], f"{1000 * step[(n,)][0]:.1f}"])
+            step = _steps_ms([r for r in dot if r["task"] == task and r["heads"] == n])
+            rows.append([task, n, d // n, _pct(stat), stat[2], step])
     if rows:
-        header = ["task", "heads", "head dim", "accuracy (%)", "seeds", "train step (ms)"]
+        header = ["task", "heads", "head dim", "accuracy (%)", "seeds", STEP_HEADER]
         sections.append("### Heads ablation (fixed d_model)\n\n" + common.markdown_table(header, rows))
 
     # 1 + 4b. per-head analysis and conv distance
@@ -527,9 +536,8 @@ def report(folder: Path) -> str:
             if not rs:
                 continue
             acc = common.summarize(rs, ("task",), "accuracy")[(task,)]
-            step = common.summarize(rs, ("task",), "step_s")[(task,)]
             disp = rs[0]["dispatch"]
-            rows.append([task, score, n, _pct(acc), acc[2], f"{1000 * step[0]:.1f}", *(disp[b] for b in BACKENDS)])
+            rows.append([task, score, n, _pct(acc), acc[2], _steps_ms(rs), *(disp[b] for b in BACKENDS)])
     if rows:
         header = [
             "task",
@@ -537,7 +545,7 @@ def report(folder: Path) -> str:
             "heads",
             "accuracy (%)",
             "seeds",
-            "train step (ms)",
+            STEP_HEADER,
             *(f"dispatch {b}" for b in BACKENDS),
         ]
         sections.append("### Relevance: dot product vs additive\n\n" + common.markdown_table(header, rows))
