@@ -33,6 +33,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 from absl import app, flags
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -383,13 +384,19 @@ def speech_headline(root: Path, folder: Path = Path("docs/results/speech"), *, d
     results = _jsonl(root / folder / "results.jsonl")
     rows = []
     for w in sorted({r["window"] for r in results}, key=speech.window_order):
-        r = next(r for r in results if r["window"] == w)
-        cells = [f"{100 * r[k]:.1f}" for k in ("test_greedy_cer", "test_beam4_cer", "test_greedy_wer",
-                                                "new_voice_greedy_cer", "new_voice_beam4_cer")]  # fmt: skip
+        rs = [r for r in results if r["window"] == w]
+
+        def cell(k, rs=rs):  # mean ± sd over seeds (population sd, as the experiments' reports)
+            v = 100 * np.array([r[k] for r in rs])
+            return f"{v.mean():.1f} ± {v.std():.1f}" if len(v) > 1 else f"{v[0]:.1f}"
+
+        cells = [cell(k) for k in ("test_greedy_cer", "test_beam4_cer", "test_greedy_wer",
+                                   "new_voice_greedy_cer", "new_voice_beam4_cer")]  # fmt: skip
         ms = "" if w == "full" else f" ({4 * int(w) * 10} ms)"  # 4x subsampled 10 ms frames
-        rows.append([speech.window_label(w) + ms, *cells, f"{r['train_time_s']:.0f}"])
+        train_s = np.mean([r["train_time_s"] for r in rs])
+        rows.append([speech.window_label(w) + ms, *cells, str(len(rs)), f"{train_s:.0f}"])
     header = ["encoder self-attention", "CER % greedy", "CER % beam 4", "WER % greedy", "new voice CER % greedy"]
-    text = _table([*header, "new voice CER % beam 4", "train s"], rows)
+    text = _table([*header, "new voice CER % beam 4", "seeds", "train s"], rows)
     if not decoding:
         return text
     dec = {d["method"]: d for d in _jsonl(root / folder / "decoding.jsonl")}

@@ -179,6 +179,21 @@ def _maps(model, split: speech.Split) -> dict:
     }
 
 
+def alignments(model, split: speech.Split, batch_size: int) -> np.ndarray:
+    """``monotonicity`` of every utterance's cross-attention (last decoder block, head mean; teacher forcing)."""
+    T = _padded(int(split.lengths.max()), 64)
+    values = []
+    for i in range(0, len(split.lengths), batch_size):
+        sl = slice(i, i + batch_size)
+        f, n = jnp.asarray(split.features[sl, :T]), jnp.asarray(split.lengths[sl])
+        tgt, tl = jnp.asarray(split.targets[sl]), jnp.asarray(split.target_lengths[sl])
+        cap = inspect.capture(model, f, n, _teacher_inputs(tgt), tl, record=("weights",))
+        cross = np.asarray(cap.select("*cross_attn")[-1].weights).mean(1)  # [B, U, S]
+        s, u = np.asarray(subsampled_lengths(n, model.subsample)), np.asarray(tl)
+        values += [monotonicity(cross[b, : u[b], : s[b]]) for b in range(len(u))]
+    return np.asarray(values)
+
+
 def run_one(cfg, data, window, seed: int, out: Path, *, verbose=True) -> dict:
     t, ev = cfg.train, cfg.eval
     model = build_model(cfg, window, seed)
@@ -213,7 +228,15 @@ def run_one(cfg, data, window, seed: int, out: Path, *, verbose=True) -> dict:
                 f"{split}_{name}_wer": r["wer"],
                 f"{split}_{name}_example": r["example"],
             }
-    np.savez(out / f"maps-{window}.npz", **_maps(model, data["test"]))
+    mono = alignments(model, data["test"], ev.batch_size)
+    rec |= {
+        "test_alignment_mean": float(mono.mean()),
+        "test_alignment_sd": float(mono.std()),
+        "test_alignment_min": float(mono.min()),
+        "test_alignment_utterances": len(mono),
+    }
+    if seed == common.ints(cfg.seeds)[0]:  # the figures' maps: the first seed's model
+        np.savez(out / f"maps-{window}.npz", **_maps(model, data["test"]))
     return rec
 
 
@@ -322,12 +345,12 @@ def report(folder: Path) -> str:
     for w in windows:
         rs = [r for r in results if r["window"] == w]
         cells = [common.mean_std(common.summarize(rs, ("window",), k)[(w,)], scale=100) for k in cols]
-        rows.append([window_label(w), *cells, f"{np.mean([r['train_time_s'] for r in rs]):.0f}"])
+        rows.append([window_label(w), *cells, str(len(rs)), f"{np.mean([r['train_time_s'] for r in rs]):.0f}"])
     header = [
         "encoder attention",
         *(k.replace("_", " ").replace(" cer", " CER %").replace(" wer", " WER %") for k in cols),
     ]
-    text = common.markdown_table([*header, "train s"], rows)
+    text = common.markdown_table([*header, "seeds", "train s"], rows)
     dec = {r["method"]: r for r in common.read_jsonl(folder / "decoding.jsonl")}
     if len(dec) == 2:
         same = bool(np.array_equal(*(np.load(folder / f"decoding-{m}.npy") for m in ("cached", "recompute"))))
@@ -358,6 +381,21 @@ def report(folder: Path) -> str:
         text += "\n\nCross-attention of test utterance 0 (last decoder block, head mean): correlation of the decoder "
         text += "step with the attended frame (centroid), 1 = a monotonic alignment: "
         text += ", ".join(f"{window_label(w)} {m:.2f}" for w, m in mono.items()) + "."
+    with_alignment = [r for r in results if "test_alignment_mean" in r]
+    if with_alignment:
+        seeds = sorted({r["seed"] for r in with_alignment})
+        n_utt = sorted({r["test_alignment_utterances"] for r in with_alignment})
+        text += "\n\nThe same correlation over every test utterance (mean over utterances, then mean ± sd over "
+        text += f"seeds {', '.join(map(str, seeds))}; {'/'.join(map(str, n_utt))} utterances per model; "
+        text += "min: the lowest single utterance of any seed): "
+        parts = []
+        for w in windows:
+            rs = [r for r in with_alignment if r["window"] == w]
+            if rs:
+                m = [r["test_alignment_mean"] for r in rs]
+                low = min(r["test_alignment_min"] for r in rs)
+                parts.append(f"{window_label(w)} {np.mean(m):.3f} ± {np.std(m):.3f} (min {low:.2f})")
+        text += ", ".join(parts) + "."
     (folder / "summary.md").write_text(text + "\n")
     # figures
     fig, ax = plt.subplots(figsize=(5, 3.2))

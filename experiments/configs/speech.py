@@ -11,7 +11,7 @@ Variants:
              300 held-out numbers, 150 of them read by a held-out voice variant; 80 log-mel frames,
              per-utterance CMVN, 4x subsampled; encoder 3 layers, decoder 2, d = 96, 4 heads; 600
              AdamW steps of 32 utterances of similar length; loss 0.7 attention + 0.3 CTC (hybrid
-             CTC/attention); encoder windows full, ±32, ±16, ±8, ±4, ±2 (after subsampling); seed 0.
+             CTC/attention); encoder windows full, ±32, ±16, ±8, ±4, ±2 (after subsampling); seeds 0, 1, 2.
     budget   the same data, d = 64, 2 + 1 layers, 600 steps of 16, windows full, ±16, ±4, no CMVN,
              no CTC: what a loaded shared CPU finished in an earlier session, then with random
              batches (it did not learn; docs/speech.md, docs/results/speech-budget/).
@@ -30,7 +30,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.variant = variant
     c.windows = "full,32,16,8,4,2"  # encoder self-attention: full, or ±w frames after subsampling
-    c.seeds = "0"
+    c.seeds = "0,1,2"
     c.data = ml_collections.ConfigDict(
         dict(num_train=3000, num_test=300, num_new_voice=150, seed=0, corpus="numbers", cmvn=True)
     )
@@ -61,6 +61,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
             pass
         case "budget":  # what a loaded 2-core CPU finished in about an hour (it did not learn)
             c.windows = "full,16,4"
+            c.seeds = "0"
             c.data.cmvn = False
             c.train.ctc_weight = 0.0
             c.model.update(d_model=64, encoder_layers=2, decoder_layers=1)
@@ -68,6 +69,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
             c.scaling.update(repeats=2)
         case "smoke":
             c.windows = "2"
+            c.seeds = "0"
             c.data.update(num_train=12, num_test=4, num_new_voice=2)
             c.model.update(d_model=16, num_heads=2, encoder_layers=1, decoder_layers=1)
             c.train.update(batch_size=4, num_steps=2, warmup_steps=1, log_every=1, pad_to=640, target_pad=16)
