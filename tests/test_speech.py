@@ -63,7 +63,8 @@ def test_alignments_batched_equal_each_utterance_alone(tmp_path, monkeypatch):
     assert batched.shape == (len(test.lengths),)
     for i in range(len(test.lengths)):
         one = dataclasses.replace(
-            test, **{k: getattr(test, k)[i : i + 1] for k in ("features", "lengths", "targets", "target_lengths")},
+            test,
+            **{k: getattr(test, k)[i : i + 1] for k in ("features", "lengths", "targets", "target_lengths")},
             texts=test.texts[i : i + 1],
         )
         alone = exp.monotonicity(exp._maps(model, one)["cross"])
