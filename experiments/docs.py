@@ -33,7 +33,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 from absl import app, flags
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -381,20 +380,17 @@ def flex_table(root: Path) -> str:
 def speech_headline(root: Path, folder: Path = Path("docs/results/speech"), *, decoding: bool = True) -> str:
     """README's speech table: CER by encoder window (greedy and beam, seen and held-out voice), decoding speed."""
     speech = importlib.import_module("experiments.speech")
+    common = importlib.import_module("experiments.common")
     results = _jsonl(root / folder / "results.jsonl")
     rows = []
     for w in sorted({r["window"] for r in results}, key=speech.window_order):
-        rs = [r for r in results if r["window"] == w]
-
-        def cell(k, rs=rs):  # mean ± sd over seeds (population sd, as the experiments' reports)
-            v = 100 * np.array([r[k] for r in rs])
-            return f"{v.mean():.1f} ± {v.std():.1f}" if len(v) > 1 else f"{v[0]:.1f}"
-
-        cells = [cell(k) for k in ("test_greedy_cer", "test_beam4_cer", "test_greedy_wer",
-                                   "new_voice_greedy_cer", "new_voice_beam4_cer")]  # fmt: skip
+        stats = {k: common.summarize(results, ("window",), k)[(w,)]  # (mean, population sd, seeds)
+                 for k in ("test_greedy_cer", "test_beam4_cer", "test_greedy_wer", "new_voice_greedy_cer",
+                           "new_voice_beam4_cer", "train_time_s")}  # fmt: skip
+        seeds = stats["train_time_s"][2]
+        cells = [common.mean_std(v, scale=100) if seeds > 1 else f"{100 * v[0]:.1f}" for v in stats.values()]
         ms = "" if w == "full" else f" ({4 * int(w) * 10} ms)"  # 4x subsampled 10 ms frames
-        train_s = np.mean([r["train_time_s"] for r in rs])
-        rows.append([speech.window_label(w) + ms, *cells, str(len(rs)), f"{train_s:.0f}"])
+        rows.append([speech.window_label(w) + ms, *cells[:-1], str(seeds), f"{stats['train_time_s'][0]:.0f}"])
     header = ["encoder self-attention", "CER % greedy", "CER % beam 4", "WER % greedy", "new voice CER % greedy"]
     text = _table([*header, "new voice CER % beam 4", "seeds", "train s"], rows)
     if not decoding:

@@ -388,13 +388,13 @@ def report(folder: Path) -> str:
         text += "\n\nThe same correlation over every test utterance (mean over utterances, then mean ± sd over "
         text += f"seeds {', '.join(map(str, seeds))}; {'/'.join(map(str, n_utt))} utterances per model; "
         text += "min: the lowest single utterance of any seed): "
-        parts = []
-        for w in windows:
-            rs = [r for r in with_alignment if r["window"] == w]
-            if rs:
-                m = [r["test_alignment_mean"] for r in rs]
-                low = min(r["test_alignment_min"] for r in rs)
-                parts.append(f"{window_label(w)} {np.mean(m):.3f} ± {np.std(m):.3f} (min {low:.2f})")
+        means = common.summarize(with_alignment, ("window",), "test_alignment_mean")
+        lows = {w: min(r["test_alignment_min"] for r in with_alignment if r["window"] == w) for (w,) in means}
+        parts = [
+            f"{window_label(w)} {common.mean_std(means[(w,)], digits=3)} (min {lows[w]:.2f})"
+            for w in windows
+            if (w,) in means
+        ]
         text += ", ".join(parts) + "."
     (folder / "summary.md").write_text(text + "\n")
     # figures
