@@ -21,6 +21,7 @@ from flax import nnx
 
 from attnlab import masks as masks_lib
 from attnlab import positional
+from attnlab.data import packing
 from attnlab.nn.attention import Softmax
 from attnlab.nn.layers import Encoder, MultiHeadAttention, dropout, split_key
 
@@ -142,11 +143,37 @@ class EncoderDecoder(nnx.Module):
 
     # -- encoder ------------------------------------------------------------------------------
 
-    def encode(self, features, lengths, *, dropout_key=None, return_weights=False):
-        """``features [B, T, F]``, ``lengths [B]`` -> memory ``[B, S, D]``, memory lengths ``[B]`` (, weights)."""
+    def encode(
+        self, features, lengths=None, *, segment_ids=None, positions=None, dropout_key=None, return_weights=False
+    ):
+        """``features [B, T, F]``, ``lengths [B]`` -> memory ``[B, S, D]``, memory lengths ``[B]`` (, weights).
+
+        A packed batch (``packing.pack_pairs(..., source_align=2**subsample)``): pass ``segment_ids``
+        ``[B, T]`` instead of (or with) ``lengths`` and get ``(memory, memory_segment_ids [B, S])``
+        back. Each convolution tap that falls in another document (or padding) reads zeros, as it
+        would at that document's edge alone, and each document attends only within itself with its
+        positions restarting at 0; so a document packed gives what it gives alone, provided it
+        starts at a multiple of ``2**subsample`` (the stride of the front end).
+        """
         if features.ndim != 3:
             raise ValueError(f"EncoderDecoder.encode: features must be [B, T, F], got {features.shape}")
+        if lengths is None and segment_ids is None:
+            raise ValueError("EncoderDecoder.encode: pass lengths [B] or segment_ids [B, T] (a packed batch)")
         x = features
+        if segment_ids is not None:
+            segment_ids = self.encoder._check_packed(segment_ids, features.shape[:2], "segment_ids")
+            if positions is None:
+                positions = packing.segment_positions(segment_ids)
+            if lengths is not None:  # the row's tail beyond lengths is padding too
+                t = jnp.arange(x.shape[1])[None, :]
+                segment_ids = jnp.where(t < lengths[:, None], segment_ids, packing.PAD_SEGMENT)
+            for conv in self.convs:
+                x = jax.nn.gelu(_packed_conv(conv, x, segment_ids))
+                segment_ids, positions = segment_ids[:, ::2], positions[:, ::2] // 2
+            out = self.encoder(
+                x, segment_ids=segment_ids, positions=positions, dropout_key=dropout_key, return_weights=return_weights
+            )
+            return (*out, segment_ids) if return_weights else (out, segment_ids)
         valid = (jnp.arange(x.shape[1])[None, :] < lengths[:, None])[..., None]
         for conv in self.convs:
             x = jax.nn.gelu(conv(jnp.where(valid, x, 0)))  # padding frames never leak into real ones
@@ -164,24 +191,67 @@ class EncoderDecoder(nnx.Module):
     # -- decoder ------------------------------------------------------------------------------
 
     def embed_tokens(self, tokens, positions):
-        """``tokens [B, U]`` at ``positions [U]`` -> ``[B, U, D]`` (scaled embedding + sinusoidal)."""
+        """``tokens [B, U]`` at ``positions`` ``[U]`` or ``[B, U]`` -> ``[B, U, D]`` (scaled embedding + sinusoid)."""
         table = positional.sinusoidal(self.max_target_len, self.d_model)
         return self.embed(tokens) * jnp.sqrt(self.d_model).astype(jnp.float32) + table[positions]
 
     def logits(self, x):
         return self.out(self.ln_f(x))
 
-    def decode(self, tokens, memory, memory_lengths, token_lengths=None, *, dropout_key=None, return_weights=False):
-        """Teacher forcing: ``tokens [B, U]`` (bos first) -> next-token logits ``[B, U, V]`` (, cross weights)."""
+    def decode(
+        self,
+        tokens,
+        memory,
+        memory_lengths=None,
+        token_lengths=None,
+        *,
+        memory_segment_ids=None,
+        token_segment_ids=None,
+        token_positions=None,
+        dropout_key=None,
+        return_weights=False,
+    ):
+        """Teacher forcing: ``tokens [B, U]`` (bos first) -> next-token logits ``[B, U, V]`` (, cross weights).
+
+        Packed: ``token_segment_ids [B, U]`` and ``memory_segment_ids [B, S]`` (from ``encode``) pair
+        target document d with source document d of the same row: causal self-attention within each
+        target document, cross-attention to its own source only, positions restarting at 0
+        (``token_positions``, default from the ids).
+        """
         U = tokens.shape[1]
         if U > self.max_target_len:
             raise ValueError(f"EncoderDecoder.decode: {U} tokens exceed max_target_len={self.max_target_len}")
+        packed = token_segment_ids is not None or memory_segment_ids is not None
+        if packed and (token_segment_ids is None or memory_segment_ids is None):
+            raise ValueError(
+                "EncoderDecoder.decode: a packed batch needs both token_segment_ids [B, U] and memory_segment_ids "
+                "[B, S]; got only one"
+            )
+        if not packed and memory_lengths is None:
+            raise ValueError("EncoderDecoder.decode: pass memory_lengths [B] (or, packed, memory_segment_ids)")
         keys = split_key(dropout_key, len(self.blocks) + 1)
-        x = dropout(self.embed_tokens(tokens, jnp.arange(U)), self.dropout_rate, keys[0])
-        self_mask = masks_lib.causal()
-        if token_lengths is not None:
-            self_mask = self_mask & masks_lib.padding(token_lengths, token_lengths)
-        cross_mask = masks_lib.padding(token_lengths, memory_lengths)
+        if packed:
+            token_segment_ids = self.encoder._check_packed(token_segment_ids, tokens.shape[:2], "token_segment_ids")
+            memory_segment_ids = self.encoder._check_packed(memory_segment_ids, memory.shape[:2], "memory_segment_ids")
+            if token_lengths is not None:
+                u = jnp.arange(U)[None, :]
+                token_segment_ids = jnp.where(u < token_lengths[:, None], token_segment_ids, packing.PAD_SEGMENT)
+            if memory_lengths is not None:
+                s = jnp.arange(memory.shape[1])[None, :]
+                memory_segment_ids = jnp.where(s < memory_lengths[:, None], memory_segment_ids, packing.PAD_SEGMENT)
+            if token_positions is None:
+                token_positions = packing.segment_positions(token_segment_ids)
+            token_positions = self.encoder._check_packed(token_positions, tokens.shape[:2], "token_positions")
+            pad = packing.PAD_SEGMENT
+            self_mask = masks_lib.causal() & masks_lib.document(token_segment_ids, padding_id=pad)
+            cross_mask = masks_lib.document(token_segment_ids, memory_segment_ids, padding_id=pad)
+        else:
+            token_positions = jnp.arange(U) if token_positions is None else token_positions
+            self_mask = masks_lib.causal()
+            if token_lengths is not None:
+                self_mask = self_mask & masks_lib.padding(token_lengths, token_lengths)
+            cross_mask = masks_lib.padding(token_lengths, memory_lengths)
+        x = dropout(self.embed_tokens(tokens, token_positions), self.dropout_rate, keys[0])
         weights = []
         for block, k in zip(self.blocks, keys[1:], strict=True):
             x = block(
@@ -193,7 +263,56 @@ class EncoderDecoder(nnx.Module):
         logits = self.logits(x)
         return (logits, weights) if return_weights else logits
 
-    def __call__(self, features, lengths, tokens, token_lengths=None, *, dropout_key=None):
+    def __call__(
+        self,
+        features,
+        lengths=None,
+        tokens=None,
+        token_lengths=None,
+        *,
+        source_segment_ids=None,
+        target_segment_ids=None,
+        dropout_key=None,
+    ):
+        """Teacher forcing from features: ``-> logits [B, U, V]``.
+
+        Packed pairs (``packing.pack_pairs``): pass ``source_segment_ids [B, T]`` and
+        ``target_segment_ids [B, U]``; each target document sees only its own source document.
+        """
+        if tokens is None:
+            raise ValueError("EncoderDecoder: tokens [B, U] are required")
+        if (source_segment_ids is None) != (target_segment_ids is None):
+            raise ValueError("EncoderDecoder: pass both source_segment_ids and target_segment_ids (a packed batch)")
         k_enc, k_dec = split_key(dropout_key, 2)
+        if source_segment_ids is not None:
+            memory, mem_ids = self.encode(features, lengths, segment_ids=source_segment_ids, dropout_key=k_enc)
+            return self.decode(
+                tokens,
+                memory,
+                None,
+                token_lengths,
+                memory_segment_ids=mem_ids,
+                token_segment_ids=target_segment_ids,
+                dropout_key=k_dec,
+            )
         memory, mem_lengths = self.encode(features, lengths, dropout_key=k_enc)
         return self.decode(tokens, memory, mem_lengths, token_lengths, dropout_key=k_dec)
+
+
+def _packed_conv(conv: nnx.Conv, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """``conv`` (kernel 3, stride 2, padding (1, 1)) over a packed row: a tap in another segment reads 0.
+
+    Output frame j reads input frames 2j-1, 2j, 2j+1; each tap counts only if its segment is that of
+    the centre 2j, which is what the document gives alone, where beyond its edges lie zeros.
+    """
+    kernel, bias = conv.kernel[...], conv.bias[...]  # [3, F_in, F_out], [F_out]
+    T = x.shape[1]
+    xp = jnp.pad(x, ((0, 0), (1, 1), (0, 0)))
+    ip = jnp.pad(segment_ids, ((0, 0), (1, 1)), constant_values=packing.PAD_SEGMENT)
+    centre = ip[:, 1 : T + 1 : 2]  # [B, ceil(T/2)]
+    out = bias
+    for k in range(3):
+        tap = xp[:, k : k + T : 2]
+        keep = (ip[:, k : k + T : 2] == centre) & (centre != packing.PAD_SEGMENT)
+        out = out + jnp.where(keep[..., None], tap, 0) @ kernel[k]
+    return out
