@@ -551,22 +551,21 @@ def report(folder: Path) -> str:
         sections.append("### Relevance: dot product vs additive\n\n" + common.markdown_table(header, rows))
 
     # 3. embeddings
-    emb = [r for r in results if r["input"].startswith("word_")]
+    emb = sorted((r for r in results if r["input"].startswith("word_")), key=lambda r: (r["input"], r["seed"]))
     if emb:
         rows = [
-            [r["input"], f"{100 * r['accuracy']:.2f}", f"{100 * r['ambiguous_accuracy']:.2f}",
+            [r["input"], str(r["seed"]), f"{100 * r['accuracy']:.2f}", f"{100 * r['ambiguous_accuracy']:.2f}",
              f"{100 * r['oov_accuracy']:.2f}", f"{r['neighbour_tag_agreement']:.3f}",
              f"{r['neighbour_tag_chance']:.3f}"]
             for r in emb
         ]  # fmt: skip
-        header = ["word input", "test acc (%)", "ambiguous (%)", "OOV (%)", "5-NN share majority tag", "chance"]
+        header = ["word input", "seed", "test acc (%)", "ambiguous (%)", "OOV (%)", "5-NN share majority tag", "chance"]
         text = "### One-hot vs learned word embedding (word id only)\n\n" + common.markdown_table(header, rows)
         learned = next((r for r in emb if "neighbours" in r), None)
         if learned:
             nb = [[w, ", ".join(ns)] for w, ns in learned["neighbours"].items()]
-            text += "\n\nNearest neighbours (cosine) in the learned table:\n\n" + common.markdown_table(
-                ["word", "neighbours"], nb
-            )
+            text += f"\n\nNearest neighbours (cosine) in the learned table (seed {learned['seed']}):\n\n"
+            text += common.markdown_table(["word", "neighbours"], nb)
         sections.append(text)
     text = "\n\n".join(sections)
     (folder / "summary.md").write_text(text + "\n")
