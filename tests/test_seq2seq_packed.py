@@ -40,16 +40,20 @@ def alone(model, src, tgt):
     return model(feats, lens, toks, tlens)  # [P, U, V]
 
 
-def packed(model, src, tgt, subsample, source_len=32, target_len=10):
-    ps, pt = packing.pack_pairs(src, tgt, source_len, target_len, source_align=2**subsample)
-    out = model(
+def call_packed(m, ps, pt):
+    """The model on packed rows: sources ``ps`` and targets ``pt`` from ``packing.pack_pairs``."""
+    return m(
         jnp.asarray(ps.tokens),
         None,
         jnp.asarray(pt.tokens),
         source_segment_ids=jnp.asarray(ps.segment_ids),
         target_segment_ids=jnp.asarray(pt.segment_ids),
     )
-    return out, ps, pt
+
+
+def packed(model, src, tgt, subsample, source_len=32, target_len=10):
+    ps, pt = packing.pack_pairs(src, tgt, source_len, target_len, source_align=2**subsample)
+    return call_packed(model, ps, pt), ps, pt
 
 
 def model(subsample, encoder_mask=None, seed=0):
@@ -96,13 +100,7 @@ def test_packed_pairs_gradients_equal_alone():
     w = jax.random.normal(jax.random.key(0), (V,))
 
     def loss_packed(m):
-        out = m(
-            jnp.asarray(ps.tokens),
-            None,
-            jnp.asarray(pt.tokens),
-            source_segment_ids=jnp.asarray(ps.segment_ids),
-            target_segment_ids=jnp.asarray(pt.segment_ids),
-        )
+        out = call_packed(m, ps, pt)
         return jnp.sum(jnp.where(real_p[..., None], jnp.tanh(out) * w, 0))
 
     def loss_alone(m):
@@ -124,13 +122,7 @@ def test_packed_bf16_close_to_alone():
     src, tgt = pairs(2)
     src = [s.astype(jnp.bfloat16) for s in src]
     ps, pt = packing.pack_pairs(src, tgt, 32, 10, source_align=2)
-    out = m(
-        jnp.asarray(ps.tokens),
-        None,
-        jnp.asarray(pt.tokens),
-        source_segment_ids=jnp.asarray(ps.segment_ids),
-        target_segment_ids=jnp.asarray(pt.segment_ids),
-    )
+    out = call_packed(m, ps, pt)
     feats, lens = padded(src, jnp.bfloat16)
     toks, tlens = padded(tgt, np.int32)
     ref = m(feats, lens, toks, tlens)

@@ -497,11 +497,11 @@ class Encoder(nnx.Module):
         return attention_mask
 
     @staticmethod
-    def _check_packed(x, batch_time, name):
+    def _check_packed(x, batch_time, name, fn="Encoder"):
         x = jnp.asarray(x)
         if tuple(x.shape) != tuple(batch_time) or not jnp.issubdtype(x.dtype, jnp.integer):
             raise ValueError(
-                f"Encoder: {name} must be an integer array [B, T] = {list(batch_time)} like the inputs, "
+                f"{fn}: {name} must be an integer array [B, T] = {list(batch_time)} like the inputs, "
                 f"got {x.dtype} {tuple(x.shape)}"
             )
         return x

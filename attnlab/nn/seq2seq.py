@@ -161,7 +161,9 @@ class EncoderDecoder(nnx.Module):
             raise ValueError("EncoderDecoder.encode: pass lengths [B] or segment_ids [B, T] (a packed batch)")
         x = features
         if segment_ids is not None:
-            segment_ids = self.encoder._check_packed(segment_ids, features.shape[:2], "segment_ids")
+            segment_ids = self.encoder._check_packed(
+                segment_ids, features.shape[:2], "segment_ids", "EncoderDecoder.encode"
+            )
             if positions is None:
                 positions = packing.segment_positions(segment_ids)
             if lengths is not None:  # the row's tail beyond lengths is padding too
@@ -231,8 +233,12 @@ class EncoderDecoder(nnx.Module):
             raise ValueError("EncoderDecoder.decode: pass memory_lengths [B] (or, packed, memory_segment_ids)")
         keys = split_key(dropout_key, len(self.blocks) + 1)
         if packed:
-            token_segment_ids = self.encoder._check_packed(token_segment_ids, tokens.shape[:2], "token_segment_ids")
-            memory_segment_ids = self.encoder._check_packed(memory_segment_ids, memory.shape[:2], "memory_segment_ids")
+            token_segment_ids = self.encoder._check_packed(
+                token_segment_ids, tokens.shape[:2], "token_segment_ids", "EncoderDecoder.decode"
+            )
+            memory_segment_ids = self.encoder._check_packed(
+                memory_segment_ids, memory.shape[:2], "memory_segment_ids", "EncoderDecoder.decode"
+            )
             if token_lengths is not None:
                 u = jnp.arange(U)[None, :]
                 token_segment_ids = jnp.where(u < token_lengths[:, None], token_segment_ids, packing.PAD_SEGMENT)
@@ -241,7 +247,9 @@ class EncoderDecoder(nnx.Module):
                 memory_segment_ids = jnp.where(s < memory_lengths[:, None], memory_segment_ids, packing.PAD_SEGMENT)
             if token_positions is None:
                 token_positions = packing.segment_positions(token_segment_ids)
-            token_positions = self.encoder._check_packed(token_positions, tokens.shape[:2], "token_positions")
+            token_positions = self.encoder._check_packed(
+                token_positions, tokens.shape[:2], "token_positions", "EncoderDecoder.decode"
+            )
             pad = packing.PAD_SEGMENT
             self_mask = masks_lib.causal() & masks_lib.document(token_segment_ids, padding_id=pad)
             cross_mask = masks_lib.document(token_segment_ids, memory_segment_ids, padding_id=pad)
