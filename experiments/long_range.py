@@ -27,8 +27,8 @@ Commands:
 The report writes ``summary.md`` (three tables), ``listops_accuracy.png``, ``efficiency.png``
 (steps/s and memory vs N), ``time_vs_n.png`` (attention vs GRU per training step) and ``recall.png``.
 
-Measured (one seed per model): docs/efficiency.md, tables generated from docs/results/long_range/
-(commands and times in its ``run.json``).
+Measured (ListOps: 3 seeds per model; efficiency and recall: one run each): docs/efficiency.md, tables
+generated from docs/results/long_range/ (commands and times in its ``run.json``).
 """
 
 from __future__ import annotations
@@ -146,7 +146,8 @@ def _accuracy(model, ids, lengths, labels, batch_size=250) -> float:
 def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
     lc, m = cfg.listops, cfg.model
     path = out / "listops.jsonl"
-    cells = [{"model": k} for k in common.names(cfg.models)]
+    seeds = common.ints(lc.seeds)
+    cells = [{"model": k, "seed": s} for s in seeds for k in common.names(cfg.models)]
     if not common.pending(path, cells):
         return common.read_jsonl(path)
     t0 = time.perf_counter()
@@ -160,28 +161,32 @@ def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = Tr
     ids, lens, labels = data["train"]
     n = len(ids)
 
-    def batch_fn(step):  # a fixed permutation per epoch, from the seed: deterministic in the step
-        epoch, i = divmod((step - 1) * lc.batch_size, n)
-        idx = np.random.default_rng([cfg.seed, epoch]).permutation(n)[i : i + lc.batch_size]
-        return {"inputs": ids[idx], "lengths": lens[idx], "labels": labels[idx]}
+    def batch_fn_for(seed):  # a fixed permutation per epoch, from the seed: deterministic in the step
+        def batch_fn(step):
+            epoch, i = divmod((step - 1) * lc.batch_size, n)
+            idx = np.random.default_rng([seed, epoch]).permutation(n)[i : i + lc.batch_size]
+            return {"inputs": ids[idx], "lengths": lens[idx], "labels": labels[idx]}
+
+        return batch_fn
 
     dev = tuple(x[: lc.max_eval] for x in data["dev"])
 
     def run_cell(cell):
-        kind = cell["model"]
+        kind, seed = cell["model"], cell["seed"]
         backbone = build_backbone(
             kind, m, vocab_size=len(listops.VOCAB), max_len=lc.max_len, local_chunk=m.local_chunk,
-            bigbird_block=m.bigbird_block, bigbird_random=m.bigbird_random, seed=cfg.seed,
+            bigbird_block=m.bigbird_block, bigbird_random=m.bigbird_random, seed=seed,
         )  # fmt: skip
-        model = nn.SequenceClassifier(backbone, 10, rngs=nnx.Rngs(cfg.seed + 1))
+        model = nn.SequenceClassifier(backbone, 10, rngs=nnx.Rngs(seed + 1))
         tx = train_lib.adamw_cosine(lc.learning_rate, lc.warmup_steps, lc.num_steps, lc.weight_decay)
+        workdir = out / "listops" / (kind if seed == cfg.seed else f"{kind}_seed{seed}")
         model, records = train_lib.train(
-            model, tx, _classification_loss, batch_fn, num_steps=lc.num_steps, seed=cfg.seed,
-            workdir=out / "listops" / kind, eval_fn=lambda mod: {"accuracy": _accuracy(mod, *dev)},
+            model, tx, _classification_loss, batch_fn_for(seed), num_steps=lc.num_steps, seed=seed,
+            workdir=workdir, eval_fn=lambda mod: {"accuracy": _accuracy(mod, *dev)},
             eval_every=lc.eval_every, log_every=lc.log_every, verbose=verbose,
         )  # fmt: skip
         test_acc = _accuracy(model, *data["test"])
-        common.log(verbose, "[listops] %s: test accuracy %.2f%%", kind, 100 * test_acc)
+        common.log(verbose, "[listops] %s seed %d: test accuracy %.2f%%", kind, seed, 100 * test_acc)
         return {
             "data": lc.data,
             "test_accuracy": test_acc,
@@ -334,12 +339,21 @@ def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
             f"LRA's ListOps: {LRA_TRANSFORMER_LISTOPS}%; majority class of this test split: "
             f"{100 * acc[0]['majority_class']:.1f}%"
         )
-        header = ["model", "test acc %", "dev acc %", "steps", "train time (s)", "params"]
+        test, dev = (common.summarize(acc, ["model"], f, ddof=1) for f in ("test_accuracy", "dev_accuracy"))
+        first, secs = {}, {}
+        for r in sorted(acc, key=lambda r: r.get("seed", 0)):
+            first.setdefault(r["model"], r)
+            secs.setdefault(r["model"], []).append(f"{r['train_time_s']:.0f}")
+        header = ["model", "test acc %", "dev acc %", "seeds", "steps", "train time (s) per seed", "params"]
         rows = [
-            [LABELS.get(r["model"], r["model"]), f"{100 * r['test_accuracy']:.2f}", f"{100 * r['dev_accuracy']:.2f}",
-             r["steps"], f"{r['train_time_s']:.0f}", f"{r['params']:,}"]
-            for r in acc
+            [LABELS.get(k, k), common.mean_std(test[(k,)], scale=100), common.mean_std(dev[(k,)], scale=100),
+             test[(k,)][2], r["steps"], "/".join(secs[k]), f"{r['params']:,}"]
+            for k, r in first.items()
         ]  # fmt: skip
+        caption += (
+            "; mean ± sd over seeds (sample sd; 0.0 for one seed); train times in seed order (seeds may have run "
+            "on differently loaded machines: see run.json)"
+        )
         parts.append(caption + "\n\n" + common.markdown_table(header, rows))
     eff = [r for r in common.read_jsonl(folder / "efficiency.jsonl") if r.get("status") == "ok"]
     if eff:
@@ -382,11 +396,12 @@ def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
             "`outlook.png` draws it, memory as the marker's area"
         )
         rows = [
-            [LABELS.get(p["model"], p["model"]), f"{100 * p['accuracy']:.1f}", f"{p['steps_per_s']:.2f}",
-             f"{p['mib']:.1f}"]
+            [LABELS.get(p["model"], p["model"]), f"{100 * p['accuracy']:.1f} ± {100 * p['accuracy_sd']:.1f}",
+             f"{p['steps_per_s']:.2f}", f"{p['mib']:.1f}"]
             for p in points
         ]  # fmt: skip
-        parts.append(caption + "\n\n" + common.markdown_table(["model", "ListOps acc %", "steps/s", "MiB"], rows))
+        table = common.markdown_table(["model", "ListOps acc % (mean ± sd)", "steps/s", "MiB"], rows)
+        parts.append(caption + "\n\n" + table)
     if not parts:
         raise FileNotFoundError(f"no listops/efficiency/recall JSONL under {folder}: run the experiment first")
     return "\n\n".join(parts)
@@ -395,11 +410,15 @@ def tables(folder: Path, table_lens=(1024, 2048, 3072, 4096)) -> str:
 def outlook_points(acc: list[dict], eff: list[dict]) -> list[dict]:
     """One point per model with both a ListOps accuracy and a step measured at the longest N all share.
 
-    ``full_dense`` is the ``full`` model run through XLA's dense kernel: the same accuracy, its own
-    speed and memory.
+    ``accuracy`` is the mean over the seeds in ``acc`` and ``accuracy_sd`` their sample sd (0.0 for
+    one seed). ``full_dense`` is the ``full`` model run through XLA's dense kernel: the same accuracy,
+    its own speed and memory.
     """
-    accuracy = {r["model"]: r["test_accuracy"] for r in acc}
+    stats = common.summarize(acc, ["model"], "test_accuracy", ddof=1)
+    accuracy = {k: v[0] for (k,), v in stats.items()}
+    spread = {k: v[1] for (k,), v in stats.items()}
     accuracy.setdefault("full_dense", accuracy.get("full"))
+    spread.setdefault("full_dense", spread.get("full"))
     models = [m for m in dict.fromkeys(r["model"] for r in eff) if accuracy.get(m) is not None]
     lens = [n for n in sorted({r["seq_len"] for r in eff}) if all(any(
         r["model"] == m and r["seq_len"] == n for r in eff) for m in models)]  # fmt: skip
@@ -407,8 +426,8 @@ def outlook_points(acc: list[dict], eff: list[dict]) -> list[dict]:
         return []
     by = {(r["model"], r["seq_len"]): r for r in eff}
     return [
-        dict(model=m, accuracy=accuracy[m], seq_len=lens[-1], steps_per_s=by[(m, lens[-1])]["steps_per_s"],
-             mib=by[(m, lens[-1])]["peak_bytes"] / 2**20)
+        dict(model=m, accuracy=accuracy[m], accuracy_sd=spread[m], seq_len=lens[-1],
+             steps_per_s=by[(m, lens[-1])]["steps_per_s"], mib=by[(m, lens[-1])]["peak_bytes"] / 2**20)
         for m in models
     ]  # fmt: skip
 
@@ -419,6 +438,7 @@ def _outlook_figure(plt, points: list[dict], path: Path) -> None:
     biggest = max(p["mib"] for p in points)
     for p in points:
         ax.scatter(p["steps_per_s"], 100 * p["accuracy"], s=30 + 1500 * p["mib"] / biggest, alpha=0.5)
+        ax.errorbar(p["steps_per_s"], 100 * p["accuracy"], yerr=100 * p["accuracy_sd"], color="k", lw=1, capsize=3)
         label = f"{LABELS.get(p['model'], p['model'])}\n{p['mib']:.0f} MiB"
         ax.annotate(label, (p["steps_per_s"], 100 * p["accuracy"]), fontsize=7, ha="center", va="center")
     ax.set_xscale("log")
@@ -438,14 +458,24 @@ def report(folder: Path) -> str:
 
     acc = common.read_jsonl(folder / "listops.jsonl")
     if acc:
+        stats = common.summarize(acc, ["model"], "test_accuracy", ddof=1)
+        kinds = [k for (k,) in stats]
         fig, ax = plt.subplots(figsize=(6, 3.4))
-        x = np.arange(len(acc))
-        ax.bar(x, [100 * r["test_accuracy"] for r in acc], color="tab:blue")
+        x = np.arange(len(kinds))
+        ax.bar(x, [100 * stats[(k,)][0] for k in kinds], yerr=[100 * stats[(k,)][1] for k in kinds],
+               color="tab:blue", capsize=3)  # fmt: skip
+        for k, xi in zip(kinds, x, strict=True):  # every seed as a dot over its bar
+            vals = [100 * r["test_accuracy"] for r in acc if r["model"] == k]
+            ax.plot([xi] * len(vals), vals, "k.", ms=4)
         ax.axhline(LRA_TRANSFORMER_LISTOPS, color="k", ls="--", lw=1, label="LRA Transformer (LRA ListOps)")
         ax.axhline(100 * acc[0]["majority_class"], color="gray", ls=":", lw=1, label="majority class")
-        ax.set_xticks(x, [LABELS.get(r["model"], r["model"]) for r in acc], rotation=20)
+        ax.set_xticks(x, [LABELS.get(k, k) for k in kinds], rotation=20)
         ax.set_ylabel("test accuracy (%)")
-        ax.set_title(f"ListOps `{acc[0]['data']}` (length <= {acc[0]['max_len']}), {acc[0]['steps']} steps")
+        n_seeds = max(v[2] for v in stats.values())
+        ax.set_title(
+            f"ListOps `{acc[0]['data']}` (length <= {acc[0]['max_len']}), {acc[0]['steps']} steps, "
+            f"{n_seeds} seed(s): mean ± sd, dots = seeds"
+        )
         ax.legend(fontsize=7)
         common.save_figure(fig, folder / "listops_accuracy.png")
 

@@ -89,5 +89,24 @@ def test_report_draws_the_outlook(tmp_path):
     assert (tmp_path / "outlook.png").stat().st_size > 0
     outlook = text[text.index("Efficiency outlook") :]
     assert "at N = 2K" in outlook
-    assert "| full attention | 30.0 | 0.49 | 409.6 |" in outlook  # 1000 / 2048 steps/s, 0.2 * 2048 MiB
-    assert "| linear (elu+1) | 15.0 | 1.95 | 102.4 |" in outlook
+    assert "| full attention | 30.0 ± 0.0 | 0.49 | 409.6 |" in outlook  # 1000 / 2048 steps/s, 0.2 * 2048 MiB
+    assert "| linear (elu+1) | 15.0 ± 0.0 | 1.95 | 102.4 |" in outlook
+
+
+def test_seeds_give_mean_and_sample_sd(tmp_path):
+    """Three seeds of one model: the tables show mean ± sample sd (numpy, ddof=1) and each seed's time."""
+    acc, eff = _records()
+    extra = [dict(acc[0], seed=s, test_accuracy=a, dev_accuracy=a, train_time_s=t)
+             for s, a, t in ((1, 0.34, 2.0), (2, 0.26, 3.0))]  # fmt: skip
+    acc = [dict(acc[0], seed=0), *extra, *acc[1:]]
+    (tmp_path / "listops.jsonl").write_text("".join(json.dumps(r) + "\n" for r in acc))
+    (tmp_path / "efficiency.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eff))
+    vals = np.array([30.0, 34.0, 26.0])
+    want = f"{vals.mean():.1f} ± {vals.std(ddof=1):.1f}"  # 30.0 ± 4.0
+    text = long_range.tables(tmp_path)
+    assert f"| full attention | {want} | {want} | 3 | 10 | 1/2/3 | 100 |" in text
+    assert "| GRU | 20.0 ± 0.0 | 20.0 ± 0.0 | 1 | 10 | 1 | 100 |" in text
+    points = long_range.outlook_points(acc, eff)
+    full = next(p for p in points if p["model"] == "full")
+    np.testing.assert_allclose([full["accuracy"], full["accuracy_sd"]], [0.30, vals.std(ddof=1) / 100])
+    assert f"| full attention | {want} | 0.49 | 409.6 |" in text
