@@ -209,6 +209,17 @@ class Score:
     #: may apply it to a tile of any shape (the Pallas kernel's ``[bq, bk]`` tile of one head).
     elementwise_mod: bool = False
 
+    @property
+    def per_head_mod(self) -> bool:
+        """True when ``tile_mod`` can run on one query head's tile ``[1, bq, bk]`` with each array leaf
+        sliced to that head along its ``leaf_head_axes()`` entry (the Pallas kernel's form)."""
+        return self.elementwise_mod
+
+    def leaf_head_axes(self) -> tuple:
+        """Per array leaf (in ``jax.tree_util.tree_leaves`` order): the axis indexed by the query head
+        (length N), or None for a leaf every head reads whole."""
+        return ()
+
     def __call__(self, q: jax.Array, k: jax.Array) -> jax.Array:
         raise NotImplementedError
 
@@ -341,6 +352,13 @@ class ScoreMod(Score):
     slopes, per-pair tables indexed by positions) reuse the compiled program and get gradients.
     ``fn`` is static: pass the same function object to reuse a compiled program.
 
+    ``head_axes`` (one entry per array: the axis of length N that the query head indexes, or None
+    for an array all heads read whole, e.g. a shared relative-position table) lets a kernel that
+    works on one head at a time (the Pallas kernel) take this score: it calls ``fn`` on ``s``
+    ``[1, t, s]`` (no leading dims) with each per-head array sliced to a length-1 head axis, so
+    ``fn`` must broadcast over the heads rather than assume N of them. Default: ``fn.head_axes`` when
+    ``fn`` carries one (``alibi_mod`` does: ``(0,)``), else unknown (the Pallas kernel declines).
+
     Special cases: ALiBi (``alibi_mod``), relative-position biases (a table indexed by
     ``q_idx - k_idx``), Graphormer-style per-pair terms (an array indexed by ``q_idx`` and ``k_idx``),
     soft-capping (``SoftCap``, which is this with ``cap * tanh(s / cap)``).
@@ -355,16 +373,42 @@ class ScoreMod(Score):
     fn: Callable
     arrays: tuple = ()
     scale: float | None = None
+    head_axes: tuple | None = None
     tiled = True
     has_mod = True
 
-    def __init__(self, fn: Callable, *arrays, scale: float | None = None):
+    def __init__(self, fn: Callable, *arrays, scale: float | None = None, head_axes=None):
         if not callable(fn):
             raise ValueError(f"ScoreMod: fn must be a callable fn(s, q_idx, k_idx, *arrays), got {type(fn).__name__}")
         check_scale(scale, fn="ScoreMod")
+        if head_axes is None:
+            head_axes = getattr(fn, "head_axes", None)
+        if head_axes is not None:
+            head_axes = tuple(head_axes)
+            bad = [a for a in head_axes if a is not None and (isinstance(a, bool) or not isinstance(a, int))]
+            if len(head_axes) != len(arrays) or bad:
+                raise ValueError(
+                    f"ScoreMod: head_axes must give one int axis (or None) per array, {len(arrays)} in all, "
+                    f"got {head_axes!r}"
+                )
+            for i, (x, a) in enumerate(zip(arrays, head_axes, strict=True)):
+                ndim = getattr(x, "ndim", None)
+                if a is not None and ndim is not None and not -ndim <= a < ndim:
+                    raise ValueError(f"ScoreMod: head_axes[{i}]={a} is out of range for array {i} of shape {x.shape}")
+            head_axes = tuple(a if a is None or a >= 0 else a + arrays[i].ndim for i, a in enumerate(head_axes))
         object.__setattr__(self, "fn", fn)
         object.__setattr__(self, "arrays", tuple(arrays))
         object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "head_axes", head_axes)
+
+    @property
+    def per_head_mod(self) -> bool:
+        return self.head_axes is not None
+
+    def leaf_head_axes(self) -> tuple:
+        if self.head_axes is None:
+            raise ValueError("ScoreMod: head_axes unknown; pass head_axes= (one axis or None per array)")
+        return self.head_axes
 
     def tile_mod(self, s, q_idx, k_idx):
         out = self.fn(s, q_idx[:, None], k_idx[None, :], *self.arrays)
@@ -392,6 +436,9 @@ def alibi_mod(s: jax.Array, q_idx: jax.Array, k_idx: jax.Array, slopes: jax.Arra
     return s - jnp.asarray(slopes, jnp.float32)[:, None, None] * dist
 
 
+alibi_mod.head_axes = (0,)  # slopes [N]: a per-head kernel slices them (ScoreMod's default head_axes)
+
+
 @dataclasses.dataclass(frozen=True)
 class Custom(Score):
     """Any callable ``fn(q, k) -> [..., N, T, S]``: dense form only (static, compared by identity)."""
@@ -402,14 +449,23 @@ class Custom(Score):
         return self.fn(q, k)
 
 
+def _unflatten_mod(aux, arrays):
+    # no validation: the leaves may be sentinels (tree_map) or per-head slices inside a kernel
+    m = object.__new__(ScoreMod)
+    for name, value in zip(("fn", "scale", "head_axes"), aux, strict=True):
+        object.__setattr__(m, name, value)
+    object.__setattr__(m, "arrays", tuple(arrays))
+    return m
+
+
 jax.tree_util.register_dataclass(Dot, data_fields=[], meta_fields=["scale"])
 jax.tree_util.register_dataclass(Additive, data_fields=["w"], meta_fields=[])
 jax.tree_util.register_dataclass(Custom, data_fields=[], meta_fields=["fn"])
 jax.tree_util.register_dataclass(SoftCap, data_fields=[], meta_fields=["cap", "scale"])
 jax.tree_util.register_pytree_node(
     ScoreMod,
-    lambda m: (m.arrays, (m.fn, m.scale)),
-    lambda aux, arrays: ScoreMod(aux[0], *arrays, scale=aux[1]),
+    lambda m: (m.arrays, (m.fn, m.scale, m.head_axes)),
+    lambda aux, arrays: _unflatten_mod(aux, arrays),
 )
 
 

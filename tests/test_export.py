@@ -91,6 +91,29 @@ def test_pallas_exports_soft_capped_scores_for_cuda():
     assert "stablehlo.while" not in text
 
 
+def test_pallas_exports_score_mods_with_array_gradients_for_cuda():
+    """ALiBi as a ScoreMod (per-head slopes, traced) in all three Triton kernels; the slopes' gradient
+    comes from the dq kernel's per-program shares, so the grad of (q, k, v, slopes) is still 3 kernels."""
+
+    def grad(q, k, v, lens, slopes):
+        def loss(q, k, v, slopes):
+            score = scores.ScoreMod(scores.alibi_mod, slopes)
+            out = pallas_flash.pallas_attention(q, k, v, mask=PALLAS_MASKS["causal_traced_padding"](lens), score=score)
+            return out.astype(jnp.float32).sum()
+
+        return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, slopes)
+
+    specs = (*_specs(2, 200, 190, 4, 2, 64, jnp.bfloat16), jax.ShapeDtypeStruct((4,), jnp.float32))
+    no_check = [export.DisabledSafetyCheck.custom_call(TRITON)]
+    text = export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=no_check)(*specs).mlir_module()
+    assert re.findall(r'name = "(attnlab_flash_[a-z]+)"', text) == [
+        "attnlab_flash_fwd",
+        "attnlab_flash_dq",
+        "attnlab_flash_dkv",
+    ]
+    assert "stablehlo.while" not in text
+
+
 def test_pallas_exports_the_interpreter_for_cpu():
     fwd, _ = _fwd_and_grad(pallas_flash.pallas_attention, PALLAS_MASKS["causal_traced_padding"])
     text = export.export(jax.jit(fwd), platforms=["cpu"])(*_specs(1, 40, 40, 2, 1, 16, jnp.float32)).mlir_module()

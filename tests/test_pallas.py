@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab import masks
+from attnlab import masks, scores
 from attnlab.attention import attention_reference
 from attnlab.kernels import pallas_flash, pallas_mask_info, splash
 
@@ -274,3 +274,58 @@ def test_pallas_traced_document_ids_schedule_on_device():
     for i in range(exact.shape[0]):  # each row lists exactly the tiles the ids make non-empty
         listed = sorted(int(j) for j, kd in zip(*np.asarray(sched[i]), strict=True) if kd)
         assert listed == np.nonzero(exact[i])[0].tolist()
+
+
+def _mixed_mod(s, q_idx, k_idx, temp, bias, slopes):
+    """A scalar temperature, a bias table all heads share (indexed arithmetically) and per-head slopes."""
+    near = (jnp.abs(q_idx - k_idx) <= 2).astype(jnp.float32)  # [t, s]
+    return s * temp + bias[0] * near + bias[1] * (1.0 - near) - slopes[:, None, None] * jnp.abs(q_idx - k_idx)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_pallas_score_mod_arrays_of_every_kind_get_their_gradients(dtype):
+    """A ScoreMod with a 0-d array, an array shared by all heads (head axis None) and a per-head one (GQA:
+    4 query heads on 2 kv heads): output and gradients of q, k, v and all three arrays = the reference."""
+    q, k, v, do = _inputs(2, 40, 40, 4, 2, 16, dtype, seed=3)
+    arrays = (jnp.float32(0.7), jnp.array([0.5, -0.25]), jnp.array([0.3, 0.2, 0.1, 0.05]))
+    mask = masks.causal() & masks.padding(kv_lengths=jnp.array([40, 23]))
+
+    def loss(fn, q, k, v, arrays):
+        score = scores.ScoreMod(_mixed_mod, *arrays, head_axes=(None, None, 0))
+        return jnp.sum(fn(q, k, v, mask=mask, score=score).astype(jnp.float32) * do)
+
+    def grads(fn, *x):
+        return jax.grad(functools.partial(loss, fn), argnums=(0, 1, 2, 3))(*x)
+
+    got = jax.jit(functools.partial(grads, pallas_flash.pallas_attention))(q, k, v, arrays)
+    want = grads(attention_reference, q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), arrays)
+    tol = dict(atol=2e-4, rtol=2e-4) if dtype == jnp.float32 else dict(atol=0.15, rtol=6e-2)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), **tol)
+    assert float(jnp.abs(got[3][1]).min()) > 0  # each array's gradient is really there
+
+
+def test_pallas_score_mod_reasons():
+    """What the kernel says when it cannot take a ScoreMod, per backend, from shapes alone."""
+    q = jax.ShapeDtypeStruct((2, 64, 4, 16), jnp.float32)
+    kv = jax.ShapeDtypeStruct((2, 64, 2, 16), jnp.float32)
+
+    def reason(score, backend="cpu"):
+        return pallas_flash.call_reason(attnlab.call.bind(q, kv, kv, score=score), backend)
+
+    def table(s, q_idx, k_idx, t):
+        return s + t[jnp.clip(q_idx - k_idx, -4, 4) + 4]  # a gather, and a scatter-add in its gradient
+
+    assert "needs head_axes" in reason(scores.ScoreMod(lambda s, qi, ki, w: s + w[:, None, None], jnp.ones(4)))
+    gather = scores.ScoreMod(table, jnp.ones(16), head_axes=(None,))
+    assert reason(gather, "cpu") is None  # interpret mode gathers
+    assert "uses gather" in reason(gather, "gpu") and "Triton" in reason(gather, "gpu")
+    assert "powers of two" in reason(scores.ScoreMod(table, jnp.ones(9), head_axes=(None,)), "gpu")
+    all_heads = scores.ScoreMod(lambda s, qi, ki, w: s + w.reshape(4, 1, 1), jnp.ones(4), head_axes=(0,))
+    assert "fails on one head's tile" in reason(all_heads)
+    assert "not N=4" in reason(scores.ScoreMod(scores.alibi_mod, jnp.ones(3)))
+    assert reason(scores.ScoreMod(scores.alibi_mod, jnp.ones(4)), "gpu") is None
+    x = jnp.ones((64, 2, 16))
+    with pytest.raises(ValueError, match="head_axes"):
+        pallas_flash.pallas_attention(x, x, x, score=scores.ScoreMod(lambda s, qi, ki, w: s + w[:, None], jnp.ones(2)))

@@ -114,6 +114,24 @@ def test_from_spec():
             scores.from_spec(bad, num_heads=2, head_dim=8)
 
 
+def test_score_mod_head_axes():
+    slopes, table = jnp.ones(4), jnp.ones((3, 4))
+    assert scores.ScoreMod(scores.alibi_mod, slopes).head_axes == (0,)  # alibi_mod declares its own
+    assert scores.ScoreMod(lambda s, qi, ki, w: s, slopes).head_axes is None  # unknown: per-head kernels decline
+    assert scores.ScoreMod(lambda s, qi, ki, a, b: s, slopes, table, head_axes=(0, -1)).head_axes == (0, 1)
+    assert scores.ScoreMod(lambda s, qi, ki: s, head_axes=()).per_head_mod
+    for bad, match in (
+        ((0,), "one int axis"),
+        ((0, 2), "out of range"),
+        ((0, 1.0), "one int axis"),
+        ((0, True), "one int axis"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            scores.ScoreMod(lambda s, qi, ki, a, b: s, slopes, table, head_axes=bad)
+    leaves, treedef = jax.tree_util.tree_flatten(scores.ScoreMod(scores.alibi_mod, slopes, head_axes=(0,)))
+    assert treedef.unflatten(leaves).head_axes == (0,)  # a pytree round trip keeps them
+
+
 def test_score_mod_bad_input():
     with pytest.raises(ValueError, match="fn must be a callable"):
         scores.ScoreMod(3.0)

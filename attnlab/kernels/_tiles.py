@@ -135,6 +135,8 @@ class Static:
     bm_shape: tuple = (1, 1)  # (Bm, Nm) of those bitmaps
     num_warps: int = 4
     num_stages: int = 2
+    # the score's array leaves as the Pallas kernels take them: (head axis or None, is floating) per leaf
+    score_leaves: tuple = ()
 
     def tile_score(self, consts):
         """The score object rebuilt from its treedef and its leaves (the consts after the bias's), or None."""

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.extend import core as jax_core
 
 from attnlab import masks as masks_lib
 from attnlab.call import Call, bind
@@ -88,7 +89,80 @@ def call_reason(call: Call, backend: str) -> str | None:
         return reason
     if max(call.H, call.Hv) > _MAX_HEAD_DIM:
         return f"pallas: head dims up to {_MAX_HEAD_DIM} (got H={call.H}, Hv={call.Hv})"
+    return _leaves_reason(call, backend)
+
+
+def _leaves_reason(call: Call, backend: str) -> str | None:
+    """Why the score's array leaves cannot be kernel inputs, or None (shapes only)."""
+    if call.score.is_dot:
+        return None
+    leaves = jax.tree_util.tree_leaves(call.score)
+    axes = call.score.leaf_head_axes() if leaves else ()
+    for i, (x, a) in enumerate(zip(leaves, axes, strict=True)):
+        shape = tuple(np.shape(x))
+        if a is not None and shape[a] != call.N:
+            return f"pallas: score array {i} has {shape[a]} entries on head axis {a} (shape {shape}), not N={call.N}"
+        block = list(shape) or [1]
+        if a is not None:
+            block[a] = call.N // call.K  # the dk/dv kernel reads the G query heads of one kv head
+        if backend != "cpu" and any(d & (d - 1) for d in block):
+            return (
+                f"pallas: Triton blocks are powers of two: score array {i} of shape {shape} (head axis {a}) "
+                f"would need a block {tuple(block)}"
+            )
+    if not call.score.elementwise_mod:
+        try:
+            jaxpr = _mod_jaxpr(call)
+        except Exception as e:  # noqa: BLE001 (a probe: fn assumes all N heads; the full-head kernels still run it)
+            return (
+                f"pallas: the score's fn fails on one head's tile [1, t, s] with its arrays sliced per head "
+                f"({type(e).__name__}: {str(e).splitlines()[0]})"
+            )
+        used = _primitives(jaxpr.jaxpr) & (_NO_TRITON if backend != "cpu" else frozenset())
+        if used:
+            return (
+                f"pallas: the score's fn uses {', '.join(sorted(used))} (forward or backward), which the Triton "
+                f"backend cannot lower; index tables arithmetically (e.g. a sum of table[j] * (rel == j)) or use "
+                f"'blockwise'"
+            )
     return None
+
+
+# primitives Pallas' Triton lowering lacks (a table lookup is a gather, its gradient a scatter-add)
+_NO_TRITON = frozenset({"gather", "scatter", "scatter-add", "scatter_add", "dynamic_slice", "dynamic_update_slice",
+                        "sort", "cumsum", "cumprod", "cummax", "argsort"})  # fmt: skip
+
+
+def _mod_jaxpr(call: Call):
+    """The score's ``tile_mod`` on one head's 16 x 16 tile and its vjp, traced on shapes (a ClosedJaxpr)."""
+    leaves, treedef = jax.tree_util.tree_flatten(call.score)
+    axes = call.score.leaf_head_axes() if leaves else ()
+    specs = []
+    for x, a in zip(leaves, axes, strict=True):
+        shape = list(np.shape(x)) or [1]
+        if a is not None:
+            shape[a] = 1
+        specs.append(jax.ShapeDtypeStruct(tuple(shape), jnp.asarray(x).dtype))
+    pos = jnp.arange(16, dtype=jnp.int32)
+
+    def f(s, *ls):
+        return treedef.unflatten(ls).tile_mod(s[None], pos, pos)[0]
+
+    def fwd_bwd(s, *ls):
+        out, vjp = jax.vjp(lambda s: f(s, *ls), s)
+        return out, vjp(out)
+
+    return jax.make_jaxpr(fwd_bwd)(jax.ShapeDtypeStruct((16, 16), jnp.float32), *specs)
+
+
+def _primitives(jaxpr) -> set[str]:
+    """The names of every primitive in ``jaxpr`` and in the jaxprs of its equations' params."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for sub in jax_core.jaxprs_in_params(eqn.params):
+            names |= _primitives(sub)
+    return names
 
 
 # ------------------------------------------------------------------------------------------
@@ -102,19 +176,53 @@ def _dot(a, b, st, *, ta=False, tb=False):
     return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
 
 
-def _logits(st, q, k):
-    """The tile's fp32 logits [bq, bk]: scale * q . k, then the score's elementwise mod (SoftCap)."""
+def _mod(st, s, q_pos, k_pos, leaves):
+    """The score's ``tile_mod`` on one head's tile ``s`` [bq, bk]: elementwise (SoftCap) as is, else
+    (ScoreMod) on ``[1, bq, bk]`` with the leaves sliced to this head (``_leaves``)."""
+    score = st.tile_score(tuple(leaves))
+    if score.elementwise_mod:
+        return score.tile_mod(s, None, None)
+    return score.tile_mod(s[None], q_pos, k_pos)[0]
+
+
+def _logits(st, q, k, q_pos, k_pos, leaves):
+    """The tile's fp32 logits [bq, bk]: scale * q . k, then the score's mod (SoftCap, ScoreMod)."""
     s = _dot(q, k, st, tb=True) * st.scale
-    return st.tile_score(()).tile_mod(s, None, None) if st.score else s
+    return _mod(st, s, q_pos, k_pos, leaves) if st.score else s
 
 
-def _logits_slope(st, q, k):
-    """(logits, d logits / d(scale * q . k) or None): the backward's tile through the score's mod."""
+def _logits_vjp(st, q, k, q_pos, k_pos, leaves, *, leaf_grads=False):
+    """(logits, back): ``back(ds)`` -> (ds through the score's mod, grads of its floating leaves or ())."""
     s = _dot(q, k, st, tb=True) * st.scale
     if not st.score:
-        return s, None
-    out, vjp = jax.vjp(lambda x: st.tile_score(()).tile_mod(x, None, None), s)
-    return out, vjp(jnp.ones_like(s))[0]
+        return s, lambda ds: (ds, ())
+    idx = [i for i, (_, floating) in enumerate(st.score_leaves) if floating] if leaf_grads else []
+
+    def f(x, *diff):
+        ls = list(leaves)
+        for i, d in zip(idx, diff, strict=True):
+            ls[i] = d
+        return _mod(st, x, q_pos, k_pos, ls)
+
+    out, vjp = jax.vjp(f, s, *[leaves[i] for i in idx])
+
+    def back(ds):
+        ds_s, *d_leaves = vjp(ds)
+        return ds_s, tuple(d_leaves)
+
+    return out, back
+
+
+def _leaves(st, refs, g=None):
+    """The score's leaves for this program's head: per-head leaves come as a length-1 slice on their
+    head axis (the BlockSpec picks it), or as the G heads of a kv head, of which ``g`` picks one."""
+    out = []
+    for ref, (axis, _) in zip(refs, st.score_leaves, strict=True):
+        if g is None or axis is None:
+            out.append(ref[...])
+        else:
+            out.append(ref[tuple(pl.ds(g, 1) if d == axis else slice(None) for d in range(len(ref.shape)))])
+    return out
 
 
 def _allowed(st, q_pos, k_pos, lens_ref, bm_ref, bm_idx, with_mask=True):
@@ -161,7 +269,9 @@ def _count(sched_ref):
 
 
 def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: Static):
-    bm_ref = rest[0] if st.has_bitmap else None
+    nl = len(st.score_leaves)
+    leaves = _leaves(st, rest[:nl])
+    bm_ref = rest[nl] if st.has_bitmap else None
     o_ref, lse_ref = rest[-2:]
     i = pl.program_id(2)
     q = q_ref[...]  # [bq, Hp]
@@ -171,9 +281,11 @@ def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: Static):
     def body(slot, carry):
         kb, kd = sched_ref[0, slot], sched_ref[1, slot]
 
+        k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
+
         def tile(c, ok):
             m, l, acc = c
-            s = _logits(st, q, k_ref[pl.ds(kb * st.bk, st.bk), :])  # [bq, bk]
+            s = _logits(st, q, k_ref[pl.ds(kb * st.bk, st.bk), :], q_pos, k_pos, leaves)  # [bq, bk]
             if ok is not None:
                 s = jnp.where(ok, s, _NEG)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
@@ -185,7 +297,6 @@ def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: Static):
             acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, st)
             return m_new, l * alpha + jnp.sum(p, axis=1), acc
 
-        k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
         return _visit(
             st, st.kinds_used, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w)
         )
@@ -203,34 +314,45 @@ def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: Static):
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_ref, *rest, st: Static):
-    bm_ref = rest[0] if st.has_bitmap else None
-    dq_ref = rest[-1]
+    """One (batch, head, query block): dq, and this program's share of the score's leaf gradients
+    (summed over its key tiles; the caller sums the shares)."""
+    nl = len(st.score_leaves)
+    leaves = _leaves(st, rest[:nl])
+    bm_ref = rest[nl] if st.has_bitmap else None
+    n_grads = sum(floating for _, floating in st.score_leaves)
+    dq_ref, dleaf_refs = rest[-1 - n_grads], rest[len(rest) - n_grads :]
     i = pl.program_id(2)
     q, do = q_ref[...], do_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
     q_pos = i * st.bq + jnp.arange(st.bq, dtype=jnp.int32)
 
-    def body(slot, dq):
+    def body(slot, carry):
         kb, kd = sched_ref[0, slot], sched_ref[1, slot]
+        k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
 
-        def tile(dq, ok):
+        def tile(c, ok):
+            dq, dls = c
             k = k_ref[pl.ds(kb * st.bk, st.bk), :]
             v = v_ref[pl.ds(kb * st.bk, st.bk), :]
-            s, slope = _logits_slope(st, q, k)
+            s, back = _logits_vjp(st, q, k, q_pos, k_pos, leaves, leaf_grads=True)
             p = jnp.exp(s - lse[:, None])
             if ok is not None:
                 p = jnp.where(ok, p, 0.0)
-            ds = p * (_dot(do, v, st, tb=True) - delta[:, None])
-            ds = ds if slope is None else ds * slope
-            return dq + _dot(ds.astype(k.dtype), k, st)
+            ds, d_leaves = back(p * (_dot(do, v, st, tb=True) - delta[:, None]))
+            dls = tuple(a + b.astype(jnp.float32) for a, b in zip(dls, d_leaves, strict=True))
+            return dq + _dot(ds.astype(k.dtype), k, st), dls
 
-        k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
         return _visit(
-            st, st.kinds_used, kd, tile, dq, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w)
+            st, st.kinds_used, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w)
         )
 
-    dq = jax.lax.fori_loop(0, _count(sched_ref), body, jnp.zeros(q.shape, jnp.float32))
+    init_leaves = tuple(
+        jnp.zeros(x.shape, jnp.float32) for x, (_, floating) in zip(leaves, st.score_leaves, strict=True) if floating
+    )
+    dq, dls = jax.lax.fori_loop(0, _count(sched_ref), body, (jnp.zeros(q.shape, jnp.float32), init_leaves))
     dq_ref[...] = dq * st.scale
+    for ref, d in zip(dleaf_refs, dls, strict=True):
+        ref[...] = d
 
 
 def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_ref, *rest, st: Static):
@@ -239,7 +361,9 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens
     q_ref [Tp, G, Hp], do_ref [Tp, G, Hvp], lse_ref / delta_ref [G, Tp], k_ref [bk, Hp],
     v_ref [bk, Hvp]; bitmaps [I, bq, bk] (one for all heads) or [G, I, bq, bk] (per head).
     """
-    bm_ref = rest[0] if st.has_bitmap else None
+    nl = len(st.score_leaves)
+    leaf_refs = rest[:nl]
+    bm_ref = rest[nl] if st.has_bitmap else None
     dk_ref, dv_ref = rest[-2:]
     j = pl.program_id(2)
     k, v = k_ref[...], v_ref[...]  # [bk, Hp], [bk, Hvp]
@@ -256,13 +380,12 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens
                 dk, dv = c
                 q, do = q_ref[rows, g, :], do_ref[rows, g, :]
                 lse, delta = lse_ref[g, rows], delta_ref[g, rows]
-                s, slope = _logits_slope(st, q, k)  # [bq, bk]
+                s, back = _logits_vjp(st, q, k, q_pos, k_pos, _leaves(st, leaf_refs, g))  # [bq, bk]
                 p = jnp.exp(s - lse[:, None])
                 if ok is not None:
                     p = jnp.where(ok, p, 0.0)
                 dv = dv + _dot(p.astype(do.dtype), do, st, ta=True)  # [bk, Hvp]
-                ds = p * (_dot(do, v, st, tb=True) - delta[:, None])
-                ds = ds if slope is None else ds * slope
+                ds, _ = back(p * (_dot(do, v, st, tb=True) - delta[:, None]))
                 return dk + _dot(ds.astype(q.dtype), q, st, ta=True), dv
 
             bm_idx = (g, slot) if per_head_bitmap else (slot,)
@@ -312,7 +435,21 @@ def _bm_spec(st, J):
     )
 
 
-def _fwd_call(q, k, v, sched, lens, bm, *, st: Static, interpret: bool):
+def _leaf_spec(x, axis, heads_per_block):
+    """BlockSpec of one score leaf for a grid whose axis 1 is the head (``heads_per_block`` query heads
+    per program: 1, or G in the dk/dv kernel): its slice on the head axis, or the whole leaf."""
+    shape = tuple(x.shape)
+    if axis is None:
+        return pl.BlockSpec(shape, lambda b, n, r: (0,) * len(shape))
+    block = shape[:axis] + (heads_per_block,) + shape[axis + 1 :]
+    return pl.BlockSpec(block, lambda b, n, r: tuple(n if d == axis else 0 for d in range(len(shape))))
+
+
+def _leaf_specs(st, leaves, heads_per_block=1):
+    return [_leaf_spec(x, a, heads_per_block) for x, (a, _) in zip(leaves, st.score_leaves, strict=True)]
+
+
+def _fwd_call(q, k, v, sched, lens, bm, leaves, *, st: Static, interpret: bool):
     B, Tp, N, Hp = q.shape
     Sp, Hvp = k.shape[1], v.shape[-1]
     nq, J = sched.shape[0], sched.shape[-1]
@@ -323,8 +460,9 @@ def _fwd_call(q, k, v, sched, lens, bm, *, st: Static, interpret: bool):
         pl.BlockSpec((None, Sp, None, Hvp), lambda b, n, i: (b, 0, n // G, 0)),
         pl.BlockSpec((None, 2, J), lambda b, n, i: (i, 0, 0)),
         pl.BlockSpec((None, 2), lambda b, n, i: (b, 0)),
+        *_leaf_specs(st, leaves),
     ]
-    args = [q, k, v, sched, lens]
+    args = [q, k, v, sched, lens, *leaves]
     if st.has_bitmap:
         in_specs.append(_bm_spec(st, J))
         args.append(bm)
@@ -336,8 +474,8 @@ def _fwd_call(q, k, v, sched, lens, bm, *, st: Static, interpret: bool):
             pl.BlockSpec((None, st.bq, None, Hvp), lambda b, n, i: (b, i, n, 0)),
             pl.BlockSpec((None, None, st.bq), lambda b, n, i: (b, n, i)),
         ],
-        out_shape=[
-            jax.ShapeDtypeStruct((B, Tp, N, Hvp), q.dtype),
+        out_shape=[  # fp32 out (cast by the caller): the backward's delta = rowsum(do * out) from unrounded out
+            jax.ShapeDtypeStruct((B, Tp, N, Hvp), jnp.float32),
             jax.ShapeDtypeStruct((B, N, Tp), jnp.float32),
         ],
         interpret=interpret,
@@ -346,7 +484,7 @@ def _fwd_call(q, k, v, sched, lens, bm, *, st: Static, interpret: bool):
     )(*args)
 
 
-def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, *, st: Static, interpret: bool):
+def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, leaves, *, st: Static, interpret: bool):
     B, Tp, N, Hp = q.shape
     Sp, Hvp = k.shape[1], v.shape[-1]
     nq, J = sched.shape[0], sched.shape[-1]
@@ -360,24 +498,40 @@ def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, *, st: Static, interpret:
         pl.BlockSpec((None, None, st.bq), lambda b, n, i: (b, n, i)),
         pl.BlockSpec((None, 2, J), lambda b, n, i: (i, 0, 0)),
         pl.BlockSpec((None, 2), lambda b, n, i: (b, 0)),
+        *_leaf_specs(st, leaves),
     ]
-    args = [q, k, v, do, lse, delta, sched, lens]
+    args = [q, k, v, do, lse, delta, sched, lens, *leaves]
     if st.has_bitmap:
         in_specs.append(_bm_spec(st, J))
         args.append(bm)
+    out_specs = [pl.BlockSpec((None, st.bq, None, Hp), lambda b, n, i: (b, i, n, 0))]
+    out_shape = [jax.ShapeDtypeStruct((B, Tp, N, Hp), jnp.float32)]
+    for x, (axis, floating) in zip(leaves, st.score_leaves, strict=True):
+        if not floating:
+            continue
+        # one share per program: [B, nq, *leaf] (a head's slice, written at its head), or [B, N, nq, *leaf]
+        spec = _leaf_spec(x, axis, 1)
+        imap = spec.index_map
+        if axis is None:
+            out_shape.append(jax.ShapeDtypeStruct((B, N, nq, *x.shape), jnp.float32))
+            block, where = (None, None, None, *spec.block_shape), lambda b, n, i, f=imap: (b, n, i, *f(b, n, i))
+        else:
+            out_shape.append(jax.ShapeDtypeStruct((B, nq, *x.shape), jnp.float32))
+            block, where = (None, None, *spec.block_shape), lambda b, n, i, f=imap: (b, i, *f(b, n, i))
+        out_specs.append(pl.BlockSpec(block, where))
     return pl.pallas_call(
         functools.partial(_dq_kernel, st=st),
         grid=(B, N, nq),
         in_specs=in_specs,
-        out_specs=pl.BlockSpec((None, st.bq, None, Hp), lambda b, n, i: (b, i, n, 0)),
-        out_shape=jax.ShapeDtypeStruct((B, Tp, N, Hp), jnp.float32),
+        out_specs=out_specs,
+        out_shape=out_shape,
         interpret=interpret,
         name="attnlab_flash_dq",
         **_params(st, interpret),
     )(*args)
 
 
-def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, *, st: Static, interpret: bool):
+def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, leaves, *, st: Static, interpret: bool):
     B, Tp, N, Hp = q.shape
     Sp, K, Hvp = k.shape[1], st.K, v.shape[-1]
     nk, I = sched_t.shape[0], sched_t.shape[-1]
@@ -391,6 +545,7 @@ def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, *, st: Static, inter
         pl.BlockSpec((None, None, G, Tp), lambda b, h, j: (b, h, 0, 0)),
         pl.BlockSpec((None, 2, I), lambda b, h, j: (j, 0, 0)),
         pl.BlockSpec((None, 2), lambda b, h, j: (b, 0)),
+        *_leaf_specs(st, leaves, G),
     ]
     # [B, Tp, N, D] -> [B, Tp, K, G, D]; [B, N, Tp] -> [B, K, G, Tp] (free reshapes)
     args = [
@@ -402,6 +557,7 @@ def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, *, st: Static, inter
         delta.reshape(B, K, G, Tp),
         sched_t,
         lens,
+        *leaves,
     ]
     if st.has_bitmap:
         Bm, Nm = st.bm_shape
@@ -441,24 +597,31 @@ def _float0_like(x):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(st, q, k, v, lens, sched, sched_t, bm, bm_t):
-    return _on_platform(functools.partial(_fwd_call, st=st), q, k, v, sched, lens, bm)[0]
+def _flash(st, q, k, v, lens, sched, sched_t, bm, bm_t, leaves):
+    return _on_platform(functools.partial(_fwd_call, st=st), q, k, v, sched, lens, bm, leaves)[0]
 
 
-def _flash_fwd(st, q, k, v, lens, sched, sched_t, bm, bm_t):
-    out, lse = _on_platform(functools.partial(_fwd_call, st=st), q, k, v, sched, lens, bm)
-    return out, (q, k, v, lens, sched, sched_t, bm, bm_t, out, lse)
+def _flash_fwd(st, q, k, v, lens, sched, sched_t, bm, bm_t, leaves):
+    out, lse = _on_platform(functools.partial(_fwd_call, st=st), q, k, v, sched, lens, bm, leaves)
+    return out, (q, k, v, lens, sched, sched_t, bm, bm_t, leaves, out, lse)
 
 
 def _flash_bwd(st, res, do):
-    q, k, v, lens, sched, sched_t, bm, bm_t, out, lse = res
+    q, k, v, lens, sched, sched_t, bm, bm_t, leaves, out, lse = res
     delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [B, Tp, N]
     delta = jnp.transpose(delta, (0, 2, 1))  # -> [B, N, Tp], like lse
     do = do.astype(q.dtype)
-    dq = _on_platform(functools.partial(_dq_call, st=st), q, k, v, do, lse, delta, sched, lens, bm)
-    dk, dv = _on_platform(functools.partial(_dkv_call, st=st), q, k, v, do, lse, delta, sched_t, lens, bm_t)
+    dq, *shares = _on_platform(functools.partial(_dq_call, st=st), q, k, v, do, lse, delta, sched, lens, bm, leaves)
+    dk, dv = _on_platform(functools.partial(_dkv_call, st=st), q, k, v, do, lse, delta, sched_t, lens, bm_t, leaves)
     zeros = jax.tree_util.tree_map(_float0_like, (lens, sched, sched_t, bm, bm_t))
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), *zeros)
+    d_leaves, shares = [], iter(shares)
+    for x, (axis, floating) in zip(leaves, st.score_leaves, strict=True):
+        if not floating:
+            d_leaves.append(_float0_like(x))
+            continue
+        share = next(shares)  # [B, nq, *leaf] or, for a leaf all heads read, [B, N, nq, *leaf]
+        d_leaves.append(share.sum(axis=(0, 1) if axis is not None else (0, 1, 2)).astype(x.dtype))
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), *zeros, tuple(d_leaves))
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -479,8 +642,10 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, score="dot", 
             layout decides the tiles visited; padding lengths may be traced.
         bias: must be None (no bias in this kernel; see ``call_reason``).
         scale: logit scale; default ``1/sqrt(H)``.
-        score: ``"dot"`` or ``scores.SoftCap(cap, scale)`` (a score whose ``elementwise_mod`` the
-            kernel applies to each tile's logits, forward and backward).
+        score: ``"dot"``, ``scores.SoftCap(cap, scale)`` or ``scores.ScoreMod(fn, *arrays,
+            head_axes=...)``: the kernel applies the score's ``tile_mod`` to each tile of one head
+            (a ScoreMod's ``fn`` sees ``[1, bq, bk]`` and its per-head arrays sliced to that head),
+            forward and backward; the arrays' gradients are summed from the dq kernel's programs.
         block_q, block_k: tile sizes (powers of two >= 16); default ``min(64, next_pow2(T|S))``.
 
     Returns:
@@ -522,6 +687,7 @@ def attend(call: Call, *, block_q=None, block_k=None, check: bool = False):
         kinds, kinds_t = kinds | {masks_lib.FULL}, kinds_t | {masks_lib.FULL}
     Hp, Hvp = max(16, _next_pow2(H)), max(16, _next_pow2(Hv))
     B = call.batch
+    leaves, score_leaves = _score_leaves(call)
     st = Static(
         T=T,
         S=S,
@@ -531,7 +697,8 @@ def attend(call: Call, *, block_q=None, block_k=None, check: bool = False):
         N=N,
         K=K,
         scale=_tiles.default_scale(H, call.score.tile_scale(H)),
-        score=() if call.score.is_dot else (jax.tree_util.tree_structure(call.score),),  # SoftCap: no leaves
+        score=() if call.score.is_dot else (jax.tree_util.tree_structure(call.score),),
+        score_leaves=score_leaves,
         has_bias=False,
         kinds_used=tuple(sorted(kinds)),
         kinds_used_t=tuple(sorted(kinds_t)),
@@ -558,8 +725,18 @@ def attend(call: Call, *, block_q=None, block_k=None, check: bool = False):
     qp = jnp.pad(call.q.reshape(B, T, N, H), ((0, 0), (0, nq * bq - T), (0, 0), (0, Hp - H)))
     kp = jnp.pad(call.k.reshape(B, S, K, H), ((0, 0), (0, nk * bk - S), (0, 0), (0, Hp - H)))
     vp = jnp.pad(call.v.reshape(B, S, K, Hv), ((0, 0), (0, nk * bk - S), (0, 0), (0, Hvp - Hv)))
-    out = _flash(st, qp, kp, vp, info.lens, jnp.asarray(sched), jnp.asarray(sched_t), bm, bm_t)
-    return out[:, :T, :, :Hv].reshape(*lead, T, N, Hv)
+    out = _flash(st, qp, kp, vp, info.lens, jnp.asarray(sched), jnp.asarray(sched_t), bm, bm_t, leaves)
+    return out[:, :T, :, :Hv].reshape(*lead, T, N, Hv).astype(call.q.dtype)
+
+
+def _score_leaves(call: Call) -> tuple[tuple, tuple]:
+    """The score's array leaves (0-d ones as [1]) and their (head axis, is floating) entries."""
+    if call.score.is_dot:
+        return (), ()
+    leaves = [jnp.asarray(x) for x in jax.tree_util.tree_leaves(call.score)]
+    axes = call.score.leaf_head_axes() if leaves else ()
+    meta = tuple((a, bool(jnp.issubdtype(x.dtype, jnp.floating))) for x, a in zip(leaves, axes, strict=True))
+    return tuple(x.reshape(1) if x.ndim == 0 else x for x in leaves), meta
 
 
 def _block(b, length, name):
