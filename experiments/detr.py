@@ -176,16 +176,26 @@ def evaluate(model, batch: dict, batch_size: int) -> dict:
 # Runs
 
 
-def run_one(cfg, spec: str, items: dict, out: Path, *, verbose=True) -> dict:
+TEST_SEED = 1000  # the held-out (dev and test) canvases: the same for every training seed
+
+
+def run_name(items: str, seed: int) -> str:
+    """A run's folder under ``<out>/<variant>/``: ``items1-2`` for seed 0, ``items1-2_seed1`` for others."""
+    return f"items{items}" if seed == 0 else f"items{items}_seed{seed}"
+
+
+def run_one(cfg, spec: str, items: dict, out: Path, *, seed: int = 0, verbose=True) -> dict:
     lo, hi = parse_range(spec)
     if hi > cfg.model.num_queries:
         raise ValueError(f"run {spec!r}: up to {hi} items needs num_queries >= {hi}, got {cfg.model.num_queries}")
-    workdir = out / cfg.variant / f"items{spec}"
+    workdir = out / cfg.variant / run_name(spec, seed)
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(json.dumps({"items": spec, "config": cfg.to_dict()}, indent=2, default=str))
+    (workdir / "config.json").write_text(
+        json.dumps({"items": spec, "seed": seed, "config": cfg.to_dict()}, indent=2, default=str)
+    )
     num_classes = int(max(items["train"][1].max(), items["test"][1].max())) + 1
-    train_canvas = canvas_fn(cfg, items["train"], lo, hi, seed=cfg.seed)
-    test_canvas = canvas_fn(cfg, items["test"], lo, hi, seed=cfg.seed + 1000)
+    train_canvas = canvas_fn(cfg, items["train"], lo, hi, seed=seed)  # the training stream, init and dropout
+    test_canvas = canvas_fn(cfg, items["test"], lo, hi, seed=TEST_SEED)
     dev = to_batch(test_canvas(cfg.dev_canvases, start=10**6), hi)  # held out, apart from the test canvases
     test = to_batch(test_canvas(cfg.test_canvases, start=0), hi)
     t = cfg.train
@@ -193,7 +203,7 @@ def run_one(cfg, spec: str, items: dict, out: Path, *, verbose=True) -> dict:
     def batch_fn(step):
         return to_batch(train_canvas(t.batch_size, start=(step - 1) * t.batch_size), hi)
 
-    model = build_model(cfg, num_classes, cfg.seed)
+    model = build_model(cfg, num_classes, seed)
     tx = train_lib.adamw_cosine(t.learning_rate, t.warmup_steps, t.num_steps, t.weight_decay, end_fraction=0.05)
     loss_fn = make_loss_fn(**cfg.loss.to_dict())
 
@@ -207,12 +217,13 @@ def run_one(cfg, spec: str, items: dict, out: Path, *, verbose=True) -> dict:
 
     t0 = time.perf_counter()
     model, records = train_lib.train(
-        model, tx, loss_fn, batch_fn, num_steps=t.num_steps, seed=cfg.seed, workdir=workdir, eval_fn=eval_fn,
+        model, tx, loss_fn, batch_fn, num_steps=t.num_steps, seed=seed, workdir=workdir, eval_fn=eval_fn,
         eval_every=t.eval_every, checkpoint_every=t.checkpoint_every, log_every=t.log_every, verbose=verbose,
     )  # fmt: skip
     train_time = max((r["time_s"] for r in records if r["split"] == "train"), default=time.perf_counter() - t0)
     result = {
         "items": spec,
+        "seed": seed,
         "variant": cfg.variant,
         "dataset": cfg.dataset,
         "steps": t.num_steps,
@@ -237,13 +248,14 @@ def run_one(cfg, spec: str, items: dict, out: Path, *, verbose=True) -> dict:
 
 
 def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> list[dict]:
-    """One training run per item range of ``cfg.runs``; finished runs are read back from results.jsonl."""
-    cells = [{"items": s, "seed": cfg.seed} for s in common.names(cfg.runs)]
+    """One training run per item range of ``cfg.runs`` and seed of ``cfg.seeds``; finished runs are read
+    back from results.jsonl."""
+    cells = [{"items": s, "seed": seed} for seed in common.ints(cfg.seeds) for s in common.names(cfg.runs)]
     path = Path(out) / cfg.variant / "results.jsonl"
     items = load_items(cfg.dataset) if common.pending(path, cells) else None
     return common.run_grid(
-        path, cells, lambda c: run_one(cfg, c["items"], items, Path(out), verbose=verbose), verbose=verbose,
-        name=f"detr:{cfg.variant}",
+        path, cells, lambda c: run_one(cfg, c["items"], items, Path(out), seed=c["seed"], verbose=verbose),
+        verbose=verbose, name=f"detr:{cfg.variant}",
     )  # fmt: skip
 
 
@@ -266,16 +278,20 @@ def report(folder: Path) -> str:
     runs = sorted(p.parent for p in folder.glob("*/items*/metrics.jsonl"))
     if not runs:
         raise FileNotFoundError(f"no */items*/metrics.jsonl under {folder}: run the experiment first")
-    header = ["variant", "items", "steps", "train s", "params", "AP@0.5 (all)", "AP@0.5 on 1-2 / 3-4 items"]
+    header = ["variant", "items", "seed", "steps", "train s", "params", "AP@0.5 (all)", "AP@0.5 on 1-2 / 3-4 items"]
     header += ["AP@0.5 by count", "count accuracy"]
     rows = []
     for r in results:
         by = ", ".join(f"{k}: {v:.3f}" for k, v in r["ap50_by_count"].items())
         acc = ", ".join(f"{k}: {v:.3f}" for k, v in r["count_accuracy"].items())
         ranges = " / ".join(f"{v:.3f}" for v in r["ap50_by_items"].values())
-        rows.append([r["variant"], r["items"], r["steps"], r["train_time_s_last_session"], f"{r['params']:,}",
-                     f"{r['ap50']:.3f}", ranges, by, acc])  # fmt: skip
+        rows.append([r["variant"], r["items"], r.get("seed", 0), r["steps"], r["train_time_s_last_session"],
+                     f"{r['params']:,}", f"{r['ap50']:.3f}", ranges, by, acc])  # fmt: skip
     table = common.markdown_table(header, rows)
+    spread = seed_spread(results)
+    if spread:
+        table += "\n\nOver seeds (mean ± sample sd; the held-out canvases are the same for every seed):\n\n"
+        table += spread
     curves = {}
     for run_dir in runs:
         dev = [r for r in common.read_jsonl(run_dir / "metrics.jsonl") if r["split"] == "dev"]
@@ -303,8 +319,27 @@ def report(folder: Path) -> str:
     if examples:
         dataset = results[0]["dataset"] if results else "fashion_mnist"
         best = max(results, key=lambda r: r["ap50"]) if results else None
-        _figures(plt, examples, CLASS_NAMES[dataset], folder, best=best and f"{best['variant']}/items{best['items']}")
+        best_run = best and f"{best['variant']}/{run_name(best['items'], best.get('seed', 0))}"
+        _figures(plt, examples, CLASS_NAMES[dataset], folder, best=best_run)
     return table
+
+
+def seed_spread(results: list[dict]) -> str:
+    """A table of AP@0.5 (all) and count accuracy, mean ± sample sd, for each (variant, items) with 2+ seeds."""
+    ap = common.summarize(results, ["variant", "items"], "ap50", ddof=1)
+    rows = []
+    for (variant, items), stat in ap.items():
+        if stat[2] < 2:
+            continue
+        runs = [r for r in results if r["variant"] == variant and r["items"] == items]
+        runs.sort(key=lambda r: r.get("seed", 0))
+        counts = [r["count_accuracy_all"] for r in runs if "count_accuracy_all" in r]
+        seeds = ", ".join(str(r.get("seed", 0)) for r in runs)
+        count = f"{np.mean(counts):.3f} ± {np.std(counts, ddof=1):.3f}" if len(counts) > 1 else "-"
+        per_seed = ", ".join(f"{r['ap50']:.3f}" for r in runs)
+        rows.append([variant, items, seeds, common.mean_std(stat, digits=3), per_seed, count])
+    header = ["variant", "items", "seeds", "AP@0.5 (all)", "per seed", "count accuracy"]
+    return common.markdown_table(header, rows) if rows else ""
 
 
 def _figures(plt, examples, class_names, folder, *, best: str | None = None):

@@ -288,3 +288,19 @@ def test_smoke_run_and_report(tmp_path):
     assert "AP@0.5" in table and (tmp_path / "summary.md").exists()
     for name in ("predictions.png", "attention.png", "learning_curve.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_seed_spread_and_run_names():
+    from experiments import detr as exp
+
+    assert exp.run_name("1-2", 0) == "items1-2" and exp.run_name("1-2", 2) == "items1-2_seed2"
+    rows = [
+        dict(variant="cnn", items="1-2", seed=s, ap50=a, count_accuracy_all=c)
+        for s, a, c in ((2, 0.70, 0.3), (0, 0.80, 0.1), (1, 0.78, 0.2))
+    ] + [dict(variant="cnn", items="1-4", seed=0, ap50=0.5, count_accuracy_all=0.1)]  # one seed: no spread row
+    ap, counts = np.array([0.80, 0.78, 0.70]), np.array([0.1, 0.2, 0.3])
+    table = exp.seed_spread(rows)
+    assert table.count("| cnn |") == 1
+    want = f"| cnn | 1-2 | 0, 1, 2 | {ap.mean():.3f} ± {ap.std(ddof=1):.3f} | 0.800, 0.780, 0.700 |"
+    assert want + f" {counts.mean():.3f} ± {counts.std(ddof=1):.3f} |" in table
+    assert exp.seed_spread(rows[-1:]) == ""

@@ -21,7 +21,8 @@ Variants:
     cnn      DETR's own recipe at small scale: a CNN backbone (3 stride-2 3x3 convolutions, 32
              channels: an 8 x 8 map of 64 tokens) and auxiliary decoding losses (the set loss after
              every decoder block, ``deep_set_loss``), lr 1e-3, 20,000 steps; one run on 1-2 items
-             (the target run), one on 1-4 items. Chosen by 3,000-step pilots (docs/detr.md).
+             (the target run), one on 1-4 items. Chosen by 3,000-step pilots (docs/detr.md). ``make detr``
+             adds seeds 1 and 2 of the 1-2-item run (``--config.runs=1-2 --config.seeds=1,2``).
     smoke    sklearn 8 x 8 digits on 32 x 32 canvases, a 1-block model, 20 steps (the tests).
 
 Every field can be overridden, e.g. ``--config.train.num_steps=2000 --config.runs=1-2``.
@@ -37,7 +38,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
     c.variant = variant
     c.dataset = "fashion_mnist"  # or "digits" (scikit-learn 8 x 8, upscaled)
     c.runs = "1-4"  # item ranges min-max, one training run each, in this order
-    c.seed = 0
+    c.seeds = "0"  # one run per item range and seed: training canvases, init, dropout (held-out canvases fixed)
     c.canvas = ml_collections.ConfigDict(dict(size=64, scale_lo=16, scale_hi=32))
     c.model = ml_collections.ConfigDict(
         dict(
