@@ -22,7 +22,8 @@ b. **speed**: bf16, B=1, N=16, H=64 and 128, T = 4K, 8K, 16K, 32K, forward and f
    allowed pair forward, 3.5x that forward+backward) and the ratio to cuDNN (cuDNN time / time:
    > 1 is faster than cuDNN). Then causal through pallas vs cuDNN, window ±128 through
    pallas vs cuDNN's causal window(128, 0) (what cuDNN covers), 16 packed documents through
-   pallas / xla / blockwise and ``SoftCap(30)`` through pallas, both against cuDNN's full attention.
+   pallas / xla / blockwise, and ``SoftCap(30)`` and ALiBi as a ``ScoreMod`` through pallas, all against
+   cuDNN's full attention.
 c. **memory**: the compiled forward+backward's memory (``memory_analysis``: arguments + outputs +
    temporaries) at the largest length, per implementation.
 
@@ -256,11 +257,18 @@ def doc_ids(T: int, docs: int = DOCS, seed: int = 0) -> np.ndarray:
     return np.repeat(np.arange(docs, dtype=np.int32), np.diff(np.concatenate([[0], cuts, [T]])))[None]
 
 
+def _score_name(score) -> str:
+    if score == "dot":
+        return "dot"
+    return f"softcap:{score.cap:g}" if isinstance(score, attnlab.scores.SoftCap) else "alibi_mod"
+
+
 def _speed_cells(sz: Sizes):
     """(kind, mask, window, T, H, impl, direction, score) in the order they run; cuDNN first in each group.
 
-    The document rows (16 packed documents of random lengths, ids concrete) and the soft-capped rows
-    (``SoftCap(30)``) are compared with full attention through cuDNN (cuDNN takes neither): their
+    The document rows (16 packed documents of random lengths, ids concrete), the soft-capped rows
+    (``SoftCap(30)``) and the ALiBi ``ScoreMod`` rows are compared with full attention through cuDNN
+    (cuDNN takes none of them): their
     ``vs_cudnn`` says what the structure or the score costs against the dense fused kernel.
     """
     w = sz.speed_window
@@ -282,6 +290,9 @@ def _speed_cells(sz: Sizes):
                         continue
                     yield "document16", docs, None, T, H, impl, direction, "dot"
                 yield "full", None, None, T, H, "pallas", direction, attnlab.scores.SoftCap(30.0)
+                slopes = jnp.asarray(attnlab.positional.alibi_slopes(sz.speed_n), jnp.float32)
+                alibi = attnlab.scores.ScoreMod(attnlab.scores.alibi_mod, slopes)  # a user score_mod with arrays
+                yield "full", None, None, T, H, "pallas", direction, alibi
 
 
 def speed(sz: Sizes, t0, opts: Options) -> list[dict]:
@@ -290,7 +301,7 @@ def speed(sz: Sizes, t0, opts: Options) -> list[dict]:
         if impl not in opts.implementations:
             continue
         N = sz.speed_n
-        score_name = "dot" if score == "dot" else f"softcap:{score.cap:g}"
+        score_name = _score_name(score)
         row = dict(mask=kind, T=T, H=H, N=N, B=1, dtype="bfloat16", implementation=impl, direction=direction)
         row |= dict(score=score_name)
         sds = jax.ShapeDtypeStruct((1, T, N, H), jnp.bfloat16)

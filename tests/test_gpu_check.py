@@ -32,8 +32,9 @@ def test_smoke_runs_every_section_and_writes_json(tmp_path):
     assert {r["implementation"] for r in speed} >= {"xla", "blockwise"}
     assert all(r["ms"] > 0 and r["tflops"] > 0 for r in speed)
     assert {(r["mask"], r["implementation"]) for r in speed} >= {("document16", "xla"), ("document16", "blockwise")}
-    softcap = [r for r in result["speed"] if r["score"] != "dot"]
-    assert softcap and all(r["implementation"] == "pallas" and r["score"] == "softcap:30" for r in softcap)
+    scored = [r for r in result["speed"] if r["score"] != "dot"]
+    assert {r["score"] for r in scored} == {"softcap:30", "alibi_mod"}
+    assert all(r["implementation"] == "pallas" for r in scored)
     mem = [r for r in result["memory"] if r["status"] == "ok"]
     assert mem and all(r["total_bytes"] >= r["temp_bytes"] > 0 for r in mem)
 
