@@ -265,8 +265,9 @@ speech: $(DEPS) data-speech  ## spoken numbers: encoder-decoder, encoder windows
 claims: $(DEPS) data  ## heads ablation + per-head analysis, dot vs additive, one-hot vs learned embedding, conv distance -> results/claims/
 	$(PY) -m experiments.claims --config experiments/configs/claims.py:default --out results/claims $(CLAIMS_FLAGS)
 
-detr: $(DEPS) data-images  ## DETR on canvases of Fashion-MNIST items: the 6 runs of docs/detr.md, AP@0.5, cross-attention maps -> results/detr/ (~1 h)
+detr: $(DEPS) data-images  ## DETR on canvases of Fashion-MNIST items: the 8 runs of docs/detr.md, AP@0.5, cross-attention maps -> results/detr/ (~1 h)
 	$(PY) -m experiments.detr --config experiments/configs/detr.py:cnn --out results/detr $(DETR_FLAGS)
+	$(PY) -m experiments.detr --config experiments/configs/detr.py:cnn --config.runs=1-2 --config.seeds=1,2 --out results/detr $(DETR_FLAGS)
 	$(PY) -m experiments.detr --config experiments/configs/detr.py:default --out results/detr $(DETR_FLAGS)
 	$(PY) -m experiments.detr --config experiments/configs/detr.py:long --out results/detr $(DETR_FLAGS)
 	$(PY) -m experiments.detr --config experiments/configs/detr.py:long --config.variant=long_lr1e-3 --config.train.learning_rate=1e-3 --config.train.num_steps=10000 --out results/detr $(DETR_FLAGS)

@@ -170,6 +170,15 @@ def experiment_report(module: str, folder: Path, only: tuple[str, ...] = ()) -> 
         return report(copy).strip("\n") + "\n"
 
 
+def _fold_dev_curve(text: str, folder: str) -> str:
+    """A DETR report without its long dev curve (every evaluation of every run), which stays in the
+    folder's summary.md: the page links it."""
+    head, sep, _ = text.partition("Dev curve (held-out dev canvases, evaluated during training):")
+    if not sep:
+        return text
+    return head.rstrip("\n") + f"\n\nThe dev curve of every run (each evaluation): `{folder}/summary.md`.\n"
+
+
 # ---- make bench: benchmarks/results/cpu-2core-shared/*.json -------------------------------------------
 
 
@@ -489,7 +498,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "speech-headline": speech_headline,
     "speech-pilots": speech_pilots,
     "speech-sentences": lambda root: speech_headline(root, Path("docs/results/speech-sentences"), decoding=False),
-    "detr": lambda root: experiment_report("detr", root / "docs/results/detr"),
+    "detr": lambda root: _fold_dev_curve(experiment_report("detr", root / "docs/results/detr"), "docs/results/detr"),
     "detr-pilots": lambda root: experiment_report("detr", root / "docs/results/detr-pilots"),
     "claims": lambda root: experiment_report("claims", root / "docs/results/claims"),
     "claims-heads-by-seed": claims_heads_by_seed,

@@ -38,7 +38,7 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
     c.variant = variant
     c.dataset = "fashion_mnist"  # or "digits" (scikit-learn 8 x 8, upscaled)
     c.runs = "1-4"  # item ranges min-max, one training run each, in this order
-    c.seeds = "0"  # one run per item range and seed: training canvases, init, dropout (held-out canvases fixed)
+    c.seeds = "0"  # one run per item range and seed: training canvases, init, dropout if any (held-out ones fixed)
     c.canvas = ml_collections.ConfigDict(dict(size=64, scale_lo=16, scale_hi=32))
     c.model = ml_collections.ConfigDict(
         dict(
