@@ -45,6 +45,7 @@ from absl import app, flags
 
 import attnlab
 from attnlab import masks, parallel
+from benchmarks.host import host_devices
 from experiments import common
 
 
@@ -227,15 +228,6 @@ def _synced(torch, fn):
         return out
 
     return run
-
-
-def host_devices(requested: int, cpus: int, heads: int) -> int:
-    """How many CPU host devices the heads are split over (1 = none): see ``--host_devices``."""
-    if requested < 0:
-        return max(d for d in range(1, max(1, min(cpus, heads)) + 1) if heads % d == 0)
-    if requested > 1 and heads % requested:
-        raise app.UsageError(f"--host_devices={requested} must divide --heads={heads}")
-    return max(requested, 1)
 
 
 def _sharded():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jax
 
-__all__ = ["best_of", "cpu_info"]
+__all__ = ["best_of", "cpu_info", "host_devices"]
 
 
 def cpu_info() -> dict:
@@ -25,6 +25,22 @@ def cpu_info() -> dict:
         pass
     simd = sorted(f for f in flags_ if f.startswith(("avx", "fma", "amx")))
     return {"cpu_model": model, "cpu_simd_flags": simd, "host_cpus": os.cpu_count(), "platform": platform.platform()}
+
+
+def host_devices(requested: int, cpus: int, heads: int) -> int:
+    """How many CPU host devices a benchmark splits the heads over (1 = none; its ``--host_devices``).
+
+    ``requested < 0``: the largest divisor of ``heads`` not above ``cpus``; otherwise ``requested``,
+    which must divide ``heads`` (more devices than cores is allowed). XLA:CPU runs a small tile
+    matmul on one core, so one host device per core is how a JAX program uses the other cores.
+    """
+    from absl import app  # noqa: PLC0415 (benchmarks only)
+
+    if requested < 0:
+        return max(d for d in range(1, max(1, min(cpus, heads)) + 1) if heads % d == 0)
+    if requested > 1 and heads % requested:
+        raise app.UsageError(f"--host_devices={requested} must divide --heads={heads}")
+    return max(requested, 1)
 
 
 def best_of(fn, args, repeats: int) -> float:

@@ -372,14 +372,20 @@ def scores_table(root: Path) -> str:
 def flex_table(root: Path) -> str:
     """``make flex``: the blockwise kernel against torch.compile(flex_attention) on the CPU, forward."""
     data = json.loads((root / BENCH / "flex.json").read_text())
-    rows = [
-        [f"document ({r['docs']} docs, ids traced)" if r["mask"] == "document" else f"window ±{r['window']}",
-         f"{r['T']:,}", f"{1e3 * r['attnlab_s']:.0f}", f"{1e3 * r['flex_s']:.0f}", f"{r['flex_over_attnlab']:.2f}x",
-         f"{r['flex_block_mask_s']:.1f}", f"{r['max_abs_diff']:.0e}"]
-        for r in data["records"]
-    ]  # fmt: skip
+    dev = next((r["host_devices"] for r in data["records"] if "attnlab_devices_s" in r), None)
+    rows = []
+    for r in data["records"]:
+        name = f"document ({r['docs']} docs, ids traced)" if r["mask"] == "document" else f"window ±{r['window']}"
+        row = [name, f"{r['T']:,}", f"{1e3 * r['attnlab_s']:.0f}", f"{1e3 * r['flex_s']:.0f}"]
+        row.append(f"{r['flex_over_attnlab']:.2f}x")
+        if dev:
+            row += [f"{1e3 * r['attnlab_devices_s']:.0f}", f"{r['flex_over_attnlab_devices']:.2f}x"]
+        rows.append(row + [f"{r['flex_block_mask_s']:.1f}", f"{r['max_abs_diff']:.0e}"])
     simd = ", ".join(f for f in data["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
-    table = _table(["mask", "T", "attnlab ms", "flex ms", "flex / attnlab", "flex block mask s", "max abs diff"], rows)
+    header = ["mask", "T", "attnlab ms", "flex ms", "flex / attnlab"]
+    if dev:
+        header += [f"attnlab ms, heads on {dev} host devices", "flex / that"]
+    table = _table(header + ["flex block mask s", "max abs diff"], rows)
     return table + (
         f"\nHost: {data['host']['cpu_model']}, {data['host']['host_cpus']} CPUs ({simd}); jax {data['jax']}, "
         f"torch {data['torch']} ({data['torch_threads']} threads), {data['date']}.\n"

@@ -186,3 +186,5 @@ def test_flex_benchmark_runs_small(tmp_path):
     assert [r["mask"] for r in result["records"]] == ["document", "window"]
     for r in result["records"]:
         assert r["attnlab_s"] > 0 and r["flex_s"] > 0 and r["max_abs_diff"] < 1e-4
+        # the head-parallel row (2 host devices on this 2-core machine); its output is in max_abs_diff too
+        assert r["host_devices"] == min(2, os.cpu_count() or 1) and r.get("attnlab_devices_s", 1.0) > 0
