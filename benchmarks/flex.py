@@ -9,7 +9,10 @@ Two masks at ``--seq_len`` (16K), 1 x 8 heads x H = 64, fp32:
 
 The peer is ``torch.compile(flex_attention)`` with ``create_block_mask`` of the same ``mask_mod`` (its
 CPU path is forward-only in torch 2.13, so only the forward is compared). Both sides are timed in one
-process in interleaved rounds, best of ``--repeats``; the block mask is built once, outside the
+process in interleaved rounds, best of ``--repeats``. attnlab is timed on one device and, with
+``--host_devices`` (default: one per core, dividing the heads), with the heads split over that many CPU
+host devices (``attnlab.parallel``: how a JAX program uses both cores, since XLA:CPU runs the
+kernel's small tile matmuls on one). The block mask is built once, outside the
 timed call (its build time is recorded too); the outputs are compared. The host's CPU model and
 SIMD flags are recorded: the ratio moves with them (AVX2 against AVX-512).
 
