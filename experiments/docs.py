@@ -538,8 +538,9 @@ def blocks(text: str) -> list[str]:
     return [m["name"] for m in MARKERS.finditer(text)]
 
 
-def stale(root: Path = ROOT) -> list[str]:
-    """What differs from its regenerated form: 'page: block' for tables, the path for whole files."""
+def _compare(root: Path, *, rewrite: bool) -> list[str]:
+    """What differs from its regenerated form ('page: block' for tables, the path for whole files),
+    each table and file generated once; ``rewrite`` writes the fresh forms in place."""
     out = []
     for path in pages(root):
         text = path.read_text()
@@ -547,24 +548,25 @@ def stale(root: Path = ROOT) -> list[str]:
         old_blocks = {m["name"]: m["body"] for m in MARKERS.finditer(text)}
         new_blocks = {m["name"]: m["body"] for m in MARKERS.finditer(fresh)}
         out += [f"{path.relative_to(root)}: {n}" for n in old_blocks if old_blocks[n] != new_blocks[n]]
+        if rewrite and fresh != text:
+            path.write_text(fresh)
     for rel, make in FILES.items():
-        path = root / rel
-        if not path.exists() or path.read_text() != make(root):
+        path, fresh = root / rel, make(root)
+        if not path.exists() or path.read_text() != fresh:
             out.append(rel)
+            if rewrite:
+                path.write_text(fresh)
     return out
+
+
+def stale(root: Path = ROOT) -> list[str]:
+    """What differs from its regenerated form: 'page: block' for tables, the path for whole files."""
+    return _compare(root, rewrite=False)
 
 
 def write(root: Path = ROOT) -> list[str]:
     """Regenerates every table and file in place; returns what changed."""
-    changed = stale(root)
-    for path in pages(root):
-        text = path.read_text()
-        fresh = regenerate(text, root, page=str(path.relative_to(root)))
-        if fresh != text:
-            path.write_text(fresh)
-    for rel, make in FILES.items():
-        (root / rel).write_text(make(root))
-    return changed
+    return _compare(root, rewrite=True)
 
 
 FLAGS = flags.FLAGS
