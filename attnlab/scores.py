@@ -392,10 +392,11 @@ class ScoreMod(Score):
                     f"got {head_axes!r}"
                 )
             for i, (x, a) in enumerate(zip(arrays, head_axes, strict=True)):
-                ndim = getattr(x, "ndim", None)
-                if a is not None and ndim is not None and not -ndim <= a < ndim:
-                    raise ValueError(f"ScoreMod: head_axes[{i}]={a} is out of range for array {i} of shape {x.shape}")
-            head_axes = tuple(a if a is None or a >= 0 else a + arrays[i].ndim for i, a in enumerate(head_axes))
+                if a is not None and not -np.ndim(x) <= a < np.ndim(x):
+                    raise ValueError(
+                        f"ScoreMod: head_axes[{i}]={a} is out of range for array {i} of shape {np.shape(x)}"
+                    )
+            head_axes = tuple(a if a is None or a >= 0 else a + np.ndim(arrays[i]) for i, a in enumerate(head_axes))
         object.__setattr__(self, "fn", fn)
         object.__setattr__(self, "arrays", tuple(arrays))
         object.__setattr__(self, "scale", scale)

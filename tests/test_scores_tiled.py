@@ -128,6 +128,8 @@ def test_score_mod_head_axes():
     ):
         with pytest.raises(ValueError, match=match):
             scores.ScoreMod(lambda s, qi, ki, a, b: s, slopes, table, head_axes=bad)
+    with pytest.raises(ValueError, match="out of range for array 0 of shape"):
+        scores.ScoreMod(lambda s, qi, ki, t: s * t, 0.5, head_axes=(0,))  # a scalar has no head axis
     leaves, treedef = jax.tree_util.tree_flatten(scores.ScoreMod(scores.alibi_mod, slopes, head_axes=(0,)))
     assert treedef.unflatten(leaves).head_axes == (0,)  # a pytree round trip keeps them
 
