@@ -326,6 +326,11 @@ def test_pallas_score_mod_reasons():
     assert "fails on one head's tile" in reason(all_heads)
     assert "not N=4" in reason(scores.ScoreMod(scores.alibi_mod, jnp.ones(3)))
     assert reason(scores.ScoreMod(scores.alibi_mod, jnp.ones(4)), "gpu") is None
+    shapes_only = scores.ScoreMod(scores.alibi_mod, jax.ShapeDtypeStruct((4,), jnp.float32))  # as explain gets it
+    assert reason(shapes_only, "gpu") is None and reason(shapes_only, "cpu") is None
+    assert "uses gather" in reason(
+        scores.ScoreMod(table, jax.ShapeDtypeStruct((16,), jnp.float32), head_axes=(None,)), "gpu"
+    )
     x = jnp.ones((64, 2, 16))
     with pytest.raises(ValueError, match="head_axes"):
         pallas_flash.pallas_attention(x, x, x, score=scores.ScoreMod(lambda s, qi, ki, w: s + w[:, None], jnp.ones(2)))

@@ -15,7 +15,7 @@ def dot_call_reason(kernel: str, call: Call, *, dtypes, bias_hint: str = "", mod
     (``score.per_head_mod``: ``SoftCap``, and ``ScoreMod`` with ``head_axes``).
     """
     score = call.score
-    if mods and score.has_mod and not score.pair_form and score.per_head_mod:
+    if mods and score.has_mod and score.per_head_mod:
         pass
     elif mods and isinstance(score, scores_lib.ScoreMod):
         return (

@@ -92,17 +92,27 @@ def call_reason(call: Call, backend: str) -> str | None:
     return _leaves_reason(call, backend)
 
 
+def _leaf_layout(call: Call) -> list[tuple[tuple, jnp.dtype, int | None]]:
+    """(shape, dtype, head axis) of each array leaf of the score as the kernels take it (a 0-d leaf as
+    [1]); works on arrays and ``jax.ShapeDtypeStruct``s alike."""
+    if call.score.is_dot:
+        return []
+    leaves = jax.tree_util.tree_leaves(call.score)
+    axes = call.score.leaf_head_axes() if leaves else ()
+    return [
+        (tuple(np.shape(x)) or (1,), jnp.dtype(x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype), a)
+        for x, a in zip(leaves, axes, strict=True)
+    ]
+
+
 def _leaves_reason(call: Call, backend: str) -> str | None:
     """Why the score's array leaves cannot be kernel inputs, or None (shapes only)."""
     if call.score.is_dot:
         return None
-    leaves = jax.tree_util.tree_leaves(call.score)
-    axes = call.score.leaf_head_axes() if leaves else ()
-    for i, (x, a) in enumerate(zip(leaves, axes, strict=True)):
-        shape = tuple(np.shape(x))
+    for i, (shape, _, a) in enumerate(_leaf_layout(call)):
         if a is not None and shape[a] != call.N:
             return f"pallas: score array {i} has {shape[a]} entries on head axis {a} (shape {shape}), not N={call.N}"
-        block = list(shape) or [1]
+        block = list(shape)
         if a is not None:
             block[a] = call.N // call.K  # the dk/dv kernel reads the G query heads of one kv head
         if backend != "cpu" and any(d & (d - 1) for d in block):
@@ -135,14 +145,11 @@ _NO_TRITON = frozenset({"gather", "scatter", "scatter-add", "scatter_add", "dyna
 
 def _mod_jaxpr(call: Call):
     """The score's ``tile_mod`` on one head's 16 x 16 tile and its vjp, traced on shapes (a ClosedJaxpr)."""
-    leaves, treedef = jax.tree_util.tree_flatten(call.score)
-    axes = call.score.leaf_head_axes() if leaves else ()
-    specs = []
-    for x, a in zip(leaves, axes, strict=True):
-        shape = list(np.shape(x)) or [1]
-        if a is not None:
-            shape[a] = 1
-        specs.append(jax.ShapeDtypeStruct(tuple(shape), jnp.asarray(x).dtype))
+    treedef = jax.tree_util.tree_structure(call.score)
+    specs = [
+        jax.ShapeDtypeStruct(shape if a is None else shape[:a] + (1,) + shape[a + 1 :], dtype)
+        for shape, dtype, a in _leaf_layout(call)
+    ]
     pos = jnp.arange(16, dtype=jnp.int32)
 
     def f(s, *ls):
@@ -733,10 +740,12 @@ def _score_leaves(call: Call) -> tuple[tuple, tuple]:
     """The score's array leaves (0-d ones as [1]) and their (head axis, is floating) entries."""
     if call.score.is_dot:
         return (), ()
-    leaves = [jnp.asarray(x) for x in jax.tree_util.tree_leaves(call.score)]
-    axes = call.score.leaf_head_axes() if leaves else ()
-    meta = tuple((a, bool(jnp.issubdtype(x.dtype, jnp.floating))) for x, a in zip(leaves, axes, strict=True))
-    return tuple(x.reshape(1) if x.ndim == 0 else x for x in leaves), meta
+    layout = _leaf_layout(call)
+    leaves = tuple(
+        jnp.asarray(x).reshape(shape)
+        for x, (shape, _, _) in zip(jax.tree_util.tree_leaves(call.score), layout, strict=True)
+    )
+    return leaves, tuple((a, bool(jnp.issubdtype(dtype, jnp.floating))) for _, dtype, a in layout)
 
 
 def _block(b, length, name):
