@@ -327,17 +327,19 @@ def report(folder: Path) -> str:
 def seed_spread(results: list[dict]) -> str:
     """A table of AP@0.5 (all) and count accuracy, mean ± sample sd, for each (variant, items) with 2+ seeds."""
     ap = common.summarize(results, ["variant", "items"], "ap50", ddof=1)
+    count = common.summarize(results, ["variant", "items"], "count_accuracy_all", ddof=1)
     rows = []
     for (variant, items), stat in ap.items():
         if stat[2] < 2:
             continue
-        runs = [r for r in results if r["variant"] == variant and r["items"] == items]
-        runs.sort(key=lambda r: r.get("seed", 0))
-        counts = [r["count_accuracy_all"] for r in runs if "count_accuracy_all" in r]
+        runs = sorted(
+            (r for r in results if (r["variant"], r["items"]) == (variant, items)), key=lambda r: r.get("seed", 0)
+        )
         seeds = ", ".join(str(r.get("seed", 0)) for r in runs)
-        count = f"{np.mean(counts):.3f} ± {np.std(counts, ddof=1):.3f}" if len(counts) > 1 else "-"
         per_seed = ", ".join(f"{r['ap50']:.3f}" for r in runs)
-        rows.append([variant, items, seeds, common.mean_std(stat, digits=3), per_seed, count])
+        c = count.get((variant, items))
+        c = common.mean_std(c, digits=3) if c and c[2] > 1 else "-"
+        rows.append([variant, items, seeds, common.mean_std(stat, digits=3), per_seed, c])
     header = ["variant", "items", "seeds", "AP@0.5 (all)", "per seed", "count accuracy"]
     return common.markdown_table(header, rows) if rows else ""
 

@@ -179,7 +179,7 @@ def run_listops(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = Tr
         )  # fmt: skip
         model = nn.SequenceClassifier(backbone, 10, rngs=nnx.Rngs(seed + 1))
         tx = train_lib.adamw_cosine(lc.learning_rate, lc.warmup_steps, lc.num_steps, lc.weight_decay)
-        workdir = out / "listops" / (kind if seed == cfg.seed else f"{kind}_seed{seed}")
+        workdir = out / "listops" / (kind if seed == 0 else f"{kind}_seed{seed}")
         model, records = train_lib.train(
             model, tx, _classification_loss, batch_fn_for(seed), num_steps=lc.num_steps, seed=seed,
             workdir=workdir, eval_fn=lambda mod: {"accuracy": _accuracy(mod, *dev)},
