@@ -208,6 +208,9 @@ class Score:
     #: ``tile_mod`` is elementwise and reads neither positions nor heads nor arrays (``SoftCap``): a kernel
     #: may apply it to a tile of any shape (the Pallas kernel's ``[bq, bk]`` tile of one head).
     elementwise_mod: bool = False
+    #: The pair form also has a one-head form with its own backward, ``head_pair_vjp`` (the Pallas kernel's):
+    #: built from ``[bq, bk]`` operations only, with the array leaves sliced per head (``leaf_head_axes``).
+    head_pair_form: bool = False
 
     @property
     def per_head_mod(self) -> bool:
@@ -233,6 +236,13 @@ class Score:
 
     def tile_mod(self, s: jax.Array, q_idx: jax.Array, k_idx: jax.Array) -> jax.Array:
         return s
+
+    def head_pair_vjp(self, q: jax.Array, k: jax.Array, *, dq: bool = True, dk: bool = True, leaf_grads: bool = True):
+        """One head's tile, when ``head_pair_form``: q ``[bq, H']`` (scaled), k ``[bk, H']`` (H' >= H: zero
+        columns past the head dim may pad them), the array leaves sliced to this head. Returns
+        ``(s, back)``: fp32 logits ``[bq, bk]`` and ``back(ds) -> (dq, dk, d_leaves)`` (fp32, None where
+        not asked for; ``d_leaves`` one per array leaf, ``()`` without ``leaf_grads``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no one-head pair form")
 
     def edge(self, q_e: jax.Array, k_e: jax.Array) -> jax.Array:
         """Per-edge logits: q_e ``[E, K, G, H]``, k_e ``[E, K, H]`` -> fp32 ``[E, K, G]``."""
@@ -276,9 +286,13 @@ class Additive(Score):
     has_edge_form = True
     tiled = True
     pair_form = True
+    head_pair_form = True
 
     def __call__(self, q, k):
         return additive(q, k, self.w)
+
+    def leaf_head_axes(self):
+        return (0,) if np.ndim(self.w) == 2 else (None,)  # w [N, H]: per head; [H]: shared
 
     def tile_scale(self, head_dim):
         return 1.0  # q + k, not a product: nothing to fold in
@@ -295,6 +309,52 @@ class Additive(Score):
         kf = k.astype(jnp.float32).reshape(b * kh, bk, h)
         s = jnp.einsum("nqsh,nqh->nqs", jnp.tanh(qf[:, :, None, :] + kf[:, None, :, :]), rows)
         return s.reshape(b, kh, g, bq, bk)
+
+    def head_pair_vjp(self, q, k, *, dq=True, dk=True, leaf_grads=True):
+        # A loop over the head dim, one [bq, bk] tanh tile per step: the [bq, bk, H] tensor of the pair form
+        # never exists (it would not fit a GPU program's registers). Columns are picked with a one-hot
+        # compare, not an index, and the backward is written out (tanh' = 1 - tanh^2), so that the Triton
+        # lowering sees only elementwise ops, reductions and a counted loop.
+        w = jnp.asarray(self.w).astype(jnp.float32)  # [1, H] (this head's row) or [H] (shared)
+        qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
+        lane = jax.lax.broadcasted_iota(jnp.int32, (1, qf.shape[1]), 1)  # [1, H']
+        w_lane = jax.lax.broadcasted_iota(jnp.int32, w.shape, w.ndim - 1)
+
+        def tanh_h(h):  # tanh(q[:, h] + k[:, h]) [bq, bk] and w[h]
+            qh = jnp.sum(jnp.where(lane == h, qf, 0.0), axis=1)
+            kh = jnp.sum(jnp.where(lane == h, kf, 0.0), axis=1)
+            return jnp.tanh(qh[:, None] + kh[None, :]), jnp.sum(jnp.where(w_lane == h, w, 0.0))
+
+        def fwd(h, s):
+            t, wh = tanh_h(h)
+            return s + wh * t
+
+        n = w.shape[-1]
+        s = jax.lax.fori_loop(0, n, fwd, jnp.zeros((qf.shape[0], kf.shape[0]), jnp.float32))
+
+        def back(ds):
+            def step(h, c):
+                gq, gk, gw = c
+                t, wh = tanh_h(h)
+                g = ds * (wh * (1.0 - t * t))
+                if dq:
+                    gq = gq + jnp.where(lane == h, jnp.sum(g, axis=1)[:, None], 0.0)
+                if dk:
+                    gk = gk + jnp.where(lane == h, jnp.sum(g, axis=0)[:, None], 0.0)
+                if leaf_grads:
+                    gw = gw + jnp.where(w_lane == h, jnp.sum(ds * t), 0.0)
+                return gq, gk, gw
+
+            z = jnp.zeros((), jnp.float32)
+            init = (
+                jnp.zeros(qf.shape) if dq else z,
+                jnp.zeros(kf.shape) if dk else z,
+                jnp.zeros(w.shape) if leaf_grads else z,
+            )
+            gq, gk, gw = jax.lax.fori_loop(0, n, step, init)
+            return (gq if dq else None), (gk if dk else None), ((gw,) if leaf_grads else ())
+
+        return s, back
 
     def edge(self, q_e, k_e):
         kh, g, h = q_e.shape[1], q_e.shape[2], q_e.shape[3]

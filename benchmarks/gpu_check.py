@@ -16,14 +16,17 @@ a. **correctness**: each implementation in ``--implementations`` (cudnn, pallas,
    traced padding with an empty row / a 1% random graph (``graph_edges`` for sparse, ``graph``
    otherwise); B=2, T=1000, N=8, K=2, H=64 and 128. An implementation that does not support a
    cell is recorded with ``attnlab.explain``'s reason, not run. Empty rows must be exactly zero.
+   Then the scores computed in the tiles, ``SoftCap(30)``, ALiBi as a ``ScoreMod`` and ``Additive(w)``,
+   causal, through pallas and blockwise: gradients of q, k, v and of the score's arrays.
 b. **speed**: bf16, B=1, N=16, H=64 and 128, T = 4K, 8K, 16K, 32K, forward and forward+backward,
    full attention through cudnn, pallas, xla (where its dense logits fit, the dispatcher's rule)
    and blockwise (to 8K): ms (best of ``--repeats`` after a warm-up), useful TFLOP/s (4·N·H per
    allowed pair forward, 3.5x that forward+backward) and the ratio to cuDNN (cuDNN time / time:
    > 1 is faster than cuDNN). Then causal through pallas vs cuDNN, window ±128 through
    pallas vs cuDNN's causal window(128, 0) (what cuDNN covers), 16 packed documents through
-   pallas / xla / blockwise, and ``SoftCap(30)`` and ALiBi as a ``ScoreMod`` through pallas, all against
-   cuDNN's full attention.
+   pallas / xla / blockwise, and ``SoftCap(30)``, ALiBi as a ``ScoreMod`` and additive (tanh) scores
+   ``Additive(w)`` (w per head) through pallas, all against cuDNN's full attention (additive's TFLOP/s
+   count 5·N·H per pair forward, 3x that forward+backward, as ``benchmarks/scores.py``).
 c. **memory**: the compiled forward+backward's memory (``memory_analysis``: arguments + outputs +
    temporaries) at the largest length, per implementation.
 
@@ -74,10 +77,11 @@ class Sizes:
     speed_n: int
     blockwise_max: int  # blockwise timed up to this length
     speed_window: int  # window ±speed_window through pallas vs cuDNN's causal window
+    corr_scores: tuple = ("softcap", "alibi_mod", "additive")  # score cells of (a), causal, pallas and blockwise
 
 
 FULL = Sizes((2, 1000, 8, 2), (64, 128), 128, 64, (4096, 8192, 16384, 32768), (64, 128), 16, 8192, 128)
-SMOKE = Sizes((2, 40, 4, 2), (8,), 6, 3, (64,), (8,), 2, 64, 8)
+SMOKE = Sizes((2, 40, 4, 2), (8,), 6, 3, (64,), (8,), 2, 64, 8, ("additive",))
 
 # Tolerances against the fp32 "highest" reference, relative to the reference's largest magnitude.
 TOL = {"float32": 5e-3, "bfloat16": 4e-2}
@@ -109,6 +113,17 @@ def _correctness_masks(sz: Sizes, rng):
     }
 
 
+def _scores(N: int, H: int) -> dict:
+    """The correctness section's scores (each with arrays that get gradients, but SoftCap)."""
+    return {
+        "softcap": attnlab.scores.SoftCap(30.0),
+        "alibi_mod": attnlab.scores.ScoreMod(
+            attnlab.scores.alibi_mod, jnp.asarray(attnlab.positional.alibi_slopes(N), jnp.float32)
+        ),
+        "additive": attnlab.scores.Additive(jax.random.normal(jax.random.key(H + 1), (N, H), jnp.float32) / 4),
+    }
+
+
 def _rel_err(a, b) -> float:
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     return float(np.max(np.abs(a - b)) / max(1e-6, float(np.max(np.abs(b)))))
@@ -124,29 +139,39 @@ def correctness(sz: Sizes, t0, opts: Options) -> list[dict]:
         k32 = jax.random.normal(keys[1], (B, T, K, H), jnp.float32)
         v32 = jax.random.normal(keys[2], (B, T, K, H), jnp.float32)
         cot32 = jax.random.normal(keys[3], (B, T, N, H), jnp.float32)
-        for mask_name, (spec, lengths) in _correctness_masks(sz, rng).items():
+        # every mask with the dot product on every implementation; then each score, causal, on the two
+        # kernels that compute scores in their tiles (gradients of q, k, v and the score's arrays)
+        cells = [(name, spec, lengths, "dot", opts.implementations) for name, (spec, lengths) in
+                 _correctness_masks(sz, rng).items()]  # fmt: skip
+        tiled = tuple(i for i in ("pallas", "blockwise") if i in opts.implementations)
+        cells += [("causal", masks.causal(), None, _scores(N, H)[name], tiled) for name in sz.corr_scores]
+        for mask_name, spec, lengths, score, impls_ in cells:
             for dtype in (jnp.bfloat16, jnp.float32):
                 q, k, v, cot = (x.astype(dtype) for x in (q32, k32, v32, cot32))
-                ref_out, ref_grads, empty = _reference(q, k, v, cot, spec, lengths)
-                for impl in opts.implementations:
+                ref_out, ref_grads, empty = _reference(q, k, v, cot, spec, lengths, score)
+                for impl in impls_:
                     row = dict(H=H, mask=mask_name, dtype=jnp.dtype(dtype).name, implementation=impl)
+                    row |= dict(score=_score_name(score))
                     mask = _mask_for(spec, lengths, impl)
                     if not _budget_left(t0, opts):
                         rows.append(row | dict(status="skipped", reason="time budget"))
                         continue
-                    why = _why_not(q, k, v, mask, lengths, impl)
+                    why = _why_not(q, k, v, mask, lengths, impl, score)
                     if why is not None:
                         rows.append(row | dict(status="unsupported", reason=why))
                         continue
                     try:
-                        out, grads = _run(q, k, v, cot, spec, lengths, impl)
+                        out, grads = _run(q, k, v, cot, spec, lengths, impl, score)
                     except Exception as e:  # report and go on: one broken kernel must not hide the others
                         rows.append(row | dict(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}"))
                         continue
                     err = _rel_err(out, ref_out)
-                    gerr = max(_rel_err(g, r) for g, r in zip(grads, ref_grads, strict=True))
+                    pairs = zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads), strict=True)
+                    gerr = max(_rel_err(g, r) for g, r in pairs)
                     zero_rows = bool(np.all(np.asarray(out, np.float32)[empty] == 0)) if empty is not None else True
-                    finite = all(bool(np.isfinite(np.asarray(g, np.float32)).all()) for g in grads)
+                    finite = all(
+                        bool(np.isfinite(np.asarray(g, np.float32)).all()) for g in jax.tree_util.tree_leaves(grads)
+                    )
                     tol = TOL[jnp.dtype(dtype).name]
                     ok = err <= tol and gerr <= 2 * tol and zero_rows and finite
                     rows.append(
@@ -171,40 +196,49 @@ def _mask_for(spec, lengths, impl, traced_lengths=None):
     return spec
 
 
-def _why_not(q, k, v, mask, lengths, impl):
+def _why_not(q, k, v, mask, lengths, impl, score="dot"):
     sds = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
-    ex = attnlab.explain(*sds, mask=mask, backend=None, implementation=(impl,))
+    ex = attnlab.explain(*sds, mask=mask, score=score, backend=None, implementation=(impl,))
     return ex.reason(impl)
 
 
 def _call(impl, spec):
-    def f(q, k, v, q_len, kv_len):
+    def f(q, k, v, q_len, kv_len, score):
         mask = _mask_for(spec, None, impl, traced_lengths=(q_len, kv_len))
-        return attnlab.attention(q, k, v, mask=mask, implementation=impl)
+        return attnlab.attention(q, k, v, mask=mask, score=score, implementation=impl)
 
     return f
 
 
-def _run(q, k, v, cot, spec, lengths, impl):
+def _vjp(f, q, k, v, score, cot):
+    """Output and the gradients of q, k, v (and of the score's arrays: a score object is a pytree)."""
+    if score == "dot":
+        out, vjp = jax.vjp(lambda q, k, v: f(q, k, v, score), q, k, v)
+    else:
+        out, vjp = jax.vjp(f, q, k, v, score)
+    return out, vjp(cot)
+
+
+def _run(q, k, v, cot, spec, lengths, impl, score="dot"):
     q_len, kv_len = (None, None) if lengths is None else (jnp.asarray(x) for x in lengths)
     f = _call(impl, spec)
 
-    @jax.jit
-    def fwd_bwd(q, k, v, cot, q_len, kv_len):
-        out, vjp = jax.vjp(lambda q, k, v: f(q, k, v, q_len, kv_len), q, k, v)
-        return out, vjp(cot)
+    def fwd_bwd(q, k, v, cot, q_len, kv_len, *score_arg):  # the score object is a pytree argument; "dot" is not
+        sc = score_arg[0] if score_arg else score
+        return _vjp(lambda q, k, v, sc: f(q, k, v, q_len, kv_len, sc), q, k, v, sc, cot)
 
-    out, grads = fwd_bwd(q, k, v, cot, q_len, kv_len)
+    out, grads = jax.jit(fwd_bwd)(q, k, v, cot, q_len, kv_len, *(() if score == "dot" else (score,)))
     return jax.block_until_ready((out, grads))
 
 
-def _reference(q, k, v, cot, spec, lengths):
+def _reference(q, k, v, cot, spec, lengths, score="dot"):
     """fp32, precision "highest"; also the boolean [B, T, N] of empty rows (or None)."""
     q, k, v, cot = (x.astype(jnp.float32) for x in (q, k, v, cot))
     mask = _mask_for(spec, lengths, "reference")
     with jax.default_matmul_precision("highest"):
-        out, vjp = jax.vjp(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=mask), q, k, v)
-        grads = vjp(cot)
+        out, grads = _vjp(
+            lambda q, k, v, sc: attnlab.attention_reference(q, k, v, mask=mask, score=sc), q, k, v, score, cot
+        )
     empty = None
     if mask is not None:
         B, T, N, _ = q.shape
@@ -260,7 +294,9 @@ def doc_ids(T: int, docs: int = DOCS, seed: int = 0) -> np.ndarray:
 def _score_name(score) -> str:
     if score == "dot":
         return "dot"
-    return f"softcap:{score.cap:g}" if isinstance(score, attnlab.scores.SoftCap) else "alibi_mod"
+    if isinstance(score, attnlab.scores.SoftCap):
+        return f"softcap:{score.cap:g}"
+    return "additive" if isinstance(score, attnlab.scores.Additive) else "alibi_mod"
 
 
 def _speed_cells(sz: Sizes):
@@ -293,6 +329,8 @@ def _speed_cells(sz: Sizes):
                 slopes = jnp.asarray(attnlab.positional.alibi_slopes(sz.speed_n), jnp.float32)
                 alibi = attnlab.scores.ScoreMod(attnlab.scores.alibi_mod, slopes)  # a user score_mod with arrays
                 yield "full", None, None, T, H, "pallas", direction, alibi
+                w_add = jax.random.normal(jax.random.key(H), (sz.speed_n, H), jnp.float32) * H**-0.5
+                yield "full", None, None, T, H, "pallas", direction, attnlab.scores.Additive(w_add)  # tanh, per head
 
 
 def speed(sz: Sizes, t0, opts: Options) -> list[dict]:
@@ -325,7 +363,10 @@ def speed(sz: Sizes, t0, opts: Options) -> list[dict]:
             pairs = int((np.bincount(doc_ids(T, min(DOCS, T // 2))[0]) ** 2).sum())
         else:
             pairs = _allowed_pairs("window" if w else kind, T, w)
-        flops = 4 * N * H * pairs * (3.5 if direction == "fwd+bwd" else 1.0)
+        if isinstance(score, attnlab.scores.Additive):  # as benchmarks/scores.py: 3H (score) + 2H per pair, bwd 2x
+            flops = 5 * N * H * pairs * (3.0 if direction == "fwd+bwd" else 1.0)
+        else:
+            flops = 4 * N * H * pairs * (3.5 if direction == "fwd+bwd" else 1.0)
         group = ("full" if kind == "document16" else kind if w is None else "window", T, H, direction)
         if impl == "cudnn" and score == "dot":
             cudnn_ms[group] = ms

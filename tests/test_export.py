@@ -64,6 +64,18 @@ def test_pallas_exports_the_triton_kernel_for_cuda(mask_name, dtype):
         assert "stablehlo.while" not in text  # no interpreter loop: the grid runs on the GPU
 
 
+def _assert_three_triton_kernels(grad, specs):
+    """The gradient exported for cuda is the forward, dq and dk/dv Triton kernels, with no interpreter loop."""
+    no_check = [export.DisabledSafetyCheck.custom_call(TRITON)]
+    text = export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=no_check)(*specs).mlir_module()
+    assert re.findall(r'name = "(attnlab_flash_[a-z]+)"', text) == [
+        "attnlab_flash_fwd",
+        "attnlab_flash_dq",
+        "attnlab_flash_dkv",
+    ]
+    assert "stablehlo.while" not in text
+
+
 def test_pallas_exports_gqa_with_per_head_bitmaps_for_cuda():
     # G = 3 query heads per kv head and a mask that differs per head: the dk/dv kernel loops over G
     per_head = np.random.default_rng(1).random((6, 100, 90)) < 0.5
@@ -79,16 +91,7 @@ def test_pallas_exports_soft_capped_scores_for_cuda():
     """SoftCap inside the Triton kernels (forward and both backward kernels), lowered for cuda from this CPU."""
     capped = functools.partial(pallas_flash.pallas_attention, score=scores.SoftCap(30.0))
     _, grad = _fwd_and_grad(capped, PALLAS_MASKS["causal_traced_padding"])
-    no_check = [export.DisabledSafetyCheck.custom_call(TRITON)]
-    text = export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=no_check)(
-        *_specs(2, 200, 190, 4, 2, 64, jnp.bfloat16)
-    ).mlir_module()
-    assert re.findall(r'name = "(attnlab_flash_[a-z]+)"', text) == [
-        "attnlab_flash_fwd",
-        "attnlab_flash_dq",
-        "attnlab_flash_dkv",
-    ]
-    assert "stablehlo.while" not in text
+    _assert_three_triton_kernels(grad, _specs(2, 200, 190, 4, 2, 64, jnp.bfloat16))
 
 
 def test_pallas_exports_score_mods_with_array_gradients_for_cuda():
@@ -104,14 +107,24 @@ def test_pallas_exports_score_mods_with_array_gradients_for_cuda():
         return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, slopes)
 
     specs = (*_specs(2, 200, 190, 4, 2, 64, jnp.bfloat16), jax.ShapeDtypeStruct((4,), jnp.float32))
-    no_check = [export.DisabledSafetyCheck.custom_call(TRITON)]
-    text = export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=no_check)(*specs).mlir_module()
-    assert re.findall(r'name = "(attnlab_flash_[a-z]+)"', text) == [
-        "attnlab_flash_fwd",
-        "attnlab_flash_dq",
-        "attnlab_flash_dkv",
-    ]
-    assert "stablehlo.while" not in text
+    _assert_three_triton_kernels(grad, specs)
+
+
+@pytest.mark.parametrize("w_shape", [(4, 64), (64,)], ids=["per_head_w", "shared_w"])
+def test_pallas_exports_additive_scores_for_cuda(w_shape):
+    """Additive (tanh) scores in the Triton kernels: the one-head pair form (a loop over the head dim of
+    [bq, bk] tiles) lowers for cuda, forward and both backward kernels, with w's gradient from dq's shares."""
+
+    def grad(q, k, v, lens, w):
+        def loss(q, k, v, w):
+            mask = PALLAS_MASKS["causal_traced_padding"](lens)
+            out = pallas_flash.pallas_attention(q, k, v, mask=mask, score=scores.Additive(w))
+            return out.astype(jnp.float32).sum()
+
+        return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, w)
+
+    specs = (*_specs(2, 200, 190, 4, 2, 64, jnp.bfloat16), jax.ShapeDtypeStruct(w_shape, jnp.float32))
+    _assert_three_triton_kernels(grad, specs)
 
 
 def test_pallas_exports_the_interpreter_for_cpu():

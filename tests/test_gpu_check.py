@@ -19,8 +19,14 @@ def test_smoke_runs_every_section_and_writes_json(tmp_path):
     result = gpu_check.run(smoke=True, sections=["correctness", "speed", "memory"], out=str(out), opts=opts)
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     corr = result["correctness"]
-    # 6 masks x 2 dtypes x the implementations, every cell accounted for
-    assert len(corr) == 6 * 2 * len(gpu_check.SMOKE.corr_heads) * len(opts.implementations)
+    # 6 masks x 2 dtypes x the implementations, then each score x 2 dtypes x (pallas, blockwise)
+    heads, n_scores = len(gpu_check.SMOKE.corr_heads), len(gpu_check.SMOKE.corr_scores)
+    assert len(corr) == 6 * 2 * heads * len(opts.implementations) + n_scores * 2 * heads * 2
+    scored = [r for r in corr if r["score"] != "dot"]
+    assert {(r["implementation"], r["score"], r["status"]) for r in scored} == {
+        ("pallas", "additive", "ok"),
+        ("blockwise", "additive", "ok"),
+    }
     assert not [r for r in corr if r["status"] in ("FAIL", "error")], [r for r in corr if r["status"] != "ok"]
     ran = {(r["implementation"], r["mask"]) for r in corr if r["status"] == "ok"}
     # on a CPU: xla and blockwise run every mask, sparse the graph, cuDNN none (with its reason)
@@ -33,7 +39,7 @@ def test_smoke_runs_every_section_and_writes_json(tmp_path):
     assert all(r["ms"] > 0 and r["tflops"] > 0 for r in speed)
     assert {(r["mask"], r["implementation"]) for r in speed} >= {("document16", "xla"), ("document16", "blockwise")}
     scored = [r for r in result["speed"] if r["score"] != "dot"]
-    assert {r["score"] for r in scored} == {"softcap:30", "alibi_mod"}
+    assert {r["score"] for r in scored} == {"softcap:30", "alibi_mod", "additive"}
     assert all(r["implementation"] == "pallas" for r in scored)
     mem = [r for r in result["memory"] if r["status"] == "ok"]
     assert mem and all(r["total_bytes"] >= r["temp_bytes"] > 0 for r in mem)

@@ -306,6 +306,47 @@ def test_pallas_score_mod_arrays_of_every_kind_get_their_gradients(dtype):
     assert float(jnp.abs(got[3][1]).min()) > 0  # each array's gradient is really there
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_pallas_additive_shared_weights_under_gqa(dtype):
+    """Additive scores with one w [H] for all heads (head axis None: w's gradient sums every program's
+    share), 4 query heads on 2 kv heads, a head dim the kernel pads (12 -> 16), causal with padding."""
+    q, k, v, do = _inputs(2, 40, 36, 4, 2, 12, dtype, seed=5)
+    w = jnp.linspace(-1.0, 1.5, 12)
+    mask = masks.causal(offset=-4) & masks.padding(kv_lengths=jnp.array([36, 19]))
+
+    def loss(fn, q, k, v, w):
+        return jnp.sum(fn(q, k, v, mask=mask, score=scores.Additive(w)).astype(jnp.float32) * do)
+
+    def grads(fn, *x):
+        return jax.grad(functools.partial(loss, fn), argnums=(0, 1, 2, 3))(*x)
+
+    got = jax.jit(functools.partial(grads, pallas_flash.pallas_attention))(q, k, v, w)
+    want = grads(attention_reference, q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), w)
+    tol = dict(atol=2e-4, rtol=2e-4) if dtype == jnp.float32 else dict(atol=0.15, rtol=6e-2)
+    for g, r in zip(got, want, strict=True):
+        assert g.shape == r.shape
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), **tol)
+    assert float(jnp.abs(got[3]).min()) > 0
+
+
+def test_pallas_additive_reasons():
+    """Additive runs in the kernel wherever its w can be a Triton block; the reason says when it cannot."""
+    q = jax.ShapeDtypeStruct((2, 64, 4, 16), jnp.float32)
+    kv = jax.ShapeDtypeStruct((2, 64, 2, 16), jnp.float32)
+
+    def reason(w, backend, head_dim=16):
+        qq = jax.ShapeDtypeStruct(q.shape[:-1] + (head_dim,), q.dtype)
+        kk = jax.ShapeDtypeStruct(kv.shape[:-1] + (head_dim,), kv.dtype)
+        return pallas_flash.call_reason(attnlab.call.bind(qq, kk, kk, score=scores.Additive(w)), backend)
+
+    for w in (jnp.ones((4, 16)), jnp.ones(16), jax.ShapeDtypeStruct((4, 16), jnp.float32)):
+        assert reason(w, "gpu") is None and reason(w, "cpu") is None
+    assert "powers of two" in reason(jnp.ones(12), "gpu", head_dim=12)  # w's block [12]
+    assert reason(jnp.ones(12), "cpu", head_dim=12) is None  # interpret mode takes any width
+    x = attnlab.explain(q, kv, kv, score=scores.Additive(jnp.ones(16)), backend="gpu")
+    assert x.implementation == "pallas"
+
+
 def test_pallas_score_mod_reasons():
     """What the kernel says when it cannot take a ScoreMod, per backend, from shapes alone."""
     q = jax.ShapeDtypeStruct((2, 64, 4, 16), jnp.float32)

@@ -83,11 +83,38 @@ def test_additive_tiled_by_hand():
     np.testing.assert_allclose(np.asarray(out)[0, 0, 0], p @ np.array([1.0, 3.0]), rtol=1e-5)
 
 
+@pytest.mark.parametrize("w_shape", [(1, 6), (6,)])
+def test_additive_one_head_form_and_its_backward_by_hand(w_shape):
+    """``head_pair_vjp`` (the Pallas kernel's loop over the head dim) against numpy: logits, and the
+    hand-derived gradients dq = sum_s ds w (1 - t^2), dk = sum_t ds w (1 - t^2), dw = sum ds t; the
+    two zero columns that pad the head dim get zero gradient."""
+    r = np.random.default_rng(0)
+    q, k = np.zeros((5, 8)), np.zeros((7, 8))
+    q[:, :6], k[:, :6] = r.normal(size=(5, 6)), r.normal(size=(7, 6))
+    w, ds = r.normal(size=w_shape), r.normal(size=(5, 7))
+    t = np.tanh(q[:, None, :6] + k[None, :, :6])  # [5, 7, 6]
+    g = ds[:, :, None] * w.reshape(-1) * (1 - t**2)
+    s, back = scores.Additive(jnp.asarray(w, jnp.float32)).head_pair_vjp(
+        jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32)
+    )
+    dq, dk, (dw,) = back(jnp.asarray(ds, jnp.float32))
+    np.testing.assert_allclose(s, t @ w.reshape(-1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dq, np.pad(g.sum(1), ((0, 0), (0, 2))), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dk, np.pad(g.sum(0), ((0, 0), (0, 2))), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dw, (ds[:, :, None] * t).sum((0, 1)).reshape(w_shape), rtol=1e-5, atol=1e-5)
+    _, only_k = scores.Additive(jnp.asarray(w, jnp.float32)).head_pair_vjp(
+        jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), dq=False, leaf_grads=False
+    )
+    gq, gk, gl = only_k(jnp.asarray(ds, jnp.float32))
+    assert gq is None and gl == () and np.allclose(gk, dk)
+
+
 def test_explain_says_which_implementations_take_a_score():
     x = jax.ShapeDtypeStruct((1, 1024, 4, 32), jnp.float32)
     e = attnlab.explain(x, x, x, score=scores.Additive(jnp.ones(32)), backend="cpu")
     assert e.implementation == "blockwise"
     assert "dot" in e.reason("xla")
+    assert attnlab.explain(x, x, x, score=scores.Additive(jnp.ones(32)), backend="gpu").implementation == "pallas"
     custom = attnlab.explain(x, x, x, score=lambda q, k: attnlab.scores.dot_product(q, k), backend="cpu")
     assert custom.implementation == "reference"
     assert "ScoreMod" in custom.reason("blockwise")  # the way to a tiled per-element score

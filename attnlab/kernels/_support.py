@@ -12,10 +12,11 @@ def dot_call_reason(kernel: str, call: Call, *, dtypes, bias_hint: str = "", mod
     """None when the bound call is a dot-product call without bias in one of ``dtypes``, else why not.
 
     ``mods``: the kernel also applies a score's ``tile_mod`` to one head's logits at a time
-    (``score.per_head_mod``: ``SoftCap``, and ``ScoreMod`` with ``head_axes``).
+    (``score.per_head_mod``: ``SoftCap``, and ``ScoreMod`` with ``head_axes``), and takes a score's
+    one-head pair form (``score.head_pair_form``: ``Additive``).
     """
     score = call.score
-    if mods and score.has_mod and score.per_head_mod:
+    if mods and ((score.has_mod and score.per_head_mod) or score.head_pair_form):
         pass
     elif mods and isinstance(score, scores_lib.ScoreMod):
         return (
@@ -23,7 +24,7 @@ def dot_call_reason(kernel: str, call: Call, *, dtypes, bias_hint: str = "", mod
             f"one head at a time and must slice the arrays per head"
         )
     elif not score.is_dot:
-        also = ", SoftCap and ScoreMod (with head_axes)" if mods else ""
+        also = ", SoftCap, ScoreMod (with head_axes) and Additive" if mods else ""
         return f"{kernel}: dot-product score{also} only (got score {type(score).__name__})"
     if call.bias is not None:
         return f"{kernel}: no bias{bias_hint}"

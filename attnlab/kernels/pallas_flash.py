@@ -124,8 +124,9 @@ def _leaves_reason(call: Call, backend: str) -> str | None:
         try:
             jaxpr = _mod_jaxpr(call)
         except Exception as e:  # noqa: BLE001 (a probe: fn assumes all N heads; the full-head kernels still run it)
+            form = "one-head pair form" if call.score.head_pair_form else "fn"
             return (
-                f"pallas: the score's fn fails on one head's tile [1, t, s] with its arrays sliced per head "
+                f"pallas: the score's {form} fails on one head's tile [1, t, s] with its arrays sliced per head "
                 f"({type(e).__name__}: {str(e).splitlines()[0]})"
             )
         used = _primitives(jaxpr.jaxpr) & (_NO_TRITON if backend != "cpu" else frozenset())
@@ -144,13 +145,23 @@ _NO_TRITON = frozenset({"gather", "scatter", "scatter-add", "scatter_add", "dyna
 
 
 def _mod_jaxpr(call: Call):
-    """The score's ``tile_mod`` on one head's 16 x 16 tile and its vjp, traced on shapes (a ClosedJaxpr)."""
+    """The score's one-head tile form on a 16 x 16 tile, forward and backward, traced on shapes (a
+    ClosedJaxpr): ``tile_mod`` and its vjp, or the pair form's ``head_pair_vjp``."""
     treedef = jax.tree_util.tree_structure(call.score)
     specs = [
         jax.ShapeDtypeStruct(shape if a is None else shape[:a] + (1,) + shape[a + 1 :], dtype)
         for shape, dtype, a in _leaf_layout(call)
     ]
     pos = jnp.arange(16, dtype=jnp.int32)
+    tile = jax.ShapeDtypeStruct((16, 16), jnp.float32)
+    if call.score.head_pair_form:
+        rows = jax.ShapeDtypeStruct((16, max(16, _next_pow2(call.H))), call.dtype)
+
+        def pair(q, k, *ls):
+            s, back = treedef.unflatten(ls).head_pair_vjp(q, k)
+            return s, back(s)
+
+        return jax.make_jaxpr(pair)(rows, rows, *specs)
 
     def f(s, *ls):
         return treedef.unflatten(ls).tile_mod(s[None], pos, pos)[0]
@@ -159,7 +170,7 @@ def _mod_jaxpr(call: Call):
         out, vjp = jax.vjp(lambda s: f(s, *ls), s)
         return out, vjp(out)
 
-    return jax.make_jaxpr(fwd_bwd)(jax.ShapeDtypeStruct((16, 16), jnp.float32), *specs)
+    return jax.make_jaxpr(fwd_bwd)(tile, *specs)
 
 
 def _primitives(jaxpr) -> set[str]:
@@ -192,17 +203,47 @@ def _mod(st, s, q_pos, k_pos, leaves):
     return score.tile_mod(s[None], q_pos, k_pos)[0]
 
 
+def _pair(st, leaves):
+    """The score object when its tile form is the one-head pair form (``Additive``), else None."""
+    score = st.tile_score(tuple(leaves)) if st.score else None
+    return score if score is not None and score.pair_form else None
+
+
+def _scaled(st, q):
+    return q if st.scale == 1.0 else (q.astype(jnp.float32) * st.scale).astype(q.dtype)
+
+
 def _logits(st, q, k, q_pos, k_pos, leaves):
-    """The tile's fp32 logits [bq, bk]: scale * q . k, then the score's mod (SoftCap, ScoreMod)."""
+    """The tile's fp32 logits [bq, bk]: scale * q . k, then the score's mod (SoftCap, ScoreMod); or the
+    score's one-head pair form (``Additive``) of the scaled queries and the keys."""
+    if (pair := _pair(st, leaves)) is not None:
+        return pair.head_pair_vjp(_scaled(st, q), k, dq=False, dk=False, leaf_grads=False)[0]
     s = _dot(q, k, st, tb=True) * st.scale
     return _mod(st, s, q_pos, k_pos, leaves) if st.score else s
 
 
-def _logits_vjp(st, q, k, q_pos, k_pos, leaves, *, leaf_grads=False):
-    """(logits, back): ``back(ds)`` -> (ds through the score's mod, grads of its floating leaves or ())."""
+def _logits_vjp(st, q, k, q_pos, k_pos, leaves, *, want="q", leaf_grads=False):
+    """(logits, back): ``back(ds)`` -> (this tile's part of dq or dk, as ``want`` says, unscaled: the
+    kernel multiplies its sum by ``st.scale`` once; grads of the score's floating leaves or ())."""
+    if (pair := _pair(st, leaves)) is not None:
+        s, pull = pair.head_pair_vjp(_scaled(st, q), k, dq=want == "q", dk=want == "k", leaf_grads=leaf_grads)
+
+        def back_pair(ds):
+            gq, gk, gl = pull(ds)
+            # dq of the scaled queries is scale * d(scaled q): the kernel's final * scale; dk is exact: / scale
+            g = gq if want == "q" else gk / st.scale
+            if not leaf_grads:
+                return g, ()
+            return g, tuple(x for x, (_, floating) in zip(gl, st.score_leaves, strict=True) if floating)
+
+        return s, back_pair
     s = _dot(q, k, st, tb=True) * st.scale
+
+    def grad_qk(ds):  # ds [bq, bk] of the scaled dot product
+        return _dot(ds.astype(k.dtype), k, st) if want == "q" else _dot(ds.astype(q.dtype), q, st, ta=True)
+
     if not st.score:
-        return s, lambda ds: (ds, ())
+        return s, lambda ds: (grad_qk(ds), ())
     idx = [i for i, (_, floating) in enumerate(st.score_leaves) if floating] if leaf_grads else []
 
     def f(x, *diff):
@@ -215,7 +256,7 @@ def _logits_vjp(st, q, k, q_pos, k_pos, leaves, *, leaf_grads=False):
 
     def back(ds):
         ds_s, *d_leaves = vjp(ds)
-        return ds_s, tuple(d_leaves)
+        return grad_qk(ds_s), tuple(d_leaves)
 
     return out, back
 
@@ -345,9 +386,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_
             p = jnp.exp(s - lse[:, None])
             if ok is not None:
                 p = jnp.where(ok, p, 0.0)
-            ds, d_leaves = back(p * (_dot(do, v, st, tb=True) - delta[:, None]))
+            dq_j, d_leaves = back(p * (_dot(do, v, st, tb=True) - delta[:, None]))
             dls = tuple(a + b.astype(jnp.float32) for a, b in zip(dls, d_leaves, strict=True))
-            return dq + _dot(ds.astype(k.dtype), k, st), dls
+            return dq + dq_j, dls
 
         return _visit(
             st, st.kinds_used, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w)
@@ -387,13 +428,13 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens
                 dk, dv = c
                 q, do = q_ref[rows, g, :], do_ref[rows, g, :]
                 lse, delta = lse_ref[g, rows], delta_ref[g, rows]
-                s, back = _logits_vjp(st, q, k, q_pos, k_pos, _leaves(st, leaf_refs, g))  # [bq, bk]
+                s, back = _logits_vjp(st, q, k, q_pos, k_pos, _leaves(st, leaf_refs, g), want="k")  # [bq, bk]
                 p = jnp.exp(s - lse[:, None])
                 if ok is not None:
                     p = jnp.where(ok, p, 0.0)
                 dv = dv + _dot(p.astype(do.dtype), do, st, ta=True)  # [bk, Hvp]
-                ds, _ = back(p * (_dot(do, v, st, tb=True) - delta[:, None]))
-                return dk + _dot(ds.astype(q.dtype), q, st, ta=True), dv
+                dk_j, _ = back(p * (_dot(do, v, st, tb=True) - delta[:, None]))
+                return dk + dk_j, dv
 
             bm_idx = (g, slot) if per_head_bitmap else (slot,)
             carry = _visit(
@@ -653,6 +694,8 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, score="dot", 
             head_axes=...)``: the kernel applies the score's ``tile_mod`` to each tile of one head
             (a ScoreMod's ``fn`` sees ``[1, bq, bk]`` and its per-head arrays sliced to that head),
             forward and backward; the arrays' gradients are summed from the dq kernel's programs.
+            ``scores.Additive(w)`` runs through its one-head form (``head_pair_vjp``: a loop over the
+            head dim on ``[bq, bk]`` tiles), w's gradient likewise.
         block_q, block_k: tile sizes (powers of two >= 16); default ``min(64, next_pow2(T|S))``.
 
     Returns:
