@@ -38,6 +38,7 @@ import jax
 
 from attnlab import impls
 from attnlab import masks as masks_lib
+from attnlab import scores as scores_lib
 from attnlab.call import Call, bind
 
 __all__ = ["IMPLEMENTATIONS", "ORDER", "Explanation", "explain", "explain_call", "choose", "normalize_backend"]
@@ -203,6 +204,11 @@ def _demo() -> str:
             "fp32 [1, 256, 8, 64], causal & padding",
             small,
             dict(mask=masks_lib.causal() & masks_lib.padding(kv_lengths=[200])),
+        ),
+        (
+            "bf16 [2, 4096, 16, 64], causal, additive (tanh) score, w [16, 64]",
+            bf16,
+            dict(mask=masks_lib.causal(), score=scores_lib.Additive(jax.ShapeDtypeStruct((16, 64), "float32"))),
         ),
     ]
     out = []
