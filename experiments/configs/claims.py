@@ -89,8 +89,10 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
             c.pos = pos_config.get_config("smoke")
             c.pos.seeds = "0"
             c.shift.train.update(num_steps=10, log_every=5)
-            c.pos.data.update(max_files=4, max_eval_sentences=50)
-            c.pos.train.update(num_steps=10, log_every=5, eval_every=10, checkpoint_every=10)
+            # 3 files: 248 train sentences (31 full batches of 8: no smaller last batch, so no second
+            # train-step compile), none longer than 59 words: one padded length of 64, not 256
+            c.pos.data.update(max_files=3, max_eval_sentences=50, buckets=(64,))
+            c.pos.train.update(batch_size=8, num_steps=10, log_every=5, eval_every=10, checkpoint_every=10)
             c.analysis.update(pos_sentences=16, neighbour_pool=200, pca_words=40, max_offset=3)
         case _:
             raise ValueError(f"unknown claims variant {variant!r}: use one of ('default', 'shift', 'pos', 'smoke')")
