@@ -166,10 +166,16 @@ def error_rates(model, split: speech.Split, ev, *, beam: int) -> dict:
     }
 
 
+@nnx.jit
+def _capture_weights(model, features, lengths, targets, target_lengths):
+    """Every attention layer's weights under teacher forcing: one compile instead of op-by-op dispatch."""
+    return inspect.capture(model, features, lengths, _teacher_inputs(targets), target_lengths, record=("weights",))
+
+
 def _maps(model, split: speech.Split) -> dict:
     """Encoder self-attention (last layer, head-averaged) and decoder cross-attention of utterance 0."""
     f, n, tgt, tl = (jnp.asarray(a[:1]) for a in (split.features, split.lengths, split.targets, split.target_lengths))
-    cap = inspect.capture(model, f, n, _teacher_inputs(tgt), tl, record=("weights",))
+    cap = _capture_weights(model, f, n, tgt, tl)
     encoder, cross = cap.select("encoder.*")[-1].weights, cap.select("*cross_attn")[-1].weights
     s, u = int(subsampled_lengths(n, model.subsample)[0]), int(tl[0])
     return {
@@ -187,7 +193,7 @@ def alignments(model, split: speech.Split, batch_size: int) -> np.ndarray:
         sl = slice(i, i + batch_size)
         f, n = jnp.asarray(split.features[sl, :T]), jnp.asarray(split.lengths[sl])
         tgt, tl = jnp.asarray(split.targets[sl]), jnp.asarray(split.target_lengths[sl])
-        cap = inspect.capture(model, f, n, _teacher_inputs(tgt), tl, record=("weights",))
+        cap = _capture_weights(model, f, n, tgt, tl)
         cross = np.asarray(cap.select("*cross_attn")[-1].weights).mean(1)  # [B, U, S]
         s, u = np.asarray(subsampled_lengths(n, model.subsample)), np.asarray(tl)
         values += [monotonicity(cross[b, : u[b], : s[b]]) for b in range(len(u))]
