@@ -1,6 +1,8 @@
 """Packed (source, target) pairs through nn.EncoderDecoder: each pair gives what it gives alone.
 
 The independent computation is the unpacked route: the same pairs as a padded batch with lengths.
+Both routes run under ``nnx.jit`` (one compile per shape; op by op, the model's hundreds of small
+ops each compile on first use: the gradient test took 25 s); test_packed_bad_input calls it eagerly.
 """
 
 from __future__ import annotations
@@ -34,15 +36,24 @@ def padded(seqs, dtype):
     return jnp.asarray(out), jnp.asarray([len(s) for s in seqs], jnp.int32)
 
 
+def _call(m, *args, **kwargs):
+    return m(*args, **kwargs)
+
+
+_apply = nnx.jit(_call)  # the model under jit
+
+
 def alone(model, src, tgt):
     feats, lens = padded(src, np.float32)
     toks, tlens = padded(tgt, np.int32)
-    return model(feats, lens, toks, tlens)  # [P, U, V]
+    return _apply(model, feats, lens, toks, tlens)  # [P, U, V]
 
 
-def call_packed(m, ps, pt):
-    """The model on packed rows: sources ``ps`` and targets ``pt`` from ``packing.pack_pairs``."""
-    return m(
+def call_packed(m, ps, pt, apply=_call):
+    """The model on packed rows: sources ``ps`` and targets ``pt`` from ``packing.pack_pairs``
+    (``apply=_apply``: under jit)."""
+    return apply(
+        m,
         jnp.asarray(ps.tokens),
         None,
         jnp.asarray(pt.tokens),
@@ -53,7 +64,7 @@ def call_packed(m, ps, pt):
 
 def packed(model, src, tgt, subsample, source_len=32, target_len=10):
     ps, pt = packing.pack_pairs(src, tgt, source_len, target_len, source_align=2**subsample)
-    return call_packed(model, ps, pt), ps, pt
+    return call_packed(model, ps, pt, _apply), ps, pt
 
 
 def model(subsample, encoder_mask=None, seed=0):
@@ -107,8 +118,8 @@ def test_packed_pairs_gradients_equal_alone():
         out = m(feats, lens, toks, tlens)
         return jnp.sum(jnp.where(real_a[..., None], jnp.tanh(out) * w, 0))
 
-    lp, gp = nnx.value_and_grad(loss_packed)(m)
-    la, ga = nnx.value_and_grad(loss_alone)(m)
+    lp, gp = nnx.jit(nnx.value_and_grad(loss_packed))(m)
+    la, ga = nnx.jit(nnx.value_and_grad(loss_alone))(m)
     np.testing.assert_allclose(lp, la, rtol=2e-5)
     leaves_p, leaves_a = jax.tree.leaves(nnx.state(gp)), jax.tree.leaves(nnx.state(ga))
     assert len(leaves_p) == len(leaves_a) > 0
@@ -122,10 +133,10 @@ def test_packed_bf16_close_to_alone():
     src, tgt = pairs(2)
     src = [s.astype(jnp.bfloat16) for s in src]
     ps, pt = packing.pack_pairs(src, tgt, 32, 10, source_align=2)
-    out = call_packed(m, ps, pt)
+    out = call_packed(m, ps, pt, _apply)
     feats, lens = padded(src, jnp.bfloat16)
     toks, tlens = padded(tgt, np.int32)
-    ref = m(feats, lens, toks, tlens)
+    ref = _apply(m, feats, lens, toks, tlens)
     for i, (r, start) in enumerate(pt.placement):
         n = len(tgt[i])
         np.testing.assert_allclose(
