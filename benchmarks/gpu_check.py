@@ -78,10 +78,12 @@ class Sizes:
     blockwise_max: int  # blockwise timed up to this length
     speed_window: int  # window ±speed_window through pallas vs cuDNN's causal window
     corr_scores: tuple = ("softcap", "alibi_mod", "additive")  # score cells of (a), causal, pallas and blockwise
+    corr_dtypes: tuple = ("bfloat16", "float32")  # the dtypes of (a)
 
 
 FULL = Sizes((2, 1000, 8, 2), (64, 128), 128, 64, (4096, 8192, 16384, 32768), (64, 128), 16, 8192, 128)
-SMOKE = Sizes((2, 40, 4, 2), (8,), 6, 3, (64,), (8,), 2, 64, 8, ("additive",))
+# (the smoke run checks this script's code; the kernels' fp32 and bf16 correctness on CPU is the conformance suite's)
+SMOKE = Sizes((2, 40, 4, 2), (8,), 6, 3, (64,), (8,), 2, 64, 8, ("additive",), ("bfloat16",))
 
 # Tolerances against the fp32 "highest" reference, relative to the reference's largest magnitude.
 TOL = {"float32": 5e-3, "bfloat16": 4e-2}
@@ -146,7 +148,7 @@ def correctness(sz: Sizes, t0, opts: Options) -> list[dict]:
         tiled = tuple(i for i in ("pallas", "blockwise") if i in opts.implementations)
         cells += [("causal", masks.causal(), None, _scores(N, H)[name], tiled) for name in sz.corr_scores]
         for mask_name, spec, lengths, score, impls_ in cells:
-            for dtype in (jnp.bfloat16, jnp.float32):
+            for dtype in map(jnp.dtype, sz.corr_dtypes):
                 q, k, v, cot = (x.astype(dtype) for x in (q32, k32, v32, cot32))
                 ref_out, ref_grads, empty = _reference(q, k, v, cot, spec, lengths, score)
                 for impl in impls_:

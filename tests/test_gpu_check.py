@@ -19,9 +19,11 @@ def test_smoke_runs_every_section_and_writes_json(tmp_path):
     result = gpu_check.run(smoke=True, sections=["correctness", "speed", "memory"], out=str(out), opts=opts)
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     corr = result["correctness"]
-    # 6 masks x 2 dtypes x the implementations, then each score x 2 dtypes x (pallas, blockwise)
-    heads, n_scores = len(gpu_check.SMOKE.corr_heads), len(gpu_check.SMOKE.corr_scores)
-    assert len(corr) == 6 * 2 * heads * len(opts.implementations) + n_scores * 2 * heads * 2
+    # 6 masks x the dtypes x the implementations, then each score x the dtypes x (pallas, blockwise)
+    sz = gpu_check.SMOKE
+    cells = len(sz.corr_heads) * len(sz.corr_dtypes)
+    assert len(corr) == 6 * cells * len(opts.implementations) + len(sz.corr_scores) * cells * 2
+    assert {r["dtype"] for r in corr} == set(sz.corr_dtypes)
     scored = [r for r in corr if r["score"] != "dot"]
     assert {(r["implementation"], r["score"], r["status"]) for r in scored} == {
         ("pallas", "additive", "ok"),
