@@ -7,18 +7,17 @@ import os
 # The suite is bound by compile time: XLA:CPU's LLVM optimisation costs more than it saves on
 # test-sized arrays (tests/test_hardening.py + tests/test_masks.py, one process: 126 s -> 96 s).
 # It is the same computation, checked against the same references; the subprocess tests
-# (test_parallel, test_distributed) already ran this way. ATTNLAB_TEST_XLA_OPT=1 keeps XLA's default.
+# (test_parallel, test_distributed) run this way too. ATTNLAB_TEST_XLA_OPT=1 keeps XLA's default.
+CHEAP_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 if os.environ.get("ATTNLAB_TEST_XLA_OPT") != "1" and "xla_backend_optimization_level" not in os.environ.get(
     "XLA_FLAGS", ""
 ):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    ).strip()
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *CHEAP_COMPILE_FLAGS]).strip()
 
 import jax  # noqa: E402  (after XLA_FLAGS: the CPU client reads them when it starts)
-import jax.numpy as jnp
-import numpy as np
-import pytest
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 # Tolerances per dtype, in one place (fp32 tight, half precision loose).
 TOL = {

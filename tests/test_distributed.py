@@ -21,7 +21,7 @@ import time
 
 import jax.numpy as jnp
 import pytest
-from conftest import grad_tol, tol
+from conftest import CHEAP_COMPILE_FLAGS, grad_tol, tol
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "distributed_worker.py")
@@ -45,7 +45,7 @@ def _free_port() -> int:
 def _run_cluster(logdir) -> list[dict]:
     env = dict(os.environ)
     # no forced device count (the worker asks for 2 per process); fast compiles: correctness only
-    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    env["XLA_FLAGS"] = " ".join(CHEAP_COMPILE_FLAGS)
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     port = _free_port()

@@ -6,12 +6,9 @@ import os
 import re
 
 import pytest
+from conftest import CHEAP_COMPILE_FLAGS  # the XLA flags the suite runs with (the kernel inherits them)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-# the XLA flags tests/conftest.py adds (cheaper compiles, slower code) and the kernel inherits
-_CHEAP_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 
 
 def _execute(name: str, tmp_path, monkeypatch=None) -> tuple[str, int]:
@@ -27,7 +24,7 @@ def _execute(name: str, tmp_path, monkeypatch=None) -> tuple[str, int]:
     from experiments import notebooks
 
     if monkeypatch is not None:  # the kernel is started with a copy of this process's environment
-        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in _CHEAP_COMPILE_FLAGS]
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in CHEAP_COMPILE_FLAGS]
         if flags:
             monkeypatch.setenv("XLA_FLAGS", " ".join(flags))
         else:

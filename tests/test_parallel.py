@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import grad_tol, qkv, tol
+from conftest import CHEAP_COMPILE_FLAGS, grad_tol, qkv, tol
 
 import attnlab
 from attnlab import masks, parallel
@@ -53,10 +53,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def checks():
     env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
-        "--xla_llvm_disable_expensive_passes=true"
-    )
+    env["XLA_FLAGS"] = " ".join(["--xla_force_host_platform_device_count=8", *CHEAP_COMPILE_FLAGS])
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("JAX_PLATFORMS", None)
     proc = subprocess.run(
