@@ -4,9 +4,11 @@ Needs only jax (with CUDA), flax, optax, chex and absl-py; run from the reposito
 
     PYTHONPATH=. python -m benchmarks.gpu_check --out results/gpu_check.json
 
-(``make gpu-check``). On an H200 it is sized to finish in under 5 minutes (``--max_minutes``
-skips the remaining cells, recorded as skipped, if it would not). ``--smoke`` runs the same code
-at toy sizes on any backend (the test suite runs it on CPU).
+(``make gpu-check``). Each section has its own time budget (``--minutes``, default 4.5 minutes in
+all); cells past a section's budget are recorded as skipped. Every row is printed as it finishes and
+the JSON file is rewritten after each row, so a run cut short keeps what it measured.
+``--smoke`` runs the same code at toy sizes on any backend (the test suite runs it on CPU).
+``--corr_heads``, ``--speed_lengths`` and ``--speed_heads`` override the sizes below.
 
 Sections:
 
@@ -27,7 +29,10 @@ b. **speed**: bf16, B=1, N=16, H=64 and 128, T = 4K, 8K, 16K, 32K, forward and f
    pallas / xla / blockwise, and ``SoftCap(30)``, ALiBi as a ``ScoreMod`` and additive (tanh) scores
    ``Additive(w)`` (w per head) through pallas, all against cuDNN's full attention (additive's TFLOP/s
    count 5·N·H per pair forward, 3x that forward+backward, as ``benchmarks/scores.py``).
-c. **memory**: the compiled forward+backward's memory (``memory_analysis``: arguments + outputs +
+c. **blocks**: the Pallas kernel's tile sizes (block_q, block_k) at ``--speed_lengths``' largest
+   length up to 16K, full and causal, bf16, forward and forward+backward (``pallas_attention``
+   called with each pair), against cuDNN in the same run.
+d. **memory**: the compiled forward+backward's memory (``memory_analysis``: arguments + outputs +
    temporaries) at the largest length, per implementation.
 
 Writes one JSON file and prints a table.
@@ -42,6 +47,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +67,10 @@ class Options:
 
     implementations: tuple = IMPLEMENTATIONS
     repeats: int = 5
-    max_minutes: float = 4.5
+    minutes: tuple = (("correctness", 1.5), ("speed", 2.3), ("blocks", 0.4), ("memory", 0.3))  # per section
+
+    def budget(self, section: str) -> float:
+        return dict(self.minutes).get(section, 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,18 +88,53 @@ class Sizes:
     speed_window: int  # window ±speed_window through pallas vs cuDNN's causal window
     corr_scores: tuple = ("softcap", "alibi_mod", "additive")  # score cells of (a), causal, pallas and blockwise
     corr_dtypes: tuple = ("bfloat16", "float32")  # the dtypes of (a)
+    blocks: tuple = ((64, 64), (128, 64), (64, 128), (128, 128), (32, 64))  # (block_q, block_k) of (c)
 
 
 FULL = Sizes((2, 1000, 8, 2), (64, 128), 128, 64, (4096, 8192, 16384, 32768), (64, 128), 16, 8192, 128)
 # (the smoke run checks this script's code; the kernels' fp32 and bf16 correctness on CPU is the conformance suite's)
-SMOKE = Sizes((2, 40, 4, 2), (8,), 6, 3, (64,), (8,), 2, 64, 8, ("additive",), ("bfloat16",))
+SMOKE = Sizes((2, 40, 4, 2), (8,), 6, 3, (64,), (8,), 2, 64, 8, ("additive",), ("bfloat16",), ((16, 32),))
 
 # Tolerances against the fp32 "highest" reference, relative to the reference's largest magnitude.
 TOL = {"float32": 5e-3, "bfloat16": 4e-2}
 
 
-def _budget_left(t0, opts: Options) -> bool:
-    return (time.perf_counter() - t0) / 60 < opts.max_minutes
+class Recorder:
+    """The rows of one section: each printed as it is added (progress), and the result file rewritten."""
+
+    def __init__(self, section: str, budget_minutes: float, result: dict | None = None, out: str | None = None):
+        self.section, self.rows, self.result, self.out = section, [], result, out
+        self.t0, self.budget = time.perf_counter(), budget_minutes
+        self._errors_seen: set[str] = set()
+        if result is not None:
+            result[section] = self.rows
+
+    def left(self) -> bool:
+        return (time.perf_counter() - self.t0) / 60 < self.budget
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        shown = {k: v for k, v in row.items() if k not in ("reason",) or row["status"] != "unsupported"}
+        print(f"[{self.section} {time.perf_counter() - self.t0:6.1f}s] " + json.dumps(shown), flush=True)
+        if self.out and self.result is not None:
+            _write(self.out, self.result)
+
+    def error(self, row: dict, e: Exception) -> None:
+        """An error row; the first traceback of each kind of error goes to stderr in full."""
+        msg = f"{type(e).__name__}: {e}"
+        key = msg.splitlines()[0][:120]
+        if key not in self._errors_seen:
+            self._errors_seen.add(key)
+            traceback.print_exception(e, file=sys.stderr)
+        self.add(row | dict(status="error", reason=msg[:2000]))
+
+
+def _write(out: str, result: dict) -> None:
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    tmp = out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, out)
 
 
 # ------------------------------------------------------------------------------------------
@@ -131,10 +175,9 @@ def _rel_err(a, b) -> float:
     return float(np.max(np.abs(a - b)) / max(1e-6, float(np.max(np.abs(b)))))
 
 
-def correctness(sz: Sizes, t0, opts: Options) -> list[dict]:
+def correctness(sz: Sizes, rec: Recorder, opts: Options) -> None:
     rng = np.random.default_rng(0)
     B, T, N, K = sz.corr_shape
-    rows = []
     for H in sz.corr_heads:
         keys = jax.random.split(jax.random.key(H), 4)
         q32 = jax.random.normal(keys[0], (B, T, N, H), jnp.float32)
@@ -150,22 +193,30 @@ def correctness(sz: Sizes, t0, opts: Options) -> list[dict]:
         for mask_name, spec, lengths, score, impls_ in cells:
             for dtype in map(jnp.dtype, sz.corr_dtypes):
                 q, k, v, cot = (x.astype(dtype) for x in (q32, k32, v32, cot32))
-                ref_out, ref_grads, empty = _reference(q, k, v, cot, spec, lengths, score)
+                try:
+                    ref_out, ref_grads, empty = _reference(q, k, v, cot, spec, lengths, score)
+                except Exception as e:  # e.g. out of memory (the additive reference is [B, N, T, S, H])
+                    for impl in impls_:
+                        row = dict(H=H, mask=mask_name, dtype=jnp.dtype(dtype).name, implementation=impl)
+                        rec.error(row | dict(score=_score_name(score)), RuntimeError(f"the reference failed: {e}"))
+                    continue
                 for impl in impls_:
                     row = dict(H=H, mask=mask_name, dtype=jnp.dtype(dtype).name, implementation=impl)
                     row |= dict(score=_score_name(score))
                     mask = _mask_for(spec, lengths, impl)
-                    if not _budget_left(t0, opts):
-                        rows.append(row | dict(status="skipped", reason="time budget"))
+                    if not rec.left():
+                        rec.add(row | dict(status="skipped", reason="time budget"))
                         continue
                     why = _why_not(q, k, v, mask, lengths, impl, score)
                     if why is not None:
-                        rows.append(row | dict(status="unsupported", reason=why))
+                        rec.add(row | dict(status="unsupported", reason=why))
                         continue
                     try:
+                        first = time.perf_counter()
                         out, grads = _run(q, k, v, cot, spec, lengths, impl, score)
+                        first = time.perf_counter() - first
                     except Exception as e:  # report and go on: one broken kernel must not hide the others
-                        rows.append(row | dict(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}"))
+                        rec.error(row, e)
                         continue
                     err = _rel_err(out, ref_out)
                     pairs = zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads), strict=True)
@@ -176,7 +227,7 @@ def correctness(sz: Sizes, t0, opts: Options) -> list[dict]:
                     )
                     tol = TOL[jnp.dtype(dtype).name]
                     ok = err <= tol and gerr <= 2 * tol and zero_rows and finite
-                    rows.append(
+                    rec.add(
                         row
                         | dict(
                             status="ok" if ok else "FAIL",
@@ -184,9 +235,9 @@ def correctness(sz: Sizes, t0, opts: Options) -> list[dict]:
                             grad_rel_err=round(gerr, 6),
                             empty_rows_zero=zero_rows,
                             grads_finite=finite,
+                            first_call_s=round(first, 2),  # trace, compile and run of fwd+bwd
                         )
                     )
-    return rows
 
 
 def _mask_for(spec, lengths, impl, traced_lengths=None):
@@ -263,13 +314,23 @@ def _allowed_pairs(kind, T, w):
     return int(np.sum(np.minimum(T - 1, t + right) - np.maximum(0, t - left) + 1))
 
 
-def _speed_fn(impl, mask, direction, score="dot"):
-    def fwd(q, k, v):
-        return attnlab.attention(q, k, v, mask=mask, score=score, implementation=impl)
+def _speed_fn(impl, mask, direction, score="dot", traced_mask=False):
+    """jitted fwd or fwd+bwd of (q, k, v), or of (q, k, v, mask) when ``traced_mask`` (the mask's arrays
+    are then traced arguments: the kernels' run-time layout, no recompile when they change)."""
+
+    def fwd(q, k, v, m=mask):
+        return attnlab.attention(q, k, v, mask=m, score=score, implementation=impl)
 
     if direction == "fwd":
-        return jax.jit(fwd)
-    return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fwd(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2)))
+        f = fwd
+    else:
+
+        def f(q, k, v, *m):
+            return jax.grad(lambda q, k, v: jnp.sum(fwd(q, k, v, *m).astype(jnp.float32)), argnums=(0, 1, 2))(q, k, v)
+
+    if traced_mask:
+        return jax.jit(f)
+    return jax.jit(lambda q, k, v: f(q, k, v))
 
 
 def _time(f, args, repeats):
@@ -310,8 +371,8 @@ def _speed_cells(sz: Sizes):
     ``vs_cudnn`` says what the structure or the score costs against the dense fused kernel.
     """
     w = sz.speed_window
-    for T in sz.speed_lengths:
-        for H in sz.speed_heads:
+    for H in sz.speed_heads:
+        for T in sz.speed_lengths:
             for direction in ("fwd", "fwd+bwd"):
                 for impl in ("cudnn", "pallas", "xla", "blockwise"):
                     if impl == "blockwise" and T > sz.blockwise_max:
@@ -322,58 +383,72 @@ def _speed_cells(sz: Sizes):
                 # window ±w through pallas against what cuDNN covers: the causal window (w, 0)
                 yield f"window({w},0)", masks.window(w, 0), (w, 0), T, H, "cudnn", direction, "dot"
                 yield f"window({w},{w})", masks.window(w, w), (w, w), T, H, "pallas", direction, "dot"
-                docs = masks.document(doc_ids(T, min(DOCS, T // 2)))
+                ids = doc_ids(T, min(DOCS, T // 2))
                 for impl in ("pallas", "xla", "blockwise"):
                     if impl == "blockwise" and T > sz.blockwise_max:
                         continue
-                    yield "document16", docs, None, T, H, impl, direction, "dot"
+                    yield "document16", masks.document(ids), None, T, H, impl, direction, "dot"
+                # the same documents with traced ids (the mask is a jit argument): layout refined on device
+                yield "document16_traced", masks.document(jnp.asarray(ids)), None, T, H, "pallas", direction, "dot"
                 yield "full", None, None, T, H, "pallas", direction, attnlab.scores.SoftCap(30.0)
                 slopes = jnp.asarray(attnlab.positional.alibi_slopes(sz.speed_n), jnp.float32)
                 alibi = attnlab.scores.ScoreMod(attnlab.scores.alibi_mod, slopes)  # a user score_mod with arrays
                 yield "full", None, None, T, H, "pallas", direction, alibi
                 w_add = jax.random.normal(jax.random.key(H), (sz.speed_n, H), jnp.float32) * H**-0.5
-                yield "full", None, None, T, H, "pallas", direction, attnlab.scores.Additive(w_add)  # tanh, per head
+                for impl in ("pallas", "blockwise"):  # tanh, w per head
+                    if impl == "blockwise" and T > sz.blockwise_max:
+                        continue
+                    yield "full", None, None, T, H, impl, direction, attnlab.scores.Additive(w_add)
 
 
-def speed(sz: Sizes, t0, opts: Options) -> list[dict]:
-    rows, cudnn_ms = [], {}
+def _flops(kind, T, w, N, H, direction, score) -> float:
+    """Useful FLOPs of one call: 4·N·H per allowed pair forward, 3.5x that forward+backward; additive
+    5·N·H per pair, 3x (as ``benchmarks/scores.py``)."""
+    if kind.startswith("document"):
+        pairs = int((np.bincount(doc_ids(T, min(DOCS, T // 2))[0]) ** 2).sum())
+    else:
+        pairs = _allowed_pairs("window" if w else kind, T, w)
+    if isinstance(score, attnlab.scores.Additive):
+        return 5 * N * H * pairs * (3.0 if direction == "fwd+bwd" else 1.0)
+    return 4 * N * H * pairs * (3.5 if direction == "fwd+bwd" else 1.0)
+
+
+def _qkv(T, H, N):
+    keys = jax.random.split(jax.random.key(T + H), 3)
+    return tuple(jax.random.normal(kk, (1, T, N, H), jnp.bfloat16) for kk in keys)
+
+
+def speed(sz: Sizes, rec: Recorder, opts: Options) -> None:
+    cudnn_ms = {}
     for kind, mask, w, T, H, impl, direction, score in _speed_cells(sz):
         if impl not in opts.implementations:
             continue
         N = sz.speed_n
-        score_name = _score_name(score)
         row = dict(mask=kind, T=T, H=H, N=N, B=1, dtype="bfloat16", implementation=impl, direction=direction)
-        row |= dict(score=score_name)
+        row |= dict(score=_score_name(score))
         sds = jax.ShapeDtypeStruct((1, T, N, H), jnp.bfloat16)
         why = attnlab.explain(sds, sds, sds, mask=mask, score=score, implementation=(impl,)).reason(impl)
         if why is None and impl == "xla":
             why = impls.XLA.pays_off(bind(sds, sds, sds, mask=mask), "gpu")
         if why is not None:
-            rows.append(row | dict(status="unsupported", reason=why))
+            rec.add(row | dict(status="unsupported", reason=why))
             continue
-        if not _budget_left(t0, opts):
-            rows.append(row | dict(status="skipped", reason="time budget"))
+        if not rec.left():
+            rec.add(row | dict(status="skipped", reason="time budget"))
             continue
-        keys = jax.random.split(jax.random.key(T + H), 3)
-        q, k, v = (jax.random.normal(kk, (1, T, N, H), jnp.bfloat16) for kk in keys)
+        traced = kind.endswith("_traced")
+        args = _qkv(T, H, N) + ((mask,) if traced else ())
         try:
-            ms, compile_s = _time(_speed_fn(impl, mask, direction, score), (q, k, v), opts.repeats)
+            ms, compile_s = _time(_speed_fn(impl, mask, direction, score, traced), args, opts.repeats)
         except Exception as e:
-            rows.append(row | dict(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}"))
+            rec.error(row, e)
             continue
-        if kind == "document16":
-            pairs = int((np.bincount(doc_ids(T, min(DOCS, T // 2))[0]) ** 2).sum())
-        else:
-            pairs = _allowed_pairs("window" if w else kind, T, w)
-        if isinstance(score, attnlab.scores.Additive):  # as benchmarks/scores.py: 3H (score) + 2H per pair, bwd 2x
-            flops = 5 * N * H * pairs * (3.0 if direction == "fwd+bwd" else 1.0)
-        else:
-            flops = 4 * N * H * pairs * (3.5 if direction == "fwd+bwd" else 1.0)
-        group = ("full" if kind == "document16" else kind if w is None else "window", T, H, direction)
+        flops = _flops(kind, T, w, N, H, direction, score)
+        group = ("full" if kind.startswith("document") else kind if w is None else "window", T, H, direction)
         if impl == "cudnn" and score == "dot":
             cudnn_ms[group] = ms
         ratio = cudnn_ms.get(group)
-        rows.append(
+        rec.add(
             row
             | dict(
                 status="ok",
@@ -383,12 +458,68 @@ def speed(sz: Sizes, t0, opts: Options) -> list[dict]:
                 compile_s=round(compile_s, 2),
             )
         )
-    return rows
 
 
-def memory(sz: Sizes, t0, opts: Options) -> list[dict]:
+def blocks(sz: Sizes, rec: Recorder, opts: Options) -> None:
+    """The Pallas kernel's tile sizes, full and causal, each against cuDNN in the same run."""
+    from attnlab.kernels import pallas_flash  # noqa: PLC0415
+
+    T = max(t for t in sz.speed_lengths if t <= max(16384, min(sz.speed_lengths)))
+    N = sz.speed_n
+    for H in sz.speed_heads:
+        q, k, v = _qkv(T, H, N)
+        for kind, mask in (("full", None), ("causal", masks.causal())):
+            for direction in ("fwd", "fwd+bwd"):
+                ref_ms = None
+                for bq, bk in ((None, None),) + tuple(sz.blocks):
+                    impl = "cudnn" if bq is None else "pallas"
+                    row = dict(mask=kind, T=T, H=H, N=N, dtype="bfloat16", direction=direction, implementation=impl)
+                    row |= dict(block_q=bq, block_k=bk)
+                    if impl not in opts.implementations:
+                        continue
+                    if impl == "cudnn":
+                        sds = jax.ShapeDtypeStruct((1, T, N, H), jnp.bfloat16)
+                        why = attnlab.explain(sds, sds, sds, mask=mask, implementation=("cudnn",)).reason("cudnn")
+                        if why is not None:
+                            rec.add(row | dict(status="unsupported", reason=why))
+                            continue
+                    if not rec.left():
+                        rec.add(row | dict(status="skipped", reason="time budget"))
+                        continue
+
+                    def fwd(q, k, v, bq=bq, bk=bk, mask=mask):
+                        if bq is None:
+                            return attnlab.attention(q, k, v, mask=mask, implementation="cudnn")
+                        return pallas_flash.pallas_attention(q, k, v, mask=mask, block_q=bq, block_k=bk)
+
+                    if direction == "fwd":
+                        f = jax.jit(fwd)
+                    else:
+                        f = jax.jit(
+                            jax.grad(lambda q, k, v, fwd=fwd: jnp.sum(fwd(q, k, v).astype(jnp.float32)), (0, 1, 2))
+                        )
+                    try:
+                        ms, compile_s = _time(f, (q, k, v), opts.repeats)
+                    except Exception as e:
+                        rec.error(row, e)
+                        continue
+                    if bq is None:
+                        ref_ms = ms
+                    flops = _flops(kind, T, None, N, H, direction, "dot")
+                    rec.add(
+                        row
+                        | dict(
+                            status="ok",
+                            ms=round(ms, 3),
+                            tflops=float(f"{flops / ms / 1e9:.3g}"),
+                            vs_cudnn=None if ref_ms is None else round(ref_ms / ms, 3),
+                            compile_s=round(compile_s, 2),
+                        )
+                    )
+
+
+def memory(sz: Sizes, rec: Recorder, opts: Options) -> None:
     T, H, N = sz.speed_lengths[-1], sz.speed_heads[0], sz.speed_n
-    rows = []
     for impl in opts.implementations:
         if impl == "sparse":
             continue
@@ -399,18 +530,17 @@ def memory(sz: Sizes, t0, opts: Options) -> list[dict]:
             why = impls.XLA.pays_off(bind(sds, sds, sds), "gpu")
         if why is None and impl == "blockwise" and T > sz.blockwise_max:
             why = f"blockwise is timed up to T={sz.blockwise_max}"
-        if why is not None or not _budget_left(t0, opts):
-            rows.append(row | dict(status="unsupported" if why else "skipped", reason=why or "time budget"))
+        if why is not None or not rec.left():
+            rec.add(row | dict(status="unsupported" if why else "skipped", reason=why or "time budget"))
             continue
         try:
             compiled = _speed_fn(impl, None, "fwd+bwd").lower(sds, sds, sds).compile()
             ma = compiled.memory_analysis()
             total = ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
             temp = ma.temp_size_in_bytes
-            rows.append(row | dict(status="ok", temp_bytes=temp, total_bytes=total, total_mib=round(total / 2**20, 1)))
+            rec.add(row | dict(status="ok", temp_bytes=temp, total_bytes=total, total_mib=round(total / 2**20, 1)))
         except Exception as e:
-            rows.append(row | dict(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}"))
-    return rows
+            rec.error(row, e)
 
 
 # ------------------------------------------------------------------------------------------
@@ -423,8 +553,12 @@ def _table(title, rows, cols) -> str:
     return "\n".join(lines)
 
 
-def run(smoke: bool, sections, out: str | None, opts: Options = Options()) -> dict:
-    sz = SMOKE if smoke else FULL
+SECTIONS = ("correctness", "speed", "blocks", "memory")
+
+
+def run(smoke: bool, sections, out: str | None, opts: Options = Options(), sizes: dict | None = None) -> dict:
+    """Runs ``sections`` (in SECTIONS' order); ``sizes`` overrides fields of the Sizes (e.g. speed_lengths)."""
+    sz = dataclasses.replace(SMOKE if smoke else FULL, **(sizes or {}))
     t0 = time.perf_counter()
     result = {
         "meta": dict(
@@ -438,42 +572,69 @@ def run(smoke: bool, sections, out: str | None, opts: Options = Options()) -> di
             sizes=dataclasses.asdict(sz),
             implementations=list(opts.implementations),
             repeats=opts.repeats,
+            minutes=dict(opts.minutes),
         )
     }
-    for name, fn in (("correctness", correctness), ("speed", speed), ("memory", memory)):
+    fns = {"correctness": correctness, "speed": speed, "blocks": blocks, "memory": memory}
+    for name in SECTIONS:
         if name in sections:
             s = time.perf_counter()
-            result[name] = fn(sz, t0, opts)
+            fns[name](sz, Recorder(name, opts.budget(name), result, out), opts)
             result["meta"][f"{name}_s"] = round(time.perf_counter() - s, 1)
     result["meta"]["total_s"] = round(time.perf_counter() - t0, 1)
     if out:
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
+        _write(out, result)
     return result
 
 
+def _minutes(values) -> tuple:
+    """``["speed=3", "blocks=0.5"]`` -> the default budgets with those replaced."""
+    minutes = dict(Options.minutes)
+    for item in values:
+        name, _, value = item.partition("=")
+        if name not in SECTIONS or not value:
+            raise ValueError(f"--minutes: expected section=minutes with a section in {SECTIONS}, got {item!r}")
+        minutes[name] = float(value)
+    return tuple(minutes.items())
+
+
 def main(_):
-    opts = Options(tuple(_IMPLS.value), _REPEATS.value, _MAX_MINUTES.value)
-    result = run(_SMOKE.value, _SECTIONS.value, _OUT.value, opts)
+    opts = Options(tuple(_IMPLS.value), _REPEATS.value, _minutes(_MINUTES.value))
+    sizes = {}
+    for flag, field in ((_CORR_HEADS, "corr_heads"), (_SPEED_LENGTHS, "speed_lengths"), (_SPEED_HEADS, "speed_heads")):
+        if flag.value:
+            sizes[field] = tuple(int(x) for x in flag.value)
+    if _CORR_DTYPES.value:
+        sizes["corr_dtypes"] = tuple(_CORR_DTYPES.value)
+    result = run(_SMOKE.value, _SECTIONS.value, _OUT.value, opts, sizes)
+    speed_cols = ["mask", "T", "H", "direction", "implementation", "score", "status", "ms", "tflops", "vs_cudnn"]
     cols = {
-        "correctness": ["H", "mask", "dtype", "implementation", "status", "out_rel_err", "grad_rel_err", "reason"],
-        "speed": ["mask", "T", "H", "direction", "implementation", "status", "ms", "tflops", "vs_cudnn", "reason"],
-        "memory": ["T", "H", "implementation", "status", "temp_bytes", "total_mib", "reason"],
+        "correctness": ["H", "mask", "dtype", "implementation", "score", "status", "out_rel_err", "grad_rel_err"],
+        "speed": speed_cols,
+        "blocks": ["mask", "T", "H", "direction", "implementation", "block_q", "block_k", "status", "ms", "vs_cudnn"],
+        "memory": ["T", "H", "implementation", "status", "temp_bytes", "total_mib"],
     }
     print(json.dumps(result["meta"], indent=1))
-    for name in ("correctness", "speed", "memory"):
+    for name in SECTIONS:
         if name in result:
-            print(_table(name, result[name], cols[name]))
-    fails = [r for name in ("correctness",) for r in result.get(name, []) if r["status"] in ("FAIL", "error")]
+            print(_table(name, result[name], cols[name] + ["reason"]))
+    fails = [r for r in result.get("correctness", []) if r["status"] in ("FAIL", "error")]
     print(f"\n{len(fails)} correctness failures; wrote {_OUT.value}")
 
 
 if __name__ == "__main__":
     _OUT = flags.DEFINE_string("out", "results/gpu_check.json", "JSON file to write.")
     _SMOKE = flags.DEFINE_bool("smoke", False, "Toy sizes (runs on CPU in seconds): the same code path.")
-    _SECTIONS = flags.DEFINE_list("sections", ["correctness", "speed", "memory"], "Sections to run.")
+    _SECTIONS = flags.DEFINE_list("sections", ["correctness", "speed", "blocks", "memory"], "Sections to run.")
     _IMPLS = flags.DEFINE_list("implementations", list(IMPLEMENTATIONS), "Implementations to check.")
     _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per speed cell (best is reported).")
-    _MAX_MINUTES = flags.DEFINE_float("max_minutes", 4.5, "Skip remaining cells after this long (recorded as skipped).")
+    _MINUTES = flags.DEFINE_list(
+        "minutes",
+        [],
+        "Time budget per section, e.g. speed=3,blocks=0.5 (defaults: " + str(dict(Options.minutes)) + ").",
+    )
+    _CORR_HEADS = flags.DEFINE_list("corr_heads", [], "Head dims of the correctness section (default 64,128).")
+    _CORR_DTYPES = flags.DEFINE_list("corr_dtypes", [], "dtypes of the correctness section (default bfloat16,float32).")
+    _SPEED_LENGTHS = flags.DEFINE_list("speed_lengths", [], "Lengths of the speed section (default 4K-32K).")
+    _SPEED_HEADS = flags.DEFINE_list("speed_heads", [], "Head dims of the speed section (default 64,128).")
     app.run(main)

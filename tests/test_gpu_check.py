@@ -16,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_smoke_runs_every_section_and_writes_json(tmp_path):
     out = tmp_path / "gpu_check.json"
     opts = gpu_check.Options(repeats=1)
-    result = gpu_check.run(smoke=True, sections=["correctness", "speed", "memory"], out=str(out), opts=opts)
+    result = gpu_check.run(smoke=True, sections=list(gpu_check.SECTIONS), out=str(out), opts=opts)
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     corr = result["correctness"]
     # 6 masks x the dtypes x the implementations, then each score x the dtypes x (pallas, blockwise)
@@ -42,7 +42,17 @@ def test_smoke_runs_every_section_and_writes_json(tmp_path):
     assert {(r["mask"], r["implementation"]) for r in speed} >= {("document16", "xla"), ("document16", "blockwise")}
     scored = [r for r in result["speed"] if r["score"] != "dot"]
     assert {r["score"] for r in scored} == {"softcap:30", "alibi_mod", "additive"}
-    assert all(r["implementation"] == "pallas" for r in scored)
+    assert {(r["score"], r["implementation"]) for r in scored} == {
+        ("softcap:30", "pallas"),
+        ("alibi_mod", "pallas"),
+        ("additive", "pallas"),
+        ("additive", "blockwise"),
+    }
+    traced = [r for r in result["speed"] if r["mask"] == "document16_traced"]
+    assert traced and all(r["implementation"] == "pallas" and r["status"] == "ok" for r in traced)
+    assert all(r["first_call_s"] > 0 for r in corr if r["status"] == "ok")
+    blocks = result["blocks"]
+    assert {(r["block_q"], r["block_k"]) for r in blocks if r["status"] == "ok"} == set(sz.blocks)
     mem = [r for r in result["memory"] if r["status"] == "ok"]
     assert mem and all(r["total_bytes"] >= r["temp_bytes"] > 0 for r in mem)
 

@@ -343,8 +343,39 @@ def test_pallas_additive_reasons():
         assert reason(w, "gpu") is None and reason(w, "cpu") is None
     assert "powers of two" in reason(jnp.ones(12), "gpu", head_dim=12)  # w's block [12]
     assert reason(jnp.ones(12), "cpu", head_dim=12) is None  # interpret mode takes any width
+    # supported, but on a GPU dispatch moves on to blockwise (faster there on an H200: pays_off); asked for, it runs
     x = attnlab.explain(q, kv, kv, score=scores.Additive(jnp.ones(16)), backend="gpu")
+    assert x.implementation == "blockwise" and "ran faster in blockwise" in x.reason("pallas")
+    x = attnlab.explain(q, kv, kv, score=scores.Additive(jnp.ones(16)), backend="gpu", implementation=("pallas",))
     assert x.implementation == "pallas"
+    assert attnlab.explain(q, kv, kv, score=scores.SoftCap(30.0), backend="gpu").implementation == "pallas"
+
+
+def test_pallas_default_tiles_per_backend_dtype_and_score():
+    """(128, 64) tiles on a GPU for 16-bit inputs with head dims 65-128 and a dot-product tile; 64 otherwise."""
+    bf16, f16, f32 = jnp.bfloat16, jnp.float16, jnp.float32
+    assert pallas_flash.default_block_q(128, 128, bf16, backend="gpu") == 128
+    assert pallas_flash.default_block_q(128, 128, f16, backend="cuda") == 128
+    assert pallas_flash.default_block_q(64, 128, bf16, backend="gpu") == 128  # the wider of H and Hv counts
+    assert pallas_flash.default_block_q(128, 128, f32, backend="gpu") == 64  # fp32 tiles: shared memory
+    assert pallas_flash.default_block_q(128, 128, bf16, pair_form=True, backend="gpu") == 64  # additive
+    assert pallas_flash.default_block_q(64, 64, bf16, backend="gpu") == 64
+    assert pallas_flash.default_block_q(256, 256, bf16, backend="gpu") == 64
+    assert pallas_flash.default_block_q(128, 128, bf16, backend="cpu") == 64
+    assert pallas_flash.default_block_q(128, 128, bf16) == (128 if jax.default_backend() == "gpu" else 64)
+
+
+def test_pallas_fp32_tile_products_are_tf32x3_on_gpu_and_exact_in_interpret_mode():
+    """fp32 tiles: three TF32 passes in the Triton lowering (fast to compile, about fp32's accuracy), the exact
+    product in interpret mode, and on a GPU too under jax.default_matmul_precision("highest")."""
+    assert pallas_flash._fp32_dot(False) == jax.lax.Precision.HIGHEST
+    assert pallas_flash._fp32_dot(True) == jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+    with jax.default_matmul_precision("highest"):
+        assert pallas_flash._fp32_dot(True) == jax.lax.Precision.HIGHEST
+    with jax.default_matmul_precision("float32"):
+        assert pallas_flash._fp32_dot(True) == jax.lax.Precision.HIGHEST
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert pallas_flash._fp32_dot(True) == jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 
 
 def test_pallas_score_mod_reasons():

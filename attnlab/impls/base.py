@@ -71,8 +71,9 @@ class LazyKernel:
 class LazyImplementation(Implementation):
     """An implementation whose kernel module is imported on first use (the Pallas kernels).
 
-    The module provides ``call_reason(call, backend) -> None | reason`` and ``attend(call)``; when it
-    cannot be imported, ``supports`` gives that as the reason and ``run`` raises it.
+    The module provides ``call_reason(call, backend) -> None | reason`` and ``attend(call)``, and may
+    provide ``pays_off(call, backend)``; when it cannot be imported, ``supports`` gives that as the
+    reason and ``run`` raises it.
     """
 
     def __init__(self, name: str, module: str, features: frozenset[str] = frozenset()):
@@ -81,6 +82,11 @@ class LazyImplementation(Implementation):
     def supports(self, call, backend):
         mod = self.kernel.load()
         return self.kernel.why if mod is None else mod.call_reason(call, backend)
+
+    def pays_off(self, call, backend):
+        mod = self.kernel.load()
+        rule = getattr(mod, "pays_off", None)
+        return None if rule is None else rule(call, backend)
 
     def run(self, call):
         mod = self.kernel.load()

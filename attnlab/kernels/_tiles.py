@@ -135,6 +135,7 @@ class Static:
     bm_shape: tuple = (1, 1)  # (Bm, Nm) of those bitmaps
     num_warps: int = 4
     num_stages: int = 2
+    on_gpu: bool = False  # traced for the Triton lowering (not Pallas interpret mode): fp32 dots as TF32x3
     # the score's array leaves as the Pallas kernels take them: (head axis or None, is floating) per leaf
     score_leaves: tuple = ()
 

@@ -54,7 +54,7 @@ from attnlab.kernels._support import dot_call_reason
 from attnlab.kernels._tiles import Static
 from attnlab.kernels.pallas_mask_info import LENGTHS
 
-__all__ = ["call_reason", "pallas_attention", "attend", "DEFAULT_BLOCK"]
+__all__ = ["call_reason", "pays_off", "pallas_attention", "attend", "default_block_q", "DEFAULT_BLOCK"]
 
 _NEG = -0.7 * float(np.finfo(np.float32).max)
 DEFAULT_BLOCK = 64  # bq = bk on GPU: 64 x 64 tiles fit Triton's shared memory for H <= 256
@@ -188,10 +188,20 @@ def _primitives(jaxpr) -> set[str]:
 
 
 def _dot(a, b, st, *, ta=False, tb=False):
-    """fp32 a @ b (a^T / b^T when ta / tb), fp32 accumulation."""
+    """fp32 a @ b (a^T / b^T when ta / tb), fp32 accumulation; fp32 inputs at about fp32 accuracy (``_fp32_dot``)."""
     dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
-    prec = jax.lax.Precision.HIGHEST if st.fp32 else None
+    prec = _fp32_dot(st.on_gpu) if st.fp32 else None
     return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
+
+
+def _fp32_dot(on_gpu: bool):
+    """How an fp32 tile product runs: exact fp32 in interpret mode; on a GPU three TF32 tensor-core passes
+    (``TF32_TF32_F32_X3``, about fp32's accuracy): with Triton's exact fp32 product ("ieee", no tensor cores) the
+    first fwd+bwd call, compile included, took 97 s on an H200 (docs/pallas.md).
+    ``jax.default_matmul_precision("highest")`` asks for the exact product on a GPU too."""
+    if not on_gpu or str(jax.config.jax_default_matmul_precision).lower() in ("highest", "float32", "fp32"):
+        return jax.lax.Precision.HIGHEST
+    return jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 
 
 def _mod(st, s, q_pos, k_pos, leaves):
@@ -515,7 +525,7 @@ def _fwd_call(q, k, v, sched, lens, bm, leaves, *, st: Static, interpret: bool):
         in_specs.append(_bm_spec(st, J))
         args.append(bm)
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, st=st),
+        functools.partial(_fwd_kernel, st=dataclasses.replace(st, on_gpu=not interpret)),
         grid=(B, N, nq),
         in_specs=in_specs,
         out_specs=[
@@ -568,7 +578,7 @@ def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, leaves, *, st: Static, in
             block, where = (None, None, *spec.block_shape), lambda b, n, i, f=imap: (b, i, *f(b, n, i))
         out_specs.append(pl.BlockSpec(block, where))
     return pl.pallas_call(
-        functools.partial(_dq_kernel, st=st),
+        functools.partial(_dq_kernel, st=dataclasses.replace(st, on_gpu=not interpret)),
         grid=(B, N, nq),
         in_specs=in_specs,
         out_specs=out_specs,
@@ -619,7 +629,7 @@ def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, leaves, *, st: Stati
             in_specs.append(pl.BlockSpec((None, None, None, I, st.bq, st.bk), lambda b, h, j: (bmb(b), 0, j, 0, 0, 0)))
             args.append(bm_t)
     return pl.pallas_call(
-        functools.partial(_dkv_kernel, st=st),
+        functools.partial(_dkv_kernel, st=dataclasses.replace(st, on_gpu=not interpret)),
         grid=(B, K, nk),
         in_specs=in_specs,
         out_specs=[
@@ -696,7 +706,8 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, score="dot", 
             forward and backward; the arrays' gradients are summed from the dq kernel's programs.
             ``scores.Additive(w)`` runs through its one-head form (``head_pair_vjp``: a loop over the
             head dim on ``[bq, bk]`` tiles), w's gradient likewise.
-        block_q, block_k: tile sizes (powers of two >= 16); default ``min(64, next_pow2(T|S))``.
+        block_q, block_k: tile sizes (powers of two >= 16); default ``min(64, next_pow2(T|S))``, block_q
+            128 on a GPU for bf16/fp16 head dims of 65-128 (``default_block_q``).
 
     Returns:
         ``[..., T, N, Hv]`` in q's dtype (fp32 softmax statistics and accumulation). Rows with
@@ -721,7 +732,8 @@ def attend(call: Call, *, block_q=None, block_k=None, check: bool = False):
     if call.empty:
         return call.zeros()
     lead, T, S, N, K, H, Hv = call.lead, call.T, call.S, call.N, call.K, call.H, call.Hv
-    bq = _block(block_q, T, "block_q")
+    Hp, Hvp = max(16, _next_pow2(H)), max(16, _next_pow2(Hv))
+    bq = _block(block_q, T, "block_q", default_block_q(Hp, Hvp, call.dtype, call.score.head_pair_form))
     bk = _block(block_k, S, "block_k")
     nq, nk = -(-T // bq), -(-S // bk)
     info = pallas_mask_info.mask_info(call.mask, lead, T, S, bq, bk)
@@ -735,7 +747,6 @@ def attend(call: Call, *, block_q=None, block_k=None, check: bool = False):
     if runtime is not None:
         sched, sched_t = pallas_mask_info.runtime_schedules(info, runtime, S, bk)
         kinds, kinds_t = kinds | {masks_lib.FULL}, kinds_t | {masks_lib.FULL}
-    Hp, Hvp = max(16, _next_pow2(H)), max(16, _next_pow2(Hv))
     B = call.batch
     leaves, score_leaves = _score_leaves(call)
     st = Static(
@@ -791,9 +802,36 @@ def _score_leaves(call: Call) -> tuple[tuple, tuple]:
     return leaves, tuple((a, bool(jnp.issubdtype(dtype, jnp.floating))) for _, dtype, a in layout)
 
 
-def _block(b, length, name):
+def default_block_q(Hp: int, Hvp: int, dtype, pair_form: bool = False, backend: str | None = None) -> int:
+    """block_q when none is given: 128 on a GPU for 16-bit inputs with padded head dims of 65-128 and a
+    dot-product tile (plain, SoftCap, ScoreMod), else ``DEFAULT_BLOCK``.
+
+    From ``benchmarks/gpu_check.py`` on an H200 (bf16, 16 heads, one run each; docs/pallas.md): at H = 128
+    and T = 16K, (128, 64) tiles ran full fwd+bwd in 31.5 ms against 55.9 ms for (64, 64), causal in 19.6
+    against 34.4 ms; at H = 64 the two tile shapes were within 12% of each other either way. fp32 at
+    H = 128 with (128, 64) tiles asked for more shared memory than the H200 has (262144 > 232448 bytes),
+    and the additive pair form ran slower with them (1733 against 1189 ms forward at 16K): both keep 64.
+    """
+    backend = jax.default_backend() if backend is None else backend
+    wide = jnp.dtype(dtype).itemsize == 2 and not pair_form and 64 < max(Hp, Hvp) <= 128
+    return 128 if backend in ("gpu", "cuda", "rocm") and wide else DEFAULT_BLOCK
+
+
+def pays_off(call: Call, backend: str) -> str | None:
+    """``implementation=None`` only: on a GPU, additive (tanh) scores go on to blockwise, which ran them
+    faster than this kernel's one-head pair form on an H200 (T = 4K, H = 128; docs/pallas.md has the
+    runs). ``implementation="pallas"`` still runs them."""
+    if backend in ("gpu", "cuda", "rocm") and call.score.head_pair_form:
+        return (
+            "pallas: additive (tanh) scores ran faster in blockwise on an H200 (docs/pallas.md); "
+            "implementation='pallas' still runs them"
+        )
+    return None
+
+
+def _block(b, length, name, default=DEFAULT_BLOCK):
     if b is None:
-        return max(16, min(DEFAULT_BLOCK, _next_pow2(length)))
+        return max(16, min(default, _next_pow2(length)))
     if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 16 or b & (b - 1):
         raise ValueError(f"{name} must be a power of two >= 16 (Triton tiles), got {b!r}")
     return int(b)
