@@ -438,26 +438,33 @@ def speed(sz: Sizes, rec: Recorder, opts: Options) -> None:
             continue
         traced = kind.endswith("_traced")
         args = _qkv(T, H, N) + ((mask,) if traced else ())
-        try:
-            ms, compile_s = _time(_speed_fn(impl, mask, direction, score, traced), args, opts.repeats)
-        except Exception as e:
-            rec.error(row, e)
-            continue
-        flops = _flops(kind, T, w, N, H, direction, score)
         group = ("full" if kind.startswith("document") else kind if w is None else "window", T, H, direction)
-        if impl == "cudnn" and score == "dot":
+        flops = _flops(kind, T, w, N, H, direction, score)
+        f = _speed_fn(impl, mask, direction, score, traced)
+        ms = _timed_row(rec, row, f, args, opts, flops, cudnn_ms.get(group))
+        if ms is not None and impl == "cudnn" and score == "dot":
             cudnn_ms[group] = ms
-        ratio = cudnn_ms.get(group)
-        rec.add(
-            row
-            | dict(
-                status="ok",
-                ms=round(ms, 3),
-                tflops=float(f"{flops / ms / 1e9:.3g}"),
-                vs_cudnn=None if ratio is None else round(ratio / ms, 3),
-                compile_s=round(compile_s, 2),
-            )
+
+
+def _timed_row(rec: Recorder, row: dict, f, args, opts: Options, flops: float, cudnn_ms: float | None):
+    """Times ``f(*args)`` and records the row (ms, useful TFLOP/s, ``cudnn_ms`` / ms); the ms, or None on an error."""
+    try:
+        ms, compile_s = _time(f, args, opts.repeats)
+    except Exception as e:
+        rec.error(row, e)
+        return None
+    ratio = ms if cudnn_ms is None and row["implementation"] == "cudnn" else cudnn_ms  # cuDNN's own row: 1
+    rec.add(
+        row
+        | dict(
+            status="ok",
+            ms=round(ms, 3),
+            tflops=float(f"{flops / ms / 1e9:.3g}"),
+            vs_cudnn=None if ratio is None else round(ratio / ms, 3),
+            compile_s=round(compile_s, 2),
         )
+    )
+    return ms
 
 
 def blocks(sz: Sizes, rec: Recorder, opts: Options) -> None:
@@ -498,24 +505,9 @@ def blocks(sz: Sizes, rec: Recorder, opts: Options) -> None:
                         f = jax.jit(
                             jax.grad(lambda q, k, v, fwd=fwd: jnp.sum(fwd(q, k, v).astype(jnp.float32)), (0, 1, 2))
                         )
-                    try:
-                        ms, compile_s = _time(f, (q, k, v), opts.repeats)
-                    except Exception as e:
-                        rec.error(row, e)
-                        continue
+                    ms = _timed_row(rec, row, f, (q, k, v), opts, _flops(kind, T, None, N, H, direction, "dot"), ref_ms)
                     if bq is None:
                         ref_ms = ms
-                    flops = _flops(kind, T, None, N, H, direction, "dot")
-                    rec.add(
-                        row
-                        | dict(
-                            status="ok",
-                            ms=round(ms, 3),
-                            tflops=float(f"{flops / ms / 1e9:.3g}"),
-                            vs_cudnn=None if ref_ms is None else round(ref_ms / ms, 3),
-                            compile_s=round(compile_s, 2),
-                        )
-                    )
 
 
 def memory(sz: Sizes, rec: Recorder, opts: Options) -> None:

@@ -8,6 +8,9 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+
 from benchmarks import gpu_check
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -74,3 +77,24 @@ def test_allowed_pairs_by_hand():
     assert gpu_check._allowed_pairs("causal", 4, None) == 10
     assert gpu_check._allowed_pairs("window", 4, (1, 0)) == 7
     assert gpu_check._allowed_pairs("window", 4, (1, 1)) == 10
+
+
+def test_timed_row_ratio_to_cudnn_and_errors(capsys):
+    """cuDNN's own row is 1.0, another row is cuDNN ms / its ms; a failing call is an error row (None)."""
+    rec = gpu_check.Recorder("speed", 1.0)
+    opts = gpu_check.Options(repeats=1)
+    slow = jax.jit(lambda x: jnp.tanh(x @ x) @ x)  # a few ms: the row's ms rounded to µs is exact to < 1%
+    x = jnp.ones((384, 384))
+    ms = gpu_check._timed_row(rec, dict(implementation="cudnn"), slow, (x,), opts, 1e9, None)
+    assert ms > 0 and rec.rows[-1]["vs_cudnn"] == 1.0 and rec.rows[-1]["status"] == "ok"
+    gpu_check._timed_row(rec, dict(implementation="pallas"), slow, (x,), opts, 1e9, 2 * ms)
+    mine = rec.rows[-1]
+    assert abs(mine["vs_cudnn"] - 2 * ms / mine["ms"]) <= 0.01 * mine["vs_cudnn"]
+    assert mine["tflops"] == float(f"{1e9 / mine['ms'] / 1e9:.3g}") or abs(mine["tflops"] * mine["ms"] - 1) < 0.01
+
+    def boom(x):
+        raise RuntimeError("out of resources")
+
+    assert gpu_check._timed_row(rec, dict(implementation="xla"), boom, (x,), opts, 1, None) is None
+    assert rec.rows[-1]["status"] == "error" and rec.rows[-1]["reason"] == "RuntimeError: out of resources"
+    assert capsys.readouterr().out.count("[speed") == 3  # every row printed as it is added
