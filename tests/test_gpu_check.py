@@ -90,7 +90,7 @@ def test_timed_row_ratio_to_cudnn_and_errors(capsys):
     gpu_check._timed_row(rec, dict(implementation="pallas"), slow, (x,), opts, 1e9, 2 * ms)
     mine = rec.rows[-1]
     assert abs(mine["vs_cudnn"] - 2 * ms / mine["ms"]) <= 0.01 * mine["vs_cudnn"]
-    assert mine["tflops"] == float(f"{1e9 / mine['ms'] / 1e9:.3g}") or abs(mine["tflops"] * mine["ms"] - 1) < 0.01
+    assert abs(mine["tflops"] * mine["ms"] - 1) < 0.01  # 1e9 FLOPs: TFLOP/s x ms = 1
 
     def boom(x):
         raise RuntimeError("out of resources")
