@@ -18,7 +18,8 @@ others were skipped::
 Per-backend order (``ORDER``):
 
 * cpu: sparse -> blockwise (from 512 x 512 pairs, or when the mask has an EMPTY tile) -> xla -> reference
-* gpu: sparse -> cudnn -> pallas -> xla (where the dense fp32 logits fit in ``XLA_MAX_LOGITS_BYTES``)
+* gpu: sparse -> cudnn -> pallas (but additive scores: its ``pays_off``) -> xla (where the dense fp32 logits
+  fit in ``XLA_MAX_LOGITS_BYTES``)
   -> blockwise (the portable fallback) -> reference
 * tpu: sparse -> splash -> xla (where the logits fit) -> blockwise -> reference
 
