@@ -300,7 +300,7 @@ packed-docs: $(DEPS)  ## packed documents in one 8K row, ids traced vs concrete 
 scores: $(DEPS)  ## scores in the blockwise tiles: SoftCap and a ScoreMod (ALiBi) vs dot at 4K, additive fwd+bwd at 16K (memory, GFLOP/s) -> results/scores/
 	$(PY) -m benchmarks.scores --out results/scores
 
-gpu-check: $(DEPS)  ## on a GPU: every GPU implementation vs the reference, bf16 speed 4K-32K, peak memory at 32K (< 5 min) -> results/gpu_check.json
+gpu-check: $(DEPS)  ## on a GPU: every GPU implementation vs the reference, bf16 speed 4K-32K vs cuDNN, Pallas tiles, memory (<= 19 min: --minutes in GPU_CHECK_FLAGS trims it) -> results/gpu_check.json
 	PYTHONPATH=. $(PY) -m benchmarks.gpu_check --out results/gpu_check.json $(GPU_CHECK_FLAGS)
 
 compare-main: $(DEPS)  ## CPU before/after: the same attention calls on 160a7db and this tree, alternating, in one run -> results/compare/
