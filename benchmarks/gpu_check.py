@@ -68,7 +68,7 @@ class Options:
 
     implementations: tuple = IMPLEMENTATIONS
     repeats: int = 5
-    # per section, sized from two shorter runs on an H200 (34 correctness cells of one (H, dtype) in 2.7 minutes,
+    # per section, sized from two shorter runs on an H200 (34 correctness cells of one (H, dtype) in under 2 minutes,
     # 112 speed cells at two lengths in 3 minutes); --minutes trims them
     minutes: tuple = (("correctness", 8.0), ("speed", 8.0), ("blocks", 2.0), ("memory", 1.0))
 
