@@ -114,7 +114,11 @@ def test_explain_says_which_implementations_take_a_score():
     e = attnlab.explain(x, x, x, score=scores.Additive(jnp.ones(32)), backend="cpu")
     assert e.implementation == "blockwise"
     assert "dot" in e.reason("xla")
-    assert attnlab.explain(x, x, x, score=scores.Additive(jnp.ones(32)), backend="gpu").implementation == "pallas"
+    on_gpu = attnlab.explain(x, x, x, score=scores.Additive(jnp.ones(32)), backend="gpu")
+    assert on_gpu.implementation == "blockwise"  # pallas takes it, but ran it slower there (its pays_off)
+    assert "ran faster in blockwise" in on_gpu.reason("pallas")
+    asked = attnlab.explain(x, x, x, score=scores.Additive(jnp.ones(32)), backend="gpu", implementation=("pallas",))
+    assert asked.implementation == "pallas"
     custom = attnlab.explain(x, x, x, score=lambda q, k: attnlab.scores.dot_product(q, k), backend="cpu")
     assert custom.implementation == "reference"
     assert "ScoreMod" in custom.reason("blockwise")  # the way to a tiled per-element score
