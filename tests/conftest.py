@@ -24,6 +24,7 @@ if os.environ.get("ATTNLAB_TEST_XLA_OPT") != "1" and "xla_backend_optimization_l
 import atexit  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 
 import jax  # noqa: E402  (after XLA_FLAGS: the CPU client reads them when it starts)
 import jax.numpy as jnp  # noqa: E402
@@ -67,7 +68,7 @@ def _share_compiled_programs():
         target = self.path / f"{key}{lru_cache._CACHE_SUFFIX}"
         if target.exists():
             return
-        tmp = self.path / f".{key}.{os.getpid()}.tmp"
+        tmp = self.path / f".{os.getpid()}-{threading.get_ident()}.tmp"  # short: the key can be long
         tmp.write_bytes(value)
         os.replace(tmp, target)
 
