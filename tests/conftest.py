@@ -6,18 +6,77 @@ import os
 
 # The suite is bound by compile time: XLA:CPU's LLVM optimisation costs more than it saves on
 # test-sized arrays (tests/test_hardening.py + tests/test_masks.py, one process: 126 s -> 96 s).
+# XLA:CPU's MLIR fusion emitters cost more again: most of the suite's programs are small (op by op, or
+# tiny shapes), and emitting their fusions the classic way compiles them in about half the time
+# (tests/test_detr.py + tests/test_hardening.py, one process: 99 s -> 68 s).
 # It is the same computation, checked against the same references; the subprocess tests
 # (test_parallel, test_distributed) run this way too. ATTNLAB_TEST_XLA_OPT=1 keeps XLA's default.
-CHEAP_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+CHEAP_COMPILE_FLAGS = (
+    "--xla_backend_optimization_level=0",
+    "--xla_llvm_disable_expensive_passes=true",
+    "--xla_cpu_use_fusion_emitters=false",
+)
 if os.environ.get("ATTNLAB_TEST_XLA_OPT") != "1" and "xla_backend_optimization_level" not in os.environ.get(
     "XLA_FLAGS", ""
 ):
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *CHEAP_COMPILE_FLAGS]).strip()
 
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+
 import jax  # noqa: E402  (after XLA_FLAGS: the CPU client reads them when it starts)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+
+def _share_compiled_programs():
+    """One compilation cache for this test session: a program compiled once is reused by every later test.
+
+    Many tests compile the very same program (the reference's forward and gradients for each conformance
+    case, once per implementation class; the same model in several tests); jax's persistent compilation
+    cache finds an identical program (same HLO, XLA flags and options) by its hash and loads the executable
+    compiled the first time instead of compiling it again. The directory is new for each session (made by
+    the first process, the pytest-xdist controller, and inherited by its workers through the environment)
+    and removed when that process exits, so every run starts cold. ATTNLAB_TEST_COMPILE_CACHE=0 turns it off.
+    Subprocesses the tests start do not read it (only this file does)."""
+    if os.environ.get("ATTNLAB_TEST_COMPILE_CACHE") == "0":
+        return
+    path = os.environ.get("_ATTNLAB_TEST_COMPILE_CACHE_DIR")
+    if not path:
+        path = tempfile.mkdtemp(prefix="attnlab-test-compile-cache-")
+        os.environ["_ATTNLAB_TEST_COMPILE_CACHE_DIR"] = path
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program, however quick
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # Two workers share the directory: an entry is written under a temporary name and renamed, so the other
+    # worker never reads half a file (jax's cache writes in place when it has no size limit, i.e. no locks).
+    try:
+        from jax._src import lru_cache
+    except ImportError:
+        return
+    put = getattr(lru_cache.LRUCache, "put", None)
+    if put is None or getattr(put, "_atomic", False):
+        return
+
+    def atomic_put(self, key, value):
+        if getattr(self, "eviction_enabled", True):
+            return put(self, key, value)
+        target = self.path / f"{key}{lru_cache._CACHE_SUFFIX}"
+        if target.exists():
+            return
+        tmp = self.path / f".{os.getpid()}-{threading.get_ident()}.tmp"  # short: the key can be long
+        tmp.write_bytes(value)
+        os.replace(tmp, target)
+
+    atomic_put._atomic = True
+    lru_cache.LRUCache.put = atomic_put
+
+
+_share_compiled_programs()
 
 # Tolerances per dtype, in one place (fp32 tight, half precision loose).
 TOL = {

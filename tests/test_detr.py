@@ -142,7 +142,7 @@ def test_set_loss_zero_box_terms_for_a_permuted_perfect_prediction():
     # CE: every query's target has logit 2 vs two at -2: -log softmax = log(1 + 2 e^-4) (same for all
     # queries, so the no-object weighting does not change the mean)
     np.testing.assert_allclose(aux["ce"], np.log1p(2 * np.exp(-4.0)), rtol=1e-5)
-    g = jax.grad(lambda b: detr.set_loss(logits, b, classes, tboxes)[0])(boxes + 0.01)
+    g = jax.jit(jax.grad(lambda b: detr.set_loss(logits, b, classes, tboxes)[0]))(boxes + 0.01)
     assert np.isfinite(np.asarray(g)).all()
     assert np.abs(np.asarray(g)[0, [1, 3]]).max() == 0  # unmatched queries get no box gradient
 
@@ -155,7 +155,8 @@ def test_deep_set_loss_sums_each_blocks_own_matching():
     classes = jnp.array([[0, 2], [1, -1]])
     tboxes = jnp.asarray(rng.uniform(0.2, 0.8, size=(2, 2, 4)), jnp.float32)
     loss, metrics = jax.jit(detr.deep_set_loss)(logits, boxes, classes, tboxes)
-    per_block = [detr.set_loss(logits[i], boxes[i], classes, tboxes) for i in range(3)]
+    set_loss = jax.jit(detr.set_loss)  # one program for the three blocks (same shapes)
+    per_block = [set_loss(logits[i], boxes[i], classes, tboxes) for i in range(3)]
     np.testing.assert_allclose(loss, sum(float(lb[0]) for lb in per_block), rtol=1e-5)
     chex.assert_trees_all_close(metrics, per_block[-1][1], rtol=1e-5)
     with pytest.raises(ValueError, match="logits must be"):
@@ -210,6 +211,11 @@ def test_count_accuracy_and_detections():
 # Model
 
 
+def _jit(fn):
+    """``fn(model, x)`` as one compiled program (op by op, each of the model's small ops compiled on its own)."""
+    return nnx.jit(fn)
+
+
 @pytest.mark.parametrize("backbone", ["patch", "cnn"])
 def test_detr_shapes_and_attention(backbone):
     model = detr.DETR(
@@ -217,14 +223,14 @@ def test_detr_shapes_and_attention(backbone):
         num_heads=2, mlp_dim=32, encoder_layers=1, decoder_layers=2, num_queries=3, rngs=nnx.Rngs(0),
     )  # fmt: skip
     x = jnp.asarray(np.random.default_rng(0).uniform(size=(2, 32, 32)), jnp.float32)
-    logits, boxes, weights = model(x, return_weights=True)
+    logits, boxes, weights = _jit(lambda m, x: m(x, return_weights=True))(model, x)
     s = 64  # patch: 32 / 4 = 8 -> 8 x 8 cells; cnn: 32 / 2^2 = 8 as well
     chex.assert_shape([logits, boxes], [(2, 3, 6), (2, 3, 4)])
     assert len(weights) == 2 and weights[0].shape == (2, 2, 3, s)
     np.testing.assert_allclose(np.asarray(weights[-1]).sum(-1), 1.0, rtol=1e-5)
     assert ((np.asarray(boxes) > 0) & (np.asarray(boxes) < 1)).all()
     # images are independent: the batch equals each image alone
-    one = model(x[1:])
+    one = _jit(lambda m, x: m(x))(model, x[1:])
     np.testing.assert_allclose(np.asarray(one[0][0]), np.asarray(logits[1]), rtol=1e-5, atol=1e-5)
 
 
@@ -232,14 +238,17 @@ def test_detr_all_layers_reads_every_block_through_the_shared_heads():
     model = detr.DETR(num_classes=3, image_size=16, patch=4, d_model=8, num_heads=2, encoder_layers=1,
                       decoder_layers=3, num_queries=2, rngs=nnx.Rngs(2))  # fmt: skip
     x = jnp.asarray(np.random.default_rng(1).uniform(size=(2, 16, 16)), jnp.float32)
-    logits, boxes = model(x, all_layers=True)
+    logits, boxes = _jit(lambda m, x: m(x, all_layers=True))(model, x)
     chex.assert_shape([logits, boxes], [(3, 2, 2, 4), (3, 2, 2, 4)])
-    last = model(x)
+    last = _jit(lambda m, x: m(x))(model, x)
     chex.assert_trees_all_close((logits[-1], boxes[-1]), last, rtol=1e-5, atol=1e-6)
-    # block 1 alone: run the first decoder block by hand and apply the heads
-    memory = model.encoder(model.tokens(x))
-    q = jnp.broadcast_to(model.queries[...], (2, *model.queries.shape))
-    first = model.heads(model.blocks[0](q, memory, self_mask=None, cross_mask=None))
+
+    def first_block(model, x):  # block 1 alone: run the first decoder block by hand and apply the heads
+        memory = model.encoder(model.tokens(x))
+        q = jnp.broadcast_to(model.queries[...], (2, *model.queries.shape))
+        return model.heads(model.blocks[0](q, memory, self_mask=None, cross_mask=None))
+
+    first = _jit(first_block)(model, x)
     chex.assert_trees_all_close((logits[0], boxes[0]), first, rtol=1e-5, atol=1e-6)
 
 
@@ -248,9 +257,10 @@ def test_detr_queries_attend_to_each_other():
     model = detr.DETR(num_classes=2, image_size=16, patch=4, d_model=8, num_heads=2, encoder_layers=1,
                       decoder_layers=1, num_queries=3, rngs=nnx.Rngs(1))  # fmt: skip
     x = jnp.ones((1, 16, 16))
-    before = model(x)[0][0, 0]
+    call = _jit(lambda m, x: m(x))
+    before = call(model, x)[0][0, 0]
     model.queries[...] = model.queries[...].at[-1].add(1.0)
-    assert not np.allclose(np.asarray(model(x)[0][0, 0]), np.asarray(before))
+    assert not np.allclose(np.asarray(call(model, x)[0][0, 0]), np.asarray(before))
 
 
 def test_detr_errors():

@@ -257,10 +257,15 @@ def test_encoder_decoder_cross_attention():
     )
     feats = jax.random.normal(jax.random.key(0), (2, 8, 4))
     flen, toks, tlen = jnp.array([8, 5]), jnp.ones((2, 4), int), jnp.array([4, 2])
-    cap = inspect.capture(model, feats, flen, toks, tlen)
+    cap = nnx.jit(inspect.capture)(model, feats, flen, toks, tlen)  # one program (op by op: ~200 small compiles)
     assert cap.names == ("blocks.0.cross_attn", "blocks.0.self_attn", "encoder.blocks.0.attn")
-    memory, mlen = model.encode(feats, flen)
-    _, own = model.decode(toks, memory, mlen, tlen, return_weights=True)
+
+    @nnx.jit
+    def own_weights(model, feats, flen, toks, tlen):
+        memory, mlen = model.encode(feats, flen)
+        return memory, model.decode(toks, memory, mlen, tlen, return_weights=True)[1]
+
+    memory, own = own_weights(model, feats, flen, toks, tlen)
     chex.assert_trees_all_close(cap["blocks.0.cross_attn"].weights, own[0], atol=1e-6)
     chex.assert_shape(cap["blocks.0.cross_attn"].weights, (2, 2, 4, memory.shape[1]))
     assert [c.name for c in cap.select("*cross_attn")] == ["blocks.0.cross_attn"]

@@ -50,10 +50,15 @@ def test_hybrid_loss_mixes_attention_and_ctc(model):
         "targets": jnp.array([[3, 4, speech.EOS], [3, speech.EOS, speech.PAD]]),
         "target_lengths": jnp.array([3, 2]),
     }
-    att, _ = exp.loss_fn(model, batch, None, smoothing=0.1)
-    mixed, metrics = exp.loss_fn(model, batch, None, smoothing=0.1, ctc_weight=0.3)
-    memory, mem_len = model.encode(batch["features"], batch["lengths"])
-    ctc = exp.ctc_loss(model, memory, mem_len, batch["targets"], batch["target_lengths"])
+
+    @nnx.jit  # one program (op by op, the encoder-decoder's small ops each compile on their own)
+    def losses(model, batch):
+        att, _ = exp.loss_fn(model, batch, None, smoothing=0.1)
+        mixed, metrics = exp.loss_fn(model, batch, None, smoothing=0.1, ctc_weight=0.3)
+        memory, mem_len = model.encode(batch["features"], batch["lengths"])
+        return att, mixed, metrics, exp.ctc_loss(model, memory, mem_len, batch["targets"], batch["target_lengths"])
+
+    att, mixed, metrics, ctc = losses(model, batch)
     np.testing.assert_allclose(metrics["attention_loss"], att, rtol=1e-6)
     np.testing.assert_allclose(mixed, 0.7 * att + 0.3 * ctc, rtol=1e-5)
     gdef, state = nnx.split(model)
