@@ -71,6 +71,35 @@ def test_fully_masked_rows_are_zero_with_finite_grads(kind):
     assert np.all(np.asarray(grads[0])[rows] == 0)  # dq of an empty row is zero
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_window_spans_read_in_place_match_the_reference(dtype, monkeypatch):
+    """A band takes one key span per query block read from the [B, T, N, H] layout (``_flash_wide``): lead
+    dims, GQA, short last blocks, rows the mask empties (zeros, zero dq) and a NaN query row (NaN, as in the
+    reference: never hidden as an empty row)."""
+    from attnlab.kernels import blockwise as bw
+
+    calls = []
+    wide = bw._flash_wide
+    monkeypatch.setattr(bw, "_flash_wide", lambda *a: calls.append(a[6].wide) or wide(*a))
+    q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, dtype=dtype, seed=9)
+    mask = masks.window(7, 2) & masks.padding(q_lengths=np.array([30, 37]), kv_lengths=np.array([45, 0]))
+    fast = functools.partial(kernels.blockwise_attention, mask=mask, block_sizes=SMALL)
+    out, grads = fwd_and_grads(fast, q, k, v)
+    assert calls and all(w > 0 for w in calls)  # the span path, not the tile schedule
+    ref_out, ref_grads = fwd_and_grads(functools.partial(attnlab.attention_reference, mask=mask), q, k, v)
+    compare(out, ref_out, tol(dtype))
+    for g, r in zip(grads, ref_grads, strict=True):
+        compare(g, r, grad_tol(dtype))
+    empty = ~np.asarray(mask.dense(T, S)).any(-1).reshape(2, T)
+    assert empty[0, 30:].all() and empty[1].all()
+    assert np.all(np.asarray(out)[empty] == 0) and np.all(np.asarray(grads[0])[empty] == 0)
+    q_nan = q.at[0, 5, 1].set(jnp.nan)
+    got = np.asarray(fast(q_nan, k, v), np.float32)
+    want = np.asarray(attnlab.attention_reference(q_nan, k, v, mask=mask), np.float32)
+    assert np.isnan(want[0, 5, 1]).all() and np.isnan(got[0, 5, 1]).all()
+    np.testing.assert_allclose(got, want, equal_nan=True, **tol(dtype))
+
+
 def _alibi(slopes):
     # ALiBi-like linear bias -slope[n] * |i - j|, [N, T', S'] (Press et al. 2021, arXiv 2108.12409)
     def bias(q_idx, k_idx):

@@ -49,6 +49,7 @@ from attnlab.kernels._tiles import (  # the shared tile machinery (also used by 
     forward_wide,
     layout_rows,
     lse_value,
+    row_tiles,
     runtime_schedule,
     tile_kv,
     tile_q,
@@ -165,8 +166,6 @@ def _flash(q, k, v, mask, consts, seed, sched, st, bias_fn):
 
 
 def _forward(q, k, v, mask, consts, seed, sched, st, bias_fn):
-    if st.wide:
-        return forward_wide(q, k, v, mask, consts, sched[0], st=st, bias_fn=bias_fn)
     return forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn, seed=seed, count=sched[2])
 
 
@@ -178,20 +177,48 @@ def _flash_fwd(q, k, v, mask, consts, seed, sched, st, bias_fn):
 def _flash_bwd(st, bias_fn, res, cts):
     q, k, v, mask, consts, seed, sched, out, lse = res
     dout, dlse = cts
-    if st.wide:
-        dq, dk, dv, dconsts = backward_wide(
-            q, k, v, mask, consts, sched[0], out, lse, dout, st=st, bias_fn=bias_fn, dlse=dlse
-        )
-    else:
-        dq, dk, dv, dconsts = backward(
-            q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn, seed=seed,
-            dlse=dlse, count=sched[2],
-        )  # fmt: skip
+    dq, dk, dv, dconsts = backward(
+        q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn, seed=seed,
+        dlse=dlse, count=sched[2],
+    )  # fmt: skip
     grads = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
     return (*grads, zero_cotangents(mask), dconsts, zero_cotangents(seed), zero_cotangents(sched))
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _flash_wide(q, k, v, mask, consts, starts, st, bias_fn):
+    """One key span per query block (``st.wide``) on the ``[B, T, N, H]`` layout, T and S padded to whole
+    blocks: (out [B, T, N, Hv] fp32, lse [B, T, N] fp32, -inf on empty rows). The forward alone reads its
+    tiles from that layout in place (``forward_wide(rows=True)``); under differentiation the arrays are tiled
+    once and shared by the forward and ``backward_wide``."""
+    out, lse = forward_wide(q, k, v, mask, consts, starts, st=st, bias_fn=bias_fn, rows=True)
+    return out, lse_value(lse)
+
+
+def _flash_wide_fwd(q, k, v, mask, consts, starts, st, bias_fn):
+    (qs, ks, vs), untile_vjp = jax.vjp(lambda q, k, v: (tile_q(q, st), tile_kv(k, st), tile_kv(v, st)), q, k, v)
+    out, lse = forward_wide(qs, ks, vs, mask, consts, starts, st=st, bias_fn=bias_fn)
+    rows = untile(out, st, q.shape[1]), lse_value(lse)
+    return (rows[0], untile(rows[1][..., None], st, q.shape[1])[..., 0]), (
+        qs, ks, vs, untile_vjp, mask, consts, starts, out, lse
+    )  # fmt: skip
+
+
+def _flash_wide_bwd(st, bias_fn, res, cts):
+    qs, ks, vs, untile_vjp, mask, consts, starts, out, lse = res
+    dout, dlse = cts
+    dq, dk, dv, dconsts = backward_wide(
+        qs, ks, vs, mask, consts, starts, out, lse, row_tiles(dout, st), st=st, bias_fn=bias_fn,
+        dlse=row_tiles(dlse[..., None], st)[..., 0],
+    )  # fmt: skip
+    dq, dk, dv = untile_vjp((dq.astype(qs.dtype), dk.astype(ks.dtype), dv.astype(vs.dtype)))
+    return dq, dk, dv, zero_cotangents(mask), dconsts, zero_cotangents(starts)
+
+
+_flash_wide.defvjp(_flash_wide_fwd, _flash_wide_bwd)
 
 
 # ------------------------------------------------------------------------------------------
@@ -430,6 +457,17 @@ def _blockwise(q, k, v, m, consts, seed, sched, st: Static, bias_fn):
     """
     lead, T, N, Hv = st.lead, st.T, st.N, v.shape[-1]
     B = st.lead_size
+    if st.wide:  # the forward reads its tiles from this layout in place (``_flash_wide``)
+
+        def padded(x, n):  # [..., L, heads, D] -> [B, n, heads, D], zeros past L (padded rows are discarded)
+            x = x.reshape(B, *x.shape[-3:])
+            return jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
+
+        nq, nk = -(-T // st.bq), -(-st.S // st.bk)
+        out, lse = _flash_wide(
+            padded(q, nq * st.bq), padded(k, nk * st.bk), padded(v, nk * st.bk), m, consts, sched[0], st, bias_fn
+        )
+        return out[:, :T].reshape(*lead, T, N, Hv).astype(q.dtype), lse[:, :T].reshape(*lead, T, N)
     qs = tile_q(q.reshape(B, T, N, -1), st)
     ks, vs = tile_kv(k.reshape(B, st.S, st.K, -1), st), tile_kv(v.reshape(B, st.S, st.K, Hv), st)
     out, lse = _flash(qs, ks, vs, m, consts, seed, sched, st, bias_fn)
