@@ -35,6 +35,8 @@ CELLS = {
     "causal 2048 fwd+bwd": ("causal", 2048, 1, 8, 64, True),
     "window±128 4096 fwd": ("window", 4096, 1, 8, 64, False),
     "window±128 4096 fwd+bwd": ("window", 4096, 1, 8, 64, True),
+    "window±128 16384 fwd": ("window", 16384, 1, 8, 64, False),
+    "window±128 16384 fwd+bwd": ("window", 16384, 1, 8, 64, True),
     "padding 128 x8 fwd": ("padding", 128, 8, 4, 32, False),
     "padding 128 x8 fwd+bwd": ("padding", 128, 8, 4, 32, True),
     "full 256 fwd": ("full", 256, 4, 8, 64, False),

@@ -308,16 +308,10 @@ def inspect_memory(root: Path) -> str:
     return _table(header, rows)
 
 
-def compare_main(root: Path) -> str:
-    """``make compare-main``: the same attention calls on 160a7db and after, best ms and the ratio."""
-    data = json.loads((root / BENCH / "compare_160a7db.json").read_text())
-    rows = [[r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['ratio']:.2f}"] for r in data["rows"]]
-    return _table(["cell", f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
-
-
-def compare_core(root: Path) -> str:
-    """``make compare-main`` with ``--base a437441``: the CPU paths before and after the one-core refactor."""
-    data = json.loads((root / BENCH / "compare_a437441.json").read_text())
+def compare_table(root: Path, name: str) -> str:
+    """``make compare-main`` (``benchmarks.compare_commits``): the same attention calls on two commits, best ms
+    and the ratio, from the committed ``name`` JSON."""
+    data = json.loads((root / BENCH / name).read_text())
     rows = [[r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['ratio']:.2f}"] for r in data["rows"]]
     return _table(["cell", f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
 
@@ -622,8 +616,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "bench-graph": bench_graph,
     "bench-memory": bench_memory,
     "ring-memory": ring_memory,
-    "compare-main": compare_main,
-    "compare-core": compare_core,
+    "compare-main": lambda root: compare_table(root, "compare_160a7db.json"),
+    "compare-core": lambda root: compare_table(root, "compare_a437441.json"),
+    "compare-wide": lambda root: compare_table(root, "compare_wide.json"),
     "packed-docs": packed_docs,
     "scores": scores_table,
     "flex": flex_table,
