@@ -94,7 +94,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check notebooks clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check notebooks clean
 
 ##@ Setup
 
@@ -287,6 +287,9 @@ bench: $(BENCH_DEPS)  ## attnlab's kernels vs torch SDPA / flex_attention, jax.n
 
 flex: $(BENCH_DEPS)  ## blockwise vs torch.compile(flex_attention) on the CPU, document mask (16 docs) and window ±128 at 16K, forward (bench extra) -> results/flex/
 	$(PY) -m benchmarks.flex --out results/flex
+
+flex-avx2: $(BENCH_DEPS)  ## make flex with both sides' generated code capped at AVX2 (a stand-in for an AVX2 host; see docs/kernels.md) -> results/flex-avx2/
+	$(PY) -m benchmarks.flex --cap_isa avx2 --out results/flex-avx2
 
 ring-balance: $(DEPS)  ## causal ring on 8 host devices: tiles per device, critical path, fwd+bwd time, contiguous vs zig-zag -> benchmarks/results/cpu-2core-shared/ring_balance.json
 	$(PY) -m benchmarks.ring_balance --out benchmarks/results/cpu-2core-shared/ring_balance.json

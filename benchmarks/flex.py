@@ -20,6 +20,10 @@ Command (what ``make flex`` runs; needs the bench extra: torch; ~5 min on the 2-
 
     python -m benchmarks.flex --out results/flex
 
+and with both sides' generated code capped at AVX2 on an AVX-512 host (``--cap_isa``; see the flag):
+
+    python -m benchmarks.flex --cap_isa avx2 --out results/flex-avx2
+
 Writes ``<out>/flex.json``.
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,7 +48,7 @@ from benchmarks.host import best_of, cpu_info, host_devices
 
 def define_flags():
     """The command-line flags, defined only when run as a program (importing the module defines none)."""
-    global _OUT, _T, _HEADS, _H, _DOCS, _WINDOW, _REPEATS, _ROUNDS, _DEVICES
+    global _OUT, _T, _HEADS, _H, _DOCS, _WINDOW, _REPEATS, _ROUNDS, _DEVICES, _ISA
     _OUT = flags.DEFINE_string("out", "results/flex", "Output folder.")
     _T = flags.DEFINE_integer("seq_len", 16384, "Sequence length T = S.")
     _HEADS = flags.DEFINE_integer("heads", 8, "Heads N.")
@@ -56,6 +61,26 @@ def define_flags():
         "host_devices", -1, "Also time attnlab with the heads split over this many CPU host devices (-1: the "
         "largest divisor of --heads not above the core count; 1: no such row).",
     )  # fmt: skip
+    _ISA = flags.DEFINE_enum(
+        "cap_isa", None, ["avx2"], "Cap both sides' generated CPU code at this instruction set: XLA's "
+        "--xla_cpu_max_isa and torch's ATEN_CPU_CAPABILITY, with a fresh inductor cache (its cache does not key "
+        "on the capability: a kernel compiled for AVX-512 came back under avx2 and gave wrong outputs). An AVX2 "
+        "machine's code paths on this host, not its memory system or clocks; libraries that pick their own "
+        "kernels at run time (YNNPACK inside XLA, oneDNN) are not capped.",
+    )  # fmt: skip
+
+
+def cap_isa(isa: str | None) -> dict:
+    """Sets the environment for ``--cap_isa`` (before JAX's first computation and torch's import): what was set."""
+    if isa is None:
+        return {}
+    env = {
+        "XLA_FLAGS": " ".join([os.environ.get("XLA_FLAGS", ""), f"--xla_cpu_max_isa={isa.upper()}"]).strip(),
+        "ATEN_CPU_CAPABILITY": isa,
+        "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix=f"inductor-{isa}-"),
+    }
+    os.environ.update(env)
+    return env
 
 
 def doc_ids(T: int, docs: int, seed: int = 0) -> np.ndarray:
@@ -74,6 +99,7 @@ def _torch_timer(torch, fn):
 
 def main(argv):
     del argv
+    capped = cap_isa(_ISA.value)
     d = host_devices(_DEVICES.value, os.cpu_count() or 1, _HEADS.value)
     if d > 1:  # before JAX's first computation
         parallel.use_host_devices(d)
@@ -167,7 +193,8 @@ def main(argv):
     out.mkdir(parents=True, exist_ok=True)
     result = {
         "records": records, "host": cpu_info(), "jax": jax.__version__, "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": torch.get_num_threads(), "cap_isa": _ISA.value, "capped_env": capped,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "command": "python -m benchmarks.flex " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
         "wall_s": round(time.perf_counter() - start, 1), "cpu_s": round(time.process_time() - cpu0, 1),
     }  # fmt: skip

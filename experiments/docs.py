@@ -363,9 +363,9 @@ def scores_table(root: Path) -> str:
     return table + "\nAdditive (tanh) attention, fwd+bwd, no mask:\n\n" + add + f"\n{host}\n"
 
 
-def flex_table(root: Path) -> str:
+def flex_table(root: Path, name: str = "flex.json") -> str:
     """``make flex``: the blockwise kernel against torch.compile(flex_attention) on the CPU, forward."""
-    data = json.loads((root / BENCH / "flex.json").read_text())
+    data = json.loads((root / BENCH / name).read_text())
     dev = next((r["host_devices"] for r in data["records"] if "attnlab_devices_s" in r), None)
     rows = []
     for r in data["records"]:
@@ -382,7 +382,8 @@ def flex_table(root: Path) -> str:
     table = _table(header + ["flex block mask s", "max abs diff"], rows)
     return table + (
         f"\nHost: {data['host']['cpu_model']}, {data['host']['host_cpus']} CPUs ({simd}); jax {data['jax']}, "
-        f"torch {data['torch']} ({data['torch_threads']} threads), {data['date']}.\n"
+        f"torch {data['torch']} ({data['torch_threads']} threads), {data['date']}"
+        + (f"; generated code capped at {data['cap_isa'].upper()} (`--cap_isa`).\n" if data.get("cap_isa") else ".\n")
     )
 
 
@@ -622,6 +623,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "packed-docs": packed_docs,
     "scores": scores_table,
     "flex": flex_table,
+    "flex-avx2": lambda root: flex_table(root, "flex_avx2cap.json"),
     "gpu-h200-speed": gpu_speed,
     "gpu-h200-headline": gpu_headline,
     "gpu-h200-blocks": gpu_blocks,

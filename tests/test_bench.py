@@ -188,3 +188,27 @@ def test_flex_benchmark_runs_small(tmp_path):
         assert r["attnlab_s"] > 0 and r["flex_s"] > 0 and r["max_abs_diff"] < 1e-4
         # the head-parallel row (2 host devices on this 2-core machine); its output is in max_abs_diff too
         assert r["host_devices"] == min(2, os.cpu_count() or 1) and r.get("attnlab_devices_s", 1.0) > 0
+
+
+def test_flex_cap_isa_caps_both_sides_with_a_fresh_inductor_cache(monkeypatch):
+    """``--cap_isa avx2``: XLA's and torch's code capped, and an empty inductor cache of its own each run (inductor's
+    cache does not key on the capability: a stale AVX-512 kernel gave wrong outputs under avx2)."""
+    import shutil
+
+    from benchmarks import flex
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_foo=1")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert flex.cap_isa(None) == {} and os.environ["XLA_FLAGS"] == "--xla_foo=1"
+    first = flex.cap_isa("avx2")
+    assert os.environ["XLA_FLAGS"] == "--xla_foo=1 --xla_cpu_max_isa=AVX2" == first["XLA_FLAGS"]
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
+    cache = pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    second = flex.cap_isa("avx2")
+    try:
+        assert cache == pathlib.Path(first["TORCHINDUCTOR_CACHE_DIR"]) and cache.is_dir() and not any(cache.iterdir())
+        assert second["TORCHINDUCTOR_CACHE_DIR"] != first["TORCHINDUCTOR_CACHE_DIR"]
+    finally:
+        for env in (first, second):
+            shutil.rmtree(env["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
