@@ -631,7 +631,8 @@ def forward_wide(q, k, v, mask, consts, starts, *, st: Static, bias_fn, rows: bo
             # nothing: the mask goes in as a 0/-inf bias and the shift is the max itself, which XLA:CPU fuses
             # with the matmul into one kernel when the max is not needed after it (a forward without the
             # log-sum-exp); a guard on the max splits that kernel. Rows the mask empties come out NaN here
-            # and are zeroed from the mask alone.
+            # and are zeroed from the mask alone. (A NaN or infinite key that the mask excludes but the
+            # span holds makes the row NaN, as a NaN value the mask excludes does in every implementation.)
             s = s + jnp.where(ok, 0.0, -jnp.inf)
             m = s.max(-1)
             p = jnp.exp(s - m[..., None])
