@@ -21,6 +21,9 @@ to ``[nq, B*K, G*bq, H]`` (the G query heads that share a key head are stacked a
 one tile, so each tile product is one plain batched matmul over B*K) and back once at the end.
 Keys and values become ``[nk, B*K, bk, H]``. (A five-dimensional ``[B, K, G, bq, bk]`` tile costs
 XLA:CPU a relayout copy of every logit tile; the flat tile ran full attention 10-25% faster.)
+A band (one key span per query block, ``_tiles.wide_spans``) is the exception in its forward: each
+step moves only its own query rows and key span to that layout (``_flash_wide``), since the whole-array
+moves were a large share of a window's forward (docs/kernels.md, "Against FlexAttention").
 """
 
 from __future__ import annotations
@@ -451,7 +454,8 @@ def _plan(layout_fn, call: Call, m, block_sizes: BlockSizes, platform: str) -> _
 
 @functools.partial(jax.jit, static_argnums=(7, 8))
 def _blockwise(q, k, v, m, consts, seed, sched, st: Static, bias_fn):
-    """Layout in, layout out: [..., T, N, H] -> heads-first tiles -> kernel -> [..., T, N, Hv].
+    """Layout in, layout out: [..., T, N, H] -> heads-first tiles -> kernel -> [..., T, N, Hv] (a band's
+    forward: the tiles of one step at a time, ``_flash_wide``).
 
     Also returns the log-sum-exp [..., T, N] (fp32; dead code for XLA when the caller drops it).
     """
