@@ -16,7 +16,8 @@ kernel's small tile matmuls on one). The block mask is built once, outside the
 timed call (its build time is recorded too); the outputs are compared. The host's CPU model and
 SIMD flags are recorded: the ratio moves with them (AVX2 against AVX-512).
 
-Command (what ``make flex`` runs; needs the bench extra: torch; ~5 min on the 2-core CPU):
+Command (what ``make flex`` runs; needs the bench extra: torch; under a minute on the 2-core CPU, 33-35 s in
+the committed runs, after torch is imported):
 
     python -m benchmarks.flex --out results/flex
 
