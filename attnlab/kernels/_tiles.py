@@ -582,28 +582,23 @@ def forward_wide(q, k, v, mask, consts, starts, *, st: Static, bias_fn, rows: bo
     Rows (``rows=True``): q ``[B, nq*bq, N, H]`` (unscaled), k, v ``[B, nk*bk, K, H|Hv]`` (lengths padded to
     whole blocks); each step slices its ``bq`` query rows and its span of ``W`` keys and moves only those
     slices to the tile layout, and its output back: no relayout of the whole arrays before and after the
-    loop, which on XLA:CPU took about a quarter of a forward window ±128 at 16K (the slices stay in cache).
+    loop, which on XLA:CPU were a large share of a forward window ±128 at 16K (the slices stay in cache).
     Returns out ``[B, nq*bq, N, Hv]`` and lse = (m, log l), each ``[B, nq*bq, N]`` (fp32). The blockwise
     kernel runs its forward on rows, and on tiles when the backward will need them anyway.
     """
-    K, G, bq, W, cd = st.K, st.N // st.K, st.bq, st.wide, st.compute_dtype
-    if rows:
-        B, N = q.shape[0], q.shape[2]
-
-        def to_tile(x):  # query rows [B, bq, N, D] -> [B*K, G*bq, D] (rows ordered (g, q), as tile_q)
-            return x.reshape(B, bq, K, G, -1).transpose(0, 2, 3, 1, 4).reshape(B * K, G * bq, x.shape[-1])
+    W, cd = st.wide, st.compute_dtype
+    if rows:  # one block's rows to a tile and back: row_tiles / untile on bq rows
 
         def query(i):
-            x = jax.lax.dynamic_slice_in_dim(q, i * bq, bq, axis=1)
-            return to_tile((x.astype(jnp.float32) * st.scale).astype(cd))
+            x = jax.lax.dynamic_slice_in_dim(q, i * st.bq, st.bq, axis=1)
+            return row_tiles((x.astype(jnp.float32) * st.scale).astype(cd), st)[0]
 
         def span(x, k0):  # keys k0 .. k0 + W of [B, nk*bk, K, D] -> [B*K, W, D]
             x = jax.lax.dynamic_slice_in_dim(x, k0, W, axis=1).astype(cd)
-            return jnp.swapaxes(x, 1, 2).reshape(B * K, W, x.shape[-1])
+            return jnp.swapaxes(x, 1, 2).reshape(-1, W, x.shape[-1])
 
-        def put(x):  # [B*K, G*bq, ...] -> [B, bq, N, ...]
-            x = x.reshape(B, K, G, bq, *x.shape[2:])
-            return jnp.moveaxis(x, 3, 1).reshape(B, bq, N, *x.shape[4:])
+        def put(x):  # [B*K, G*bq, Hv] -> [B, bq, N, Hv]; per-row statistics [B*K, G*bq] -> [B, bq, N]
+            return untile(x[None], st, st.bq) if x.ndim == 3 else untile(x[None, ..., None], st, st.bq)[..., 0]
 
         kf, vf = k, v
     else:

@@ -204,10 +204,9 @@ def _flash_wide(q, k, v, mask, consts, starts, st, bias_fn):
 def _flash_wide_fwd(q, k, v, mask, consts, starts, st, bias_fn):
     (qs, ks, vs), untile_vjp = jax.vjp(lambda q, k, v: (tile_q(q, st), tile_kv(k, st), tile_kv(v, st)), q, k, v)
     out, lse = forward_wide(qs, ks, vs, mask, consts, starts, st=st, bias_fn=bias_fn)
-    rows = untile(out, st, q.shape[1]), lse_value(lse)
-    return (rows[0], untile(rows[1][..., None], st, q.shape[1])[..., 0]), (
-        qs, ks, vs, untile_vjp, mask, consts, starts, out, lse
-    )  # fmt: skip
+    T = q.shape[1]
+    rows = (untile(out, st, T), untile(lse_value(lse)[..., None], st, T)[..., 0])  # back to [B, T, N, ...]
+    return rows, (qs, ks, vs, untile_vjp, mask, consts, starts, out, lse)
 
 
 def _flash_wide_bwd(st, bias_fn, res, cts):
