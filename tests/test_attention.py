@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import grad_tol, np_attention, qkv, tol
+from conftest import np_attention, qkv, tol
 from jax.test_util import check_grads
 
 import attnlab
@@ -34,16 +32,19 @@ def _dense(mask):
     return np.asarray(m.dense(T, S))
 
 
+# The judge (attention_reference) and the default choice against float64 numpy; every registered
+# implementation against both is tests/conformance.py.
+FNS = {"reference": attnlab.attention_reference, "default": attnlab.attention}
+
+
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("implementation", ["reference", "xla", None])
+@pytest.mark.parametrize("fn_name", list(FNS))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("mask_kind", list(MASKS))
-def test_matches_numpy(mask_kind, dtype, implementation, jit):
+def test_matches_numpy(mask_kind, dtype, fn_name, jit):
     q, k, v = qkv((2, T, 4, 8), s=S, dtype=dtype)
     mask = MASKS[mask_kind]()
-    fn = functools.partial(attnlab.attention, implementation=implementation)
-    if jit:
-        fn = jax.jit(fn)
+    fn = jax.jit(FNS[fn_name]) if jit else FNS[fn_name]
     out = fn(q, k, v, mask=mask)
     assert out.shape == (2, T, 4, 8) and out.dtype == dtype
     expected, _ = np_attention(q, k, v, mask=_dense(mask))
@@ -76,42 +77,7 @@ def test_matches_jax_nn(case, dtype):
     np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(theirs, np.float32), **tol(dtype))
 
 
-@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
-@pytest.mark.parametrize("implementation", ["reference", "xla"])
-def test_gqa(kv_heads, implementation):
-    q, k, v = qkv((3, 6, 4, 8), s=5, kv_heads=kv_heads, seed=1)
-    out = attnlab.attention(q, k, v, mask=masks.window(1, 1), implementation=implementation)
-    expected, _ = np_attention(q, k, v, mask=np.asarray(masks.window(1, 1).dense(6, 5)))
-    np.testing.assert_allclose(out, expected, **tol(jnp.float32))
-
-
-@pytest.mark.parametrize("lead", [(), (3,), (2, 3)], ids=["unbatched", "B", "B1xB2"])
-@pytest.mark.parametrize("implementation", ["reference", "xla"])
-def test_leading_batch_dims(lead, implementation):
-    q, k, v = qkv((*lead, 5, 2, 4), s=6, seed=2)
-    lens = jnp.full(lead, 4, jnp.int32) if lead else jnp.array(4)
-    mask = masks.padding(kv_lengths=lens) & masks.causal(offset=1)
-    out = attnlab.attention(q, k, v, mask=mask, implementation=implementation)
-    assert out.shape == (*lead, 5, 2, 4)
-    expected, _ = np_attention(q, k, v, mask=np.asarray(mask.dense(5, 6)))
-    np.testing.assert_allclose(out, expected, **tol(jnp.float32))
-
-
-@pytest.mark.parametrize("implementation", ["reference", "xla"])
-def test_vmap_of_unbatched_equals_batched(implementation):
-    q, k, v = qkv((4, T, 2, 8), s=S, seed=4)
-    lens = jnp.array([9, 2, 5, 0])
-
-    def one(q, k, v, n):  # an unbatched call: q [T, N, H], one length
-        return attnlab.attention(
-            q, k, v, mask=masks.padding(kv_lengths=n) & masks.causal(S - T), implementation=implementation
-        )
-
-    batched = attnlab.attention(
-        q, k, v, mask=masks.padding(kv_lengths=lens) & masks.causal(S - T), implementation=implementation
-    )
-    vmapped = jax.jit(jax.vmap(one))(q, k, v, lens)
-    np.testing.assert_allclose(vmapped, batched, **tol(jnp.float32))
+# (GQA, leading batch dims and vmap of an unbatched call, for every implementation: tests/conformance.py)
 
 
 def test_mask_passes_through_jit_without_recompiling():
@@ -133,8 +99,7 @@ def test_mask_passes_through_jit_without_recompiling():
     assert not np.allclose(out1, out2)
 
 
-@pytest.mark.parametrize("implementation", ["reference", "xla"])
-def test_attention_weights_match_numpy(implementation):
+def test_attention_weights_match_numpy():
     q, k, _ = qkv((2, T, 3, 8), s=S, seed=5)
     mask = masks.padding(q_lengths=jnp.array([7, 4])) & masks.causal(S - T)
     w = attnlab.attention_weights(q, k, mask=mask)
@@ -152,8 +117,7 @@ def test_bias_broadcasts_and_scale():
     out = attnlab.attention(q, k, v, bias=bias, scale=0.3)
     expected, _ = np_attention(q, k, v, bias=np.broadcast_to(bias, (2, 2, 4, 4)), scale=0.3)
     np.testing.assert_allclose(out, expected, atol=2e-5)
-    out_xla = attnlab.attention(q, k, v, bias=bias, scale=0.3, implementation="xla")
-    np.testing.assert_allclose(out_xla, expected, atol=2e-5)
+    # (a bias of every broadcast shape on every implementation that takes one: tests/conformance.py)
 
 
 def test_value_head_dim_may_differ():
@@ -202,17 +166,7 @@ def test_reference_grads_finite_differences(mask_kind):
     )
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("mask_kind", ["none", "causal", "window", "padding", "combined"])
-def test_xla_grads_match_reference(mask_kind, dtype):
-    q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, dtype=dtype, seed=11)
-    mask = MASKS[mask_kind]()
-    g_ref = jax.grad(_loss(attnlab.attention_reference, mask=mask), argnums=(0, 1, 2))(q, k, v)
-    g_xla = jax.jit(
-        jax.grad(_loss(functools.partial(attnlab.attention, implementation="xla"), mask=mask), argnums=(0, 1, 2))
-    )(q, k, v)
-    for a, b in zip(g_ref, g_xla, strict=True):
-        np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32), **grad_tol(dtype))
+# (each implementation's gradients against the reference's, every mask: tests/conformance.py)
 
 
 def test_reference_grads_match_numpy_formula():
@@ -229,51 +183,11 @@ def test_reference_grads_match_numpy_formula():
 # Rows with nothing to attend to
 
 
-@pytest.mark.parametrize("implementation", ["reference", "xla"])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("kind", ["padding_q", "padding_kv_zero", "isolated_node", "all_masked", "neg_inf_bias"])
-def test_fully_masked_rows_are_zero_with_finite_grads(kind, dtype, implementation):
-    q, k, v = qkv((2, 6, 2, 4), s=6, dtype=dtype, seed=13)
-    kw = {}
-    if kind == "padding_q":
-        kw["mask"] = masks.padding(q_lengths=jnp.array([6, 2]))
-        empty = np.zeros((2, 6), bool)
-        empty[1, 2:] = True
-    elif kind == "padding_kv_zero":
-        kw["mask"] = masks.padding(kv_lengths=jnp.array([0, 6]))
-        empty = np.zeros((2, 6), bool)
-        empty[0] = True
-    elif kind == "isolated_node":
-        adj = np.ones((6, 6), bool)
-        adj[3, :] = False  # node 3 has no neighbour
-        kw["mask"] = masks.graph(adj)
-        empty = np.zeros((2, 6), bool)
-        empty[:, 3] = True
-    elif kind == "all_masked":
-        kw["mask"] = np.zeros((6, 6), bool)
-        empty = np.ones((2, 6), bool)
-    else:
-        b = np.zeros((6, 6), np.float32)
-        b[2, :] = -np.inf
-        kw["bias"] = jnp.asarray(b)
-        empty = np.zeros((2, 6), bool)
-        empty[:, 2] = True
-
-    fn = functools.partial(attnlab.attention, implementation=implementation, **kw)
-    out = jax.jit(fn)(q, k, v)
-    assert out.dtype == dtype
-    out = np.asarray(out, np.float32)
-    assert np.isfinite(out).all()
-    np.testing.assert_array_equal(out[empty], 0.0)
-    if (~empty).any():
-        assert np.abs(out[~empty]).min() > 0  # the other rows are real outputs
-    grads = jax.grad(_loss(fn), argnums=(0, 1, 2))(q, k, v)
-    for g in grads:
-        assert np.isfinite(np.asarray(g, np.float32)).all()
-    np.testing.assert_array_equal(np.asarray(grads[0], np.float32)[empty], 0.0)  # dq of empty rows
+# Rows with nothing to attend to, of every kind and dtype, on every implementation: tests/conformance.py
+# (test_rows_with_nothing_to_attend_are_zero); NaN visibility on each implementation there too.
 
 
-def test_nan_inputs_are_not_hidden():
+def test_nan_inputs_are_not_hidden_by_default():
     q, k, v = qkv((4, 1, 2), seed=14)
     q = q.at[1, 0, 0].set(jnp.nan)
     out = attnlab.attention(q, k, v)

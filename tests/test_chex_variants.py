@@ -1,20 +1,20 @@
 """jit / no-jit variants through ``chex.variants`` and recompilation checks through ``chex.assert_max_traces``.
 
-Each variant test runs the same body eagerly and under ``jax.jit`` and compares against the dense
-reference (itself checked against numpy in test_attention.py). The trace tests pin that array
-*values* (lengths, adjacency, params, biases) are data: a new value must not be a new program.
+Each variant test runs the same body eagerly and under ``jax.jit`` through the default choice
+(``implementation=None``) and compares against float64 numpy or the dense reference. The trace tests
+pin that array *values* (lengths, adjacency, params, biases) are data: a new value must not be a new
+program. Every registered implementation, eager and jitted, with the same trace checks, is
+tests/conformance.py (``test_eager_matches_numpy``, ``test_new_data_values_reuse_the_program``).
 """
 
 from __future__ import annotations
-
-import functools
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import parameterized
-from conftest import np_attention, qkv
+from conftest import grad_tol, np_attention, qkv, tol
 
 import attnlab
 from attnlab import masks
@@ -34,29 +34,27 @@ MASKS = {
 
 class AttentionVariantsTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
-    @parameterized.product(mask_kind=list(MASKS), implementation=["reference", "xla", "blockwise", None])
-    def test_matches_reference(self, mask_kind, implementation):
+    @parameterized.parameters(*MASKS)
+    def test_matches_numpy(self, mask_kind):
         q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, seed=1)
         mask = MASKS[mask_kind]()
-        out = self.variant(functools.partial(attnlab.attention, implementation=implementation))(q, k, v, mask=mask)
+        out = self.variant(attnlab.attention)(q, k, v, mask=mask)
         chex.assert_shape(out, (2, T, 4, 8))
         chex.assert_type(out, jnp.float32)
         dense = None if mask is None else np.asarray(mask.dense(T, S))
-        chex.assert_trees_all_close(out, np_attention(q, k, v, mask=dense)[0], atol=2e-5, rtol=2e-5)
+        chex.assert_trees_all_close(out, np_attention(q, k, v, mask=dense)[0], **tol(jnp.float32))
 
     @chex.variants(with_jit=True, without_jit=True)
-    @parameterized.parameters("reference", "blockwise")
-    def test_grads_match_reference(self, implementation):
+    def test_grads_match_reference(self):
         q, k, v = qkv((2, T, 2, 4), s=S, seed=2)
         mask = MASKS["combined"]()
 
         def loss(fn):
             return lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v, mask=mask)))
 
-        fn = functools.partial(attnlab.attention, implementation=implementation)
-        got = self.variant(jax.grad(loss(fn), argnums=(0, 1, 2)))(q, k, v)
+        got = self.variant(jax.grad(loss(attnlab.attention), argnums=(0, 1, 2)))(q, k, v)
         want = jax.grad(loss(attnlab.attention_reference), argnums=(0, 1, 2))(q, k, v)
-        chex.assert_trees_all_close(got, want, atol=1e-4, rtol=1e-4)
+        chex.assert_trees_all_close(got, want, **grad_tol(jnp.float32))
         chex.assert_trees_all_equal_shapes(got, (q, k, v))
 
     @chex.variants(with_jit=True, without_jit=True)
@@ -108,7 +106,7 @@ class NoRecompileTest(chex.TestCase):
         rng = np.random.default_rng(1)
         a1, a2 = (jnp.asarray(rng.random((T, T)) < 0.5) for _ in range(2))
         self._check_one_trace(
-            lambda q, k, v, a: attnlab.attention(q, k, v, mask=masks.graph(a), implementation="blockwise"),
+            lambda q, k, v, a: attnlab.attention(q, k, v, mask=masks.graph(a)),
             (q, k, v, a1),
             (q, k, v, a2),
         )

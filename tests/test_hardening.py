@@ -1,6 +1,9 @@
 """Issue #20, items 1-7: edge cases a peer handles, each held to float64 numpy or the reference.
 
-Every test here failed before its fix (wrong numbers, NaN, a crash, or an unnamed error).
+Every test here failed before its fix (wrong numbers, NaN, a crash, or an unnamed error). What every
+implementation must do at these edges is a case of the conformance base (tests/conformance.py, run
+for each registered implementation); this file keeps the default choice, the blockwise kernel across
+several tiles, the checks of the public boundary and the named errors.
 """
 
 from __future__ import annotations
@@ -29,44 +32,27 @@ def _grads(fn, q, k, v, ct):
 
 
 # ------------------------------------------------------------------------------------------
-# 1. half precision with an fp32 array bias: the bias stays fp32 on every path
+# 1-2. half precision with fp32 biases, finfo.min and -inf logits: every implementation, in
+# tests/conformance.py (test_fp32_bias_is_not_rounded_to_half, test_bias_row_of_finfo_min_..., test_huge_negative_
+# finite_logits_are_a_softmax, test_minus_inf_bias_empties_a_row); here the default choice and the blockwise
+# kernel with several tiles per row.
 
 
-@pytest.mark.parametrize("implementation", ["xla", None, "reference"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
-def test_fp32_bias_is_not_rounded_to_half(dtype, implementation):
+def test_fp32_bias_is_not_rounded_to_half_by_default(dtype):
     q, k, v = qkv((2, 6, 2, 8), s=7, dtype=dtype, seed=1)
     # biases near 300: bf16 has steps of 2 there, fp16 of 0.25 (both far above the tolerance)
     bias = jnp.asarray(np.random.default_rng(0).uniform(295.0, 305.0, (2, 2, 6, 7)), jnp.float32)
-    out = attnlab.attention(q, k, v, bias=bias, implementation=implementation)
+    out = attnlab.attention(q, k, v, bias=bias)
     expected, _ = np_attention(q, k, v, bias=bias)
     np.testing.assert_allclose(np.asarray(out, np.float32), expected, **tol(dtype))
-
     ct = jax.random.normal(jax.random.key(2), out.shape)
-    got = _grads(functools.partial(attnlab.attention, bias=bias, implementation=implementation), q, k, v, ct)
+    got = _grads(functools.partial(attnlab.attention, bias=bias), q, k, v, ct)
     # the reference in fp32 on the same (half-precision) values
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
     want = _grads(functools.partial(attnlab.attention_reference, bias=bias), q32, k32, v32, ct)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w), **grad_tol(dtype))
-
-
-@pytest.mark.parametrize("implementation", ["xla", "reference"])
-def test_bias_row_of_finfo_min_is_uniform_not_nan_in_bf16(implementation):
-    q, k, v = qkv((1, 4, 2, 8), s=5, dtype=jnp.bfloat16)
-    bias = jnp.zeros((1, 2, 4, 5), jnp.float32).at[:, :, 1, :].set(FMIN)
-    fn = functools.partial(attnlab.attention, bias=bias, implementation=implementation)
-    out = fn(q, k, v)
-    expected, _ = np_attention(q, k, v, bias=bias)
-    # float64: every logit of row 1 is finfo.min (q.k is below its resolution): the plain average of v
-    np.testing.assert_allclose(expected[:, 1], np.asarray(v, np.float32).mean(-3), rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(out, np.float32), expected, **tol(jnp.bfloat16))
-    for g in _grads(fn, q, k, v, jnp.ones(out.shape)):
-        assert np.isfinite(np.asarray(g, np.float32)).all()
-
-
-# ------------------------------------------------------------------------------------------
-# 2. huge negative finite logits are a normal softmax everywhere; only mask / -inf empty a row
 
 
 def _huge_negative_bias(q_idx, k_idx):
@@ -75,26 +61,16 @@ def _huge_negative_bias(q_idx, k_idx):
     return jnp.where((q_idx % 2 == 1)[:, None], jnp.float32(FMIN), rel)
 
 
-HUGE_MASKS = {
-    "none": lambda: None,
-    "causal": lambda: masks.causal(),
-    # masked entries beside allowed finfo.min ones: the masked ones must not win the row max
-    "window": lambda: masks.window(3, 1),
-}
-
-
-@pytest.mark.parametrize("mask_kind", list(HUGE_MASKS))
-@pytest.mark.parametrize("implementation", ["reference", "xla", "blockwise", "blockwise_small_tiles"])
-def test_huge_negative_finite_logits_are_a_softmax(implementation, mask_kind):
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "window"])
+def test_huge_negative_finite_logits_across_blockwise_tiles(mask_kind):
+    """The blockwise kernel with several tiles per row (PARTIAL and FULL ones): rows of finfo.min logits are
+    a softmax; a masked entry beside allowed finfo.min ones never wins the running max."""
     T = S = 10
     q, k, v = qkv((2, T, 2, 8), s=S, seed=4)
-    mask = HUGE_MASKS[mask_kind]()
-    if implementation == "blockwise_small_tiles":  # several tiles per row, PARTIAL and FULL ones
-        fn = functools.partial(
-            kernels.blockwise_attention, mask=mask, bias=_huge_negative_bias, block_sizes=kernels.BlockSizes(4, 3)
-        )
-    else:
-        fn = functools.partial(attnlab.attention, mask=mask, bias=_huge_negative_bias, implementation=implementation)
+    mask = {"none": None, "causal": masks.causal(), "window": masks.window(3, 1)}[mask_kind]
+    fn = functools.partial(
+        kernels.blockwise_attention, mask=mask, bias=_huge_negative_bias, block_sizes=kernels.BlockSizes(4, 3)
+    )
     out = jax.jit(fn)(q, k, v)
     dense_bias = np.asarray(_huge_negative_bias(jnp.arange(T), jnp.arange(S)))
     dense_mask = None if mask is None else np.asarray(mask.dense(T, S))
@@ -108,23 +84,6 @@ def test_huge_negative_finite_logits_are_a_softmax(implementation, mask_kind):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), **grad_tol(jnp.float32))
 
 
-@pytest.mark.parametrize("implementation", ["reference", "xla", "blockwise"])
-def test_minus_inf_bias_empties_a_row_everywhere(implementation):
-    q, k, v = qkv((1, 4, 1, 8), s=6)
-    bias = jnp.zeros((4, 6), jnp.float32).at[2].set(-jnp.inf).at[1, :3].set(FMIN)
-    fn = functools.partial(attnlab.attention, implementation=implementation)
-    if implementation == "blockwise":
-        fn = functools.partial(fn, bias=lambda qi, ki: bias[qi][:, ki])
-    else:
-        fn = functools.partial(fn, bias=bias)
-    out = fn(q, k, v)
-    expected, _ = np_attention(q, k, v, bias=bias)
-    assert (expected[:, 2] == 0).all()
-    np.testing.assert_allclose(np.asarray(out), expected, **tol(jnp.float32))
-    for g in _grads(fn, q, k, v, jnp.ones(out.shape)):
-        assert np.isfinite(np.asarray(g)).all()
-
-
 def test_masked_softmax_huge_negative_next_to_masked():
     logits = jnp.array([[FMIN, FMIN, 0.0], [FMIN, FMIN + 1e32, 5.0]])
     mask = jnp.array([[True, True, False], [True, True, False]])
@@ -133,40 +92,7 @@ def test_masked_softmax_huge_negative_next_to_masked():
 
 
 # ------------------------------------------------------------------------------------------
-# 3. out-of-range edges under jit: dropped by every implementation
-
-
-@pytest.mark.parametrize("score", ["dot", "additive"])
-def test_out_of_range_edges_are_dropped_everywhere(score):
-    n = 5
-    q, k, v = qkv((2, n, 2, 4), seed=6)
-    senders = jnp.array([0, 1, 7, 3, -1, 4, 2], jnp.int32)  # edges 2 (sender 7) and 4 (sender -1) are out of range
-    receivers = jnp.array([1, 2, 3, 3, 0, 9, 4], jnp.int32)  # edge 5 (receiver 9) too
-    kept = np.array([1, 1, 0, 1, 0, 0, 1], bool)
-    adj = np.zeros((n, n), bool)
-    adj[np.asarray(receivers)[kept], np.asarray(senders)[kept]] = True
-    sc = "dot" if score == "dot" else functools.partial(attnlab.scores.additive, w=jnp.linspace(-1, 1, 4))
-    if score == "dot":
-        expected, _ = np_attention(q, k, v, mask=adj)
-    else:
-        expected = attnlab.attention_reference(q, k, v, mask=adj, score=sc)
-
-    def run(impl):
-        @jax.jit
-        def f(s, r, q, k, v):
-            return attnlab.attention(q, k, v, mask=masks.graph_edges(s, r, n), score=sc, implementation=impl)
-
-        return f
-
-    impls = ["sparse", "reference"] + (["blockwise"] if score == "dot" else [])
-    ct = jax.random.normal(jax.random.key(7), expected.shape)
-    want = _grads(functools.partial(attnlab.attention_reference, mask=adj, score=sc), q, k, v, ct)
-    for impl in impls:
-        out = run(impl)(senders, receivers, q, k, v)
-        np.testing.assert_allclose(np.asarray(out), np.asarray(expected), **tol(jnp.float32), err_msg=impl)
-        got = _grads(functools.partial(run(impl), senders, receivers), q, k, v, ct)
-        for g, w in zip(got, want, strict=True):
-            np.testing.assert_allclose(np.asarray(g), np.asarray(w), **grad_tol(jnp.float32), err_msg=impl)
+# 3. out-of-range edges: dropped by every implementation when traced (tests/conformance.py), named when concrete
 
 
 def test_out_of_range_edges_raise_when_concrete():
@@ -182,13 +108,13 @@ def test_out_of_range_edges_raise_when_concrete():
 # 4. zero-length sequences
 
 
-@pytest.mark.parametrize("implementation", ["reference", "xla", "blockwise", None])
 @pytest.mark.parametrize("t, s", [(0, 5), (4, 0), (0, 0)])
 @pytest.mark.parametrize("mask_kind", ["none", "causal"])
-def test_zero_length_sequences(implementation, t, s, mask_kind):
+def test_zero_length_sequences_by_default(t, s, mask_kind):
+    """The default choice (every implementation: tests/conformance.py)."""
     q, k, v = qkv((2, t, 2, 8), s=s)
     mask = masks.causal() if mask_kind == "causal" else None
-    fn = jax.jit(functools.partial(attnlab.attention, mask=mask, implementation=implementation))
+    fn = jax.jit(functools.partial(attnlab.attention, mask=mask))
     out = fn(q, k, v)
     assert out.shape == (2, t, 2, 8) and out.dtype == q.dtype
     np.testing.assert_array_equal(np.asarray(out), np.zeros((2, t, 2, 8)))  # S = 0 -> zeros
@@ -219,17 +145,17 @@ def test_masked_softmax_of_zero_keys():
 # 5. rank-1 (and rank-0) masks broadcast like biases
 
 
-@pytest.mark.parametrize("implementation", ["reference", "xla", "blockwise", None])
-def test_rank1_mask_broadcasts_like_a_bias(implementation):
+def test_rank1_mask_broadcasts_like_a_bias_by_default():
+    """The default choice (every implementation: tests/conformance.py)."""
     q, k, v = qkv((2, 4, 2, 8), s=6, seed=8)
     mask = np.arange(6) <= 3  # [S]
-    out = attnlab.attention(q, k, v, mask=mask, implementation=implementation)
+    out = attnlab.attention(q, k, v, mask=mask)
     expected, _ = np_attention(q, k, v, mask=np.broadcast_to(mask, (2, 2, 4, 6)))
     np.testing.assert_allclose(np.asarray(out), expected, **tol(jnp.float32))
     # jax.nn accepts the same mask (it broadcasts [S] itself)
     theirs = jax.nn.dot_product_attention(q, k, v, mask=jnp.asarray(mask))
     np.testing.assert_allclose(np.asarray(out), np.asarray(theirs), **tol(jnp.float32))
-    out0 = attnlab.attention(q, k, v, mask=np.bool_(False), implementation=implementation)  # rank 0
+    out0 = attnlab.attention(q, k, v, mask=np.bool_(False))  # rank 0
     np.testing.assert_array_equal(np.asarray(out0), 0.0)
 
 
@@ -238,10 +164,10 @@ def test_rank1_mask_broadcasts_like_a_bias(implementation):
 
 
 @pytest.mark.parametrize("s", [1, 2])
-@pytest.mark.parametrize("implementation", ["xla", None])
-def test_bf16_tiny_shapes_under_jit(implementation, s):
+def test_bf16_tiny_shapes_under_jit_by_default(s):
+    """The default choice (every implementation: tests/conformance.py)."""
     q, k, v = qkv((1, 1, 1, 8), s=s, dtype=jnp.bfloat16, seed=9)
-    fn = jax.jit(functools.partial(attnlab.attention, implementation=implementation))
+    fn = jax.jit(attnlab.attention)
     out = fn(q, k, v)
     expected, _ = np_attention(q, k, v)
     np.testing.assert_allclose(np.asarray(out, np.float32), expected, **tol(jnp.bfloat16))
@@ -264,11 +190,10 @@ q7, k7, v7 = qkv((1, 4, 2, 8), s=5)
     "call, match",
     [
         (lambda: attnlab.attention(q7, k7, v7, scale=jnp.ones(5)), r"scale must be a scalar.*shape \(5,\)"),
-        (
-            lambda: attnlab.attention(q7, k7, v7, scale=np.ones(5), implementation="blockwise"),
-            r"scale must be a scalar",
-        ),
-        (lambda: attnlab.attention(q7, k7, v7, scale=np.ones(5), implementation="xla"), r"scale must be a scalar"),
+        *[  # checked once, when the call is bound: the same error whichever implementation is asked for
+            (functools.partial(attnlab.attention, q7, k7, v7, scale=np.ones(5), implementation=name), "scale must be")
+            for name in attnlab.IMPLEMENTATIONS
+        ],
         (lambda: attnlab.scores.dot_product(q7, k7, scale=jnp.ones((4, 5))), r"dot_product: scale must be a scalar"),
         (lambda: kernels.blockwise_attention(q7, k7, v7, scale=jnp.ones(5)), r"scale must be a scalar"),
         (lambda: attnlab.attention(q7, k7, v7, scale="2"), r"scale must be a real number"),
@@ -286,15 +211,25 @@ def test_bad_input_is_named(call, match):
         call()
 
 
-@pytest.mark.parametrize("implementation", ["reference", "xla", "blockwise"])
-def test_scale_as_a_0d_array_still_works(implementation):
-    q, k, v = qkv((1, 4, 2, 8), s=5)
-    expected, _ = np_attention(q, k, v, scale=0.3)
-    out = attnlab.attention(q, k, v, scale=np.float32(0.3), implementation=implementation)
-    np.testing.assert_allclose(np.asarray(out), expected, **tol(jnp.float32))
-    if implementation != "blockwise":  # a traced scale (blockwise takes it as a static float)
-        out = jax.jit(lambda s: attnlab.attention(q, k, v, scale=s, implementation=implementation))(jnp.float32(0.3))
-        np.testing.assert_allclose(np.asarray(out), expected, **tol(jnp.float32))
+@pytest.mark.parametrize(
+    "x, hint",
+    [
+        (np.array([[0.0, -np.inf], [0.0, 0.0]]), r"additive mask: pass it as `bias=x`, or use `mask=\(x == 0\)`"),
+        (np.array([[1.0, 0.0], [1.0, 1.0]]), r"use `mask=\(x != 0\)` \(1 = attend\)"),
+        (np.array([[1, 0], [1, 1]]), r"use `mask=\(x != 0\)` \(1 = attend\)"),
+        (np.array([[3, 0], [1, 2]]), r"use `mask=\(x != 0\)` \(nonzero = attend\)"),
+        (np.array([[0.5, -2.0], [0.0, 1.0]]), r"not a mask: pass it as `bias=x`"),
+    ],
+    ids=["zero_minus_inf", "float_zero_one", "int_zero_one", "int_other", "float_other"],
+)
+def test_non_bool_mask_hint_fits_its_values(x, hint):
+    """The hint reads the values: `x != 0` would invert an additive 0 / -inf mask."""
+    q, k, v = qkv((2, 1, 4), s=2)
+    with pytest.raises(ValueError, match=r"mask must be a bool array \(True = attend\).*" + hint):
+        attnlab.attention(q, k, v, mask=x)
+    traced = r"`x != 0` for a 0/1 mask \(1 = attend\), `x == 0` for an additive 0/-inf mask"
+    with pytest.raises(ValueError, match=traced):  # values unknown under jit: both readings
+        jax.jit(lambda m: attnlab.attention(q, k, v, mask=m))(x)
 
 
 def test_wrong_wo_is_named():

@@ -44,10 +44,19 @@ def test_mha_module_against_numpy_and_weights():
     np.testing.assert_allclose(got_w, w, **tol(jnp.float32))
 
 
-def test_mha_cross_attention_shapes():
+def test_mha_cross_attention_against_numpy():
     mha = nn.MultiHeadAttention(16, 4, kv_dim=6, rngs=nnx.Rngs(0))
-    y, w = mha(jnp.ones((2, 5, 16)), jnp.ones((2, 9, 6)), return_weights=True)
-    assert y.shape == (2, 5, 16) and w.shape == (2, 4, 5, 9)
+    p = {k: np.asarray(v, np.float64) for k, v in mha.params().items()}
+    x_q = np.asarray(jax.random.normal(jax.random.key(1), (2, 5, 16)))  # [B, T, D]
+    x_kv = np.asarray(jax.random.normal(jax.random.key(2), (2, 9, 6)))  # [B, S, Dkv]: another width
+    q = np.einsum("btd,dnh->btnh", x_q, p["wq"]) + p["bq"]
+    k = np.einsum("bsd,dnh->bsnh", x_kv, p["wk"]) + p["bk"]
+    v = np.einsum("bsd,dnh->bsnh", x_kv, p["wv"]) + p["bv"]
+    o, w = np_attention(q, k, v)
+    y, got_w = mha(jnp.asarray(x_q), jnp.asarray(x_kv), return_weights=True)
+    assert y.shape == (2, 5, 16) and got_w.shape == (2, 4, 5, 9)
+    np.testing.assert_allclose(y, np.einsum("btnh,nhd->btd", o, p["wo"]) + p["bo"], **tol(jnp.float32))
+    np.testing.assert_allclose(got_w, w, **tol(jnp.float32))
 
 
 def test_block_matches_hand_composition():
@@ -137,7 +146,14 @@ def test_bad_arguments_raise():
 
 def test_input_projection_encoder():
     enc = nn.Encoder(input_dim=3, d_model=8, num_layers=1, num_heads=2, rngs=nnx.Rngs(0))
-    assert enc(jnp.ones((2, 4, 3)), jnp.array([4, 2])).shape == (2, 4, 8)
+    feats = jax.random.normal(jax.random.key(5), (2, 4, 3))  # [B, T, F] float features, not ids
+    lengths = jnp.array([4, 2])
+    got = enc(feats, lengths)
+    assert got.shape == (2, 4, 8)
+    # by hand: x W + b (the input projection), sinusoidal positions, the block under padding, the final norm
+    x = feats @ enc.embed.proj.kernel[...] + enc.embed.proj.bias[...] + positional.sinusoidal(4, 8)
+    x = enc.blocks[0](x, mask=masks.padding(lengths, lengths))
+    np.testing.assert_allclose(got, enc.ln_f(x), atol=1e-5)
 
 
 def test_learned_positions_are_added():

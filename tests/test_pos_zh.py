@@ -4,9 +4,11 @@ import json
 
 import jax
 import jax.numpy as jnp
+import matplotlib
 import numpy as np
 import pytest
 from flax import nnx
+from matplotlib import font_manager, ft2font
 
 from attnlab import nn
 from attnlab.data import pku
@@ -186,6 +188,17 @@ def test_char_view_errors_and_backbones():
 # The experiment's smoke config end to end
 
 
+def _cjk_font_file():
+    """The path of an installed font that has Chinese glyphs (the cmap holds 意), or None."""
+    for path in sorted(font_manager.findSystemFonts()):
+        try:
+            if ord("意") in ft2font.FT2Font(path).get_charmap():
+                return path
+        except (OSError, RuntimeError):  # a file FreeType cannot read
+            continue
+    return None
+
+
 @pytest.mark.slow
 def test_smoke_end_to_end(tmp_path, paragraphs):
     from experiments import pos_tagging
@@ -207,7 +220,16 @@ def test_smoke_end_to_end(tmp_path, paragraphs):
     amap = json.loads((run_dir / "attention_map.json").read_text())
     assert np.asarray(amap["weights"]).shape == (1, 5, 5)
     np.testing.assert_allclose(np.asarray(amap["weights"]).sum(-1), 1.0, atol=1e-3)
-    table = pos_tagging.report(tmp_path)
+    font = _cjk_font_file()
+    with matplotlib.rc_context():  # the report's font choice stays inside this test
+        if font is not None:  # the Chinese labels in an installed CJK font (the report prefers the ones it knows)
+            font_manager.fontManager.addfont(font)
+            name = font_manager.FontProperties(fname=font).get_name()
+            matplotlib.rcParams["font.sans-serif"] = [name, *matplotlib.rcParams["font.sans-serif"]]
+            table = pos_tagging.report(tmp_path)
+        else:  # none installed (`make zh-font` installs one): the labels are boxes, and matplotlib says so
+            with pytest.warns(UserWarning, match="missing from font"):
+                table = pos_tagging.report(tmp_path)
     assert "| smoke |" in table and "意思/" in table
     assert (tmp_path / "accuracy.png").exists() and (tmp_path / "attention_map.png").exists()
     with pytest.raises(ValueError, match="unknown pos_zh variant"):

@@ -3,8 +3,9 @@
 Equinox's habit: write the function for one example and let ``jax.vmap`` add the batch. Here each
 case builds its mask *inside* the vmapped function from per-example data (lengths, adjacency,
 edge lists) or closes over a structural mask, and the expected value is an explicit loop over the
-batch calling ``attnlab.attention_reference`` on one example at a time with concrete inputs. The
-same holds for the heads functions, ``multi_head_attention`` (over inputs and over stacked params)
+batch calling ``attnlab.attention_reference`` on one example at a time with concrete inputs, here
+through the default choice (every registered implementation, gradients included: tests/conformance.py).
+The same holds for the heads functions, ``multi_head_attention`` (over inputs and over stacked params)
 and the NNX ``MultiHeadAttention`` module.
 
 Shapes are tiny (B=3, T=S=8) so the whole file runs in seconds.
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import grad_tol, qkv, tol
+from conftest import qkv, tol
 from flax import nnx
 
 import attnlab
@@ -65,9 +66,6 @@ CASES = {
         lambda n: (masks.chunks(4) & masks.padding(n, n)) | masks.global_tokens([1]),
     ),
 }
-# Implementations each case runs on (None = the dispatcher's choice); "reference" is what the
-# reference loop calls.
-IMPLS = [None, "xla", "blockwise"]
 
 
 def _take(data, b):
@@ -97,60 +95,15 @@ def _expected(case):
     return _loop_reference(*qkv((B, T, N, H), seed=1), data, make_mask)
 
 
-@pytest.mark.parametrize("implementation", IMPLS, ids=lambda i: i or "auto")
 @pytest.mark.parametrize("case", list(CASES))
-def test_attention_vmap_equals_reference_loop(case, implementation):
+def test_attention_vmap_equals_reference_loop(case):
+    """The default choice on every mask kind (each registered implementation, outputs and gradients, on the
+    masks that carry per-example data: tests/conformance.py, test_vmap_of_unbatched_calls_equals_a_loop)."""
     data, make_mask = CASES[case]
     q, k, v = qkv((B, T, N, H), seed=1)
-    fn = functools.partial(attnlab.attention, implementation=implementation)
-    out = _vmapped(fn, q, k, v, data, make_mask)
+    out = _vmapped(attnlab.attention, q, k, v, data, make_mask)
     chex.assert_shape(out, (B, T, N, H))
     chex.assert_trees_all_close(out, _expected(case), **tol(jnp.float32))
-
-
-def test_graph_edges_vmap_on_the_sparse_kernel():
-    data, make_mask = CASES["graph_edges"]
-    q, k, v = qkv((B, T, N, H), kv_heads=1, seed=2)
-    fn = functools.partial(attnlab.attention, implementation="sparse")
-    out = _vmapped(fn, q, k, v, data, make_mask)
-    chex.assert_trees_all_close(out, _loop_reference(q, k, v, data, make_mask), **tol(jnp.float32))
-
-
-@pytest.mark.parametrize(
-    "case, dtype",
-    [
-        ("causal_and_padding", jnp.float32),
-        ("graph", jnp.float32),
-        ("bigbird", jnp.float32),
-        ("window_2d", jnp.float32),
-        ("causal_and_padding", jnp.bfloat16),
-    ],
-    ids=["causal_and_padding-fp32", "graph-fp32", "bigbird-fp32", "window_2d-fp32", "causal_and_padding-bf16"],
-)
-def test_attention_vmap_grads_equal_reference_loop(case, dtype):
-    # The blockwise kernel's custom backward under vmap (the dispatcher and xla paths are
-    # differentiated by JAX itself).
-    implementation = "blockwise"
-    data, make_mask = CASES[case]
-    q, k, v = qkv((B, T, N, H), seed=3, dtype=dtype)
-    c = jax.random.normal(jax.random.key(4), (B, T, N, H))
-
-    def loss_vmapped(q, k, v):
-        fn = functools.partial(attnlab.attention, implementation=implementation)
-        out = _vmapped(fn, q, k, v, data, make_mask)
-        return jnp.sum(out.astype(jnp.float32) * c)
-
-    def loss_loop(q, k, v):
-        return jnp.sum(_loop_reference(q, k, v, data, make_mask).astype(jnp.float32) * c)
-
-    got = jax.grad(loss_vmapped, argnums=(0, 1, 2))(q, k, v)
-    want = jax.grad(loss_loop, argnums=(0, 1, 2))(q, k, v)
-    chex.assert_tree_all_finite(got)
-    chex.assert_trees_all_close(
-        jax.tree.map(lambda a: a.astype(jnp.float32), got),
-        jax.tree.map(lambda a: a.astype(jnp.float32), want),
-        **grad_tol(dtype),
-    )
 
 
 def test_attention_weights_vmap_equals_loop():

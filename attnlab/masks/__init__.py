@@ -34,7 +34,7 @@ Example:
 
 Layout of the package (each constructor beside its class):
 
-* ``base``: ``Mask``, layouts, ``And``/``Or``, ``Dense``, ``as_mask``, ``leaf``/``mask_class``;
+* ``base``: ``Mask``, layouts, ``And``/``Or``, ``Dense``, ``as_mask`` (``bool_mask_hint``), ``leaf``/``mask_class``;
 * ``structural``: full, causal, window, window_2d;
 * ``graph``: padding, prefix_lm, document, graph, graph_edges (data-carrying);
 * ``sparse``: chunks, dilated, global_tokens, random_blocks, bigbird;
@@ -61,6 +61,7 @@ from attnlab.masks.base import (
     Or,
     and_all,
     as_mask,
+    bool_mask_hint,
     is_concrete,
     leaf,
     mask_class,
@@ -117,6 +118,7 @@ __all__ = [
     "graph_edges",
     "with_self_loops",
     "as_mask",
+    "bool_mask_hint",
     "and_all",
     "is_concrete",
     "padding_lengths",

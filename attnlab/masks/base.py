@@ -412,6 +412,32 @@ def and_all(masks) -> Mask | None:
     return out
 
 
+def bool_mask_hint(x) -> str:
+    """What to pass instead of a non-bool mask array ``x``, read from its values when they are known.
+
+    A float array of 0 and -inf is an additive mask (a bias): ``bias=x``, or the bool mask ``x == 0``
+    (``x != 0`` would invert it); an array of 0 and 1 is ``x != 0``; other floats are a bias. Traced
+    values (under jit) cannot be read: the hint names both readings.
+
+    Example:
+        >>> bool_mask_hint(np.array([0.0, -np.inf]))
+        'an array of 0 and -inf is an additive mask: pass it as `bias=x`, or use `mask=(x == 0)` (True = attend)'
+    """
+    if not is_concrete(x):
+        return (
+            "use `x != 0` for a 0/1 mask (1 = attend), `x == 0` for an additive 0/-inf mask "
+            "(or pass that one as `bias=x`), or an attnlab.masks object"
+        )
+    values = np.unique(np.asarray(x))
+    if np.isin(values, [0.0, -np.inf]).all() and np.isneginf(values).any():
+        return "an array of 0 and -inf is an additive mask: pass it as `bias=x`, or use `mask=(x == 0)` (True = attend)"
+    if np.isin(values, [0, 1]).all():
+        return "use `mask=(x != 0)` (1 = attend), or an attnlab.masks object"
+    if np.issubdtype(values.dtype, np.floating):
+        return "a float array other than 0/1 is not a mask: pass it as `bias=x` (added to the logits)"
+    return "use `mask=(x != 0)` (nonzero = attend), or an attnlab.masks object"
+
+
 def as_mask(mask, name: str = "mask") -> Mask | None:
     """Turns None, a Mask, or a bool array (broadcastable to ``[..., N, T, S]``) into a Mask.
 
@@ -423,10 +449,7 @@ def as_mask(mask, name: str = "mask") -> Mask | None:
         raise ValueError(f"{name} must be a Mask (attnlab.masks) or a bool array, got {type(mask).__name__}")
     arr = mask if isinstance(mask, jax.Array) else np.asarray(mask)
     if arr.dtype != bool:
-        raise ValueError(
-            f"{name} must be a bool array (True = attend), got dtype {arr.dtype}; "
-            f"use `x != 0` or an attnlab.masks object"
-        )
+        raise ValueError(f"{name} must be a bool array (True = attend), got dtype {arr.dtype}; {bool_mask_hint(arr)}")
     if arr.ndim < 2:  # rank 0 or 1 broadcasts like a bias: [S] -> [1, S]
         arr = arr.reshape((1,) * (2 - arr.ndim) + tuple(arr.shape))
     return Dense(arr)
