@@ -347,9 +347,9 @@ class Additive(Score):
 
             z = jnp.zeros((), jnp.float32)
             init = (
-                jnp.zeros(qf.shape) if dq else z,
-                jnp.zeros(kf.shape) if dk else z,
-                jnp.zeros(w.shape) if leaf_grads else z,
+                jnp.zeros(qf.shape, jnp.float32) if dq else z,
+                jnp.zeros(kf.shape, jnp.float32) if dk else z,
+                jnp.zeros(w.shape, jnp.float32) if leaf_grads else z,
             )
             gq, gk, gw = jax.lax.fori_loop(0, n, step, init)
             return (gq if dq else None), (gk if dk else None), ((gw,) if leaf_grads else ())

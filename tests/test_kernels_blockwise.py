@@ -14,6 +14,7 @@ from conftest import compare, fwd_and_grads, grad_tol, qkv, tol
 
 import attnlab
 from attnlab import kernels, masks
+from attnlab.testing import assert_close
 
 # Odd lengths, not multiples of the (small) tiles, so short last blocks are exercised.
 T, S = 37, 45
@@ -298,3 +299,21 @@ def test_traced_document_ids_skip_tiles_at_run_time_without_retracing():
         assert set(np.nonzero(exact[i])[0].tolist()) <= listed <= set(np.nonzero(static[i])[0].tolist())
     visited, nonempty, scheduled = int(count.sum()), int((exact != masks.EMPTY).sum()), int((static != 0).sum())
     assert visited <= nonempty + nq < scheduled  # at most one extra tile per row (the AND of safe layouts)
+
+
+@pytest.mark.parametrize("T", [33, 64, 100])
+def test_graph_and_padding_closed_over_under_jit(T):
+    # issue 41: with adj and lens closed over (constants) under jit, the graph built inside the trace is traced
+    # while the padding lengths stay concrete; the plan asked the abstract (all-traced) copy of the mask for a
+    # runtime layout that the mask itself does not give ('NoneType' object has no attribute 'astype').
+    rng = np.random.default_rng(T)
+    adj = jnp.asarray(rng.random((T, T)) < 0.2)
+    lens = jnp.asarray([T - 3])
+    q = jnp.asarray(rng.normal(size=(1, T, 2, 8)), jnp.float32)
+
+    def run(impl, q):
+        m = masks.graph(adj, self_loops=True) & masks.padding(kv_lengths=lens)
+        return attnlab.attention(q, q, q, mask=m, implementation=impl)
+
+    out = jax.jit(lambda q: run("blockwise", q))(q)
+    assert_close(out, run("reference", q), jnp.float32)

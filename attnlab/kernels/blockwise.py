@@ -409,11 +409,11 @@ def _plan(layout_fn, call: Call, m, block_sizes: BlockSizes, platform: str) -> _
     kinds = set(np.unique(kind).tolist())
     # a mask whose data is traced refines the static layout on device (EMPTY tiles skipped, FULL
     # tiles unmasked), with no recompile when the data changes
+    # (asked of the mask itself, not of its abstract shape: a mask whose data is partly concrete, e.g. a graph
+    # built under jit & padding lengths closed over as constants, has no runtime layout though eval_shape's
+    # abstract copy, all of it traced, would have one)
     runtime = (
-        m is not None
-        and not m.is_static
-        and masks_lib.PARTIAL in kinds
-        and jax.eval_shape(lambda mm: mm.runtime_layout(T, S, bq, bk), m) is not None
+        m is not None and not m.is_static and masks_lib.PARTIAL in kinds and m.runtime_layout(T, S, bq, bk) is not None
     )
     if runtime:
         kinds |= {masks_lib.FULL}
