@@ -4,7 +4,7 @@ Layout follows ``jax.nn.dot_product_attention``: queries ``[..., T, N, H]``, key
 ``[..., S, K, H]``. See README.md for a tour.
 """
 
-from attnlab import dispatch, efficient, kernels, masks, parallel, positional, scores
+from attnlab import dispatch, efficient, kernels, masks, parallel, platform, positional, scores, tuning
 from attnlab.attention import (
     IMPLEMENTATIONS,
     attention,
@@ -14,6 +14,8 @@ from attnlab.attention import (
 )
 from attnlab.dispatch import explain
 from attnlab.heads import init_multi_head_params, merge_heads, multi_head_attention, split_heads
+from attnlab.platform import lowering_for
+from attnlab.tuning import autotune
 
 __version__ = "0.1.0"
 
@@ -41,17 +43,21 @@ __all__ = [  # the lazily loaded modules are not in __all__: `from attnlab impor
     "attention",
     "attention_reference",
     "attention_weights",
+    "autotune",
     "dispatch",
     "efficient",
     "explain",
     "kernels",
     "init_multi_head_params",
+    "lowering_for",
     "masked_softmax",
     "masks",
     "merge_heads",
     "multi_head_attention",
     "parallel",
+    "platform",
     "positional",
     "scores",
     "split_heads",
+    "tuning",
 ]
