@@ -7,7 +7,7 @@ staging folder (the Makefile's build/docs-site-src/; a test's temporary folder) 
 when the build starts (`config-inited`): copies of the pages at the paths they have in the repository,
 so every relative link of the Markdown resolves as it does on GitHub, links to the other repository
 files for the links into the code, and the generated pages: index.md (the README and the navigation)
-and api/*.rst. Nothing is generated inside the repository.
+and api/*.rst. No tracked file is written.
 
 What is picked up with no edit here:
 
@@ -214,8 +214,9 @@ def _api_index(entries) -> str:
         "=============",
         "",
         "Generated from the docstrings of every public module: the names in its ``__all__``, each "
-        "documented once at its shortest public path. ``import attnlab`` loads ``attnlab.nn``, "
-        "``attnlab.train``, ``attnlab.data`` and ``attnlab.decoding`` on first use.",
+        "documented once at its shortest public path. ``import attnlab`` loads "
+        + ", ".join(f"``attnlab.{m}``" for m in attnlab._LAZY_MODULES)
+        + " on first use (:doc:`../docs/install`).",
         "",
         ".. list-table::",
         "   :header-rows: 1",
