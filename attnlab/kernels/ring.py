@@ -52,7 +52,15 @@ import numpy as np
 from attnlab import masks as masks_lib
 from attnlab.kernels import _tiles
 
-__all__ = ["LAYOUTS", "shard_layout", "pair_layouts", "global_positions", "ring_attention_shard"]
+__all__ = [
+    "LAYOUTS",
+    "shard_layout",
+    "pair_layouts",
+    "global_positions",
+    "RingStatic",
+    "make_static",
+    "ring_attention_shard",
+]
 
 LAYOUTS = ("contiguous", "zigzag")  # how the sequence's chunks are assigned to the ring's devices
 
