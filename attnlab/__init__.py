@@ -19,9 +19,10 @@ from attnlab.tuning import autotune
 
 __version__ = "0.1.0"
 
-# Loaded on first use (`attnlab.nn.Encoder`, `attnlab.train.train`, ...): they pull in flax, optax, orbax
-# and the data libraries, which the attention functions above do not need. `import attnlab.nn` works too.
-_LAZY_MODULES = ("data", "decoding", "nn", "train")
+# Loaded on first use (`attnlab.nn.Encoder`, `attnlab.train.train`, `attnlab.inspect.capture`, ...): they
+# pull in flax, optax, orbax and the data libraries, which the attention functions above do not need.
+# `import attnlab.nn` works too.
+_LAZY_MODULES = ("data", "decoding", "inspect", "nn", "train")
 
 
 def __getattr__(name):

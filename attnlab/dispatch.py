@@ -69,14 +69,15 @@ class Explanation:
 
     Attributes:
         backend: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
-        implementation: the chosen implementation's name.
+        implementation: the chosen implementation's name; None when no candidate supports the call
+            (``attention`` would raise).
         candidates: ``(name, reason)`` in the order tried; reason None for the chosen one and for
             supported candidates after it (``"not reached"`` in the table).
         automatic: True for ``implementation=None`` (pay-off rules applied).
     """
 
     backend: str
-    implementation: str
+    implementation: str | None
     candidates: tuple[tuple[str, str | None], ...]
     automatic: bool = True
 

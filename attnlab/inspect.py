@@ -631,7 +631,7 @@ def summarise(
             ``edge_mass`` / ``non_edge_mass``.
 
     Returns:
-        dict of fp32 arrays: ``entropy [N]`` (nats), ``distance [N]`` (mean Σ_s w[t, s] |s - t|),
+        dict of fp32 arrays: ``entropy [N]`` (nats), ``distance [N]`` (mean ``Σ_s w[t, s] |s - t|``),
         ``offset_mass [N, len(offsets)]``, ``diagonal [N]`` (weight on s = t), ``first [N]`` (on
         s = 0), ``rows [N]`` (rows counted) and with ``adjacency`` ``edge_mass [N]`` and
         ``non_edge_mass [N]``.

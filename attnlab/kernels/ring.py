@@ -54,7 +54,15 @@ from attnlab import scores as scores_lib
 from attnlab.kernels import schedule, xla_loops
 from attnlab.kernels import tile_core as core
 
-__all__ = ["LAYOUTS", "shard_layout", "pair_layouts", "global_positions", "ring_attention_shard"]
+__all__ = [
+    "LAYOUTS",
+    "shard_layout",
+    "pair_layouts",
+    "global_positions",
+    "RingStatic",
+    "make_static",
+    "ring_attention_shard",
+]
 
 LAYOUTS = ("contiguous", "zigzag")  # how the sequence's chunks are assigned to the ring's devices
 
