@@ -84,6 +84,7 @@ print(json.dumps({
     "version": attnlab.__version__,
     "dist_version": importlib.metadata.version("attnlab"),
     "py_typed": importlib.resources.files("attnlab").joinpath("py.typed").is_file(),
+    "tuning_entries": len(attnlab.tuning.load(str(importlib.resources.files("attnlab") / "tuning_table.json"))),
     "unresolved": unresolved,
     "padded_rows_zero": bool(jnp.all(out[1, 57:] == 0)),
     "max_abs_diff_vs_numpy": float(np.abs(np.asarray(out) - hand).max()),
@@ -147,6 +148,7 @@ def test_the_wheel_holds_the_package_and_its_type_marker(wheel):
     tops = {n.split("/")[0] for n in names}
     assert tops == {"attnlab", f"attnlab-{attnlab.__version__}.dist-info"}, tops  # no tests, no experiments
     assert "attnlab/py.typed" in names
+    assert "attnlab/tuning_table.json" in names  # the committed tile table attnlab.tuning reads
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "attnlab").rglob("*.py")}
     assert modules <= set(names), sorted(modules - set(names))  # every module, subpackages too
     assert f"Version: {attnlab.__version__}" in metadata and "Requires-Dist: jax" in metadata
@@ -164,6 +166,7 @@ def test_the_installed_wheel_works_from_outside_the_repository(venv, tmp_path):
     assert Path(result["file"]).is_relative_to(venv.resolve()), result["file"]  # the wheel's, not the checkout's
     assert result["version"] == result["dist_version"] == attnlab.__version__
     assert result["py_typed"]
+    assert result["tuning_entries"] == len(attnlab.tuning.load(ROOT / "attnlab" / "tuning_table.json")) > 0
     assert result["unresolved"] == [], f"named in the docs but not there after `import attnlab`: {result['unresolved']}"
     assert result["padded_rows_zero"] and result["max_abs_diff_vs_numpy"] < 1e-4
 
