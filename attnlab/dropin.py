@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnlab import dispatch
+from attnlab import dispatch, numerics
 from attnlab import masks as masks_lib
 from attnlab.call import bind
 from attnlab.impls.reference import weights_lse
@@ -213,8 +213,8 @@ def _check_lengths(lengths, name, B):
     return jnp.maximum(lengths, 0)  # jax.nn compares positions with them: a negative length is 0
 
 
-def _window_mask(local_window_size):
-    """jax.nn's window ``t - left <= s <= t + right`` as ``masks.window`` (negative sizes move its offset)."""
+def _window_pair(local_window_size) -> tuple[int, int]:
+    """jax.nn's ``local_window_size``: one int (both sides) or a pair of ints (left, right)."""
     if isinstance(local_window_size, (int, np.integer)) and not isinstance(local_window_size, bool):
         local_window_size = (local_window_size, local_window_size)
     ok = (
@@ -226,7 +226,12 @@ def _window_mask(local_window_size):
         raise ValueError(
             f"{_FN}: local_window_size must be an int or a pair of ints (left, right), got {local_window_size!r}"
         )
-    left, right = (int(w) for w in local_window_size)
+    return int(local_window_size[0]), int(local_window_size[1])
+
+
+def _window_mask(window):
+    """jax.nn's window ``t - left <= s <= t + right`` as ``masks.window`` (negative sizes move its offset)."""
+    left, right = window
     if left + right < 0:  # no key in any row's window
         return masks_lib.Dense(np.zeros((1, 1), bool))
     offset = -left if left < 0 else (right if right < 0 else 0)  # window(l', r', offset=o): t+o-l' <= s <= t+o+r'
@@ -304,10 +309,13 @@ def dot_product_attention(
         query, key, value, bias, mask, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
         key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
     )  # fmt: skip
-    out, lse = attend(
-        c.q, c.k, c.v, mask=c.mask, bias=c.bias, score=score, scale=scale, implementation=implementation,
-        empty_rows=empty_rows, return_lse=return_residual,
-    )  # fmt: skip
+    if _runs_as_jax_nn(c, score, scale, implementation):
+        out, lse = _jax_nn_xla(c, scale, empty_rows, return_residual)
+    else:
+        out, lse = attend(
+            c.q, c.k, c.v, mask=c.mask, bias=c.bias, score=score, scale=scale, implementation=implementation,
+            empty_rows=empty_rows, return_lse=return_residual,
+        )  # fmt: skip
     if c.q_len is not None and empty_rows == "mean":  # jax.nn zeroes the rows past the query lengths
         valid = jnp.arange(c.q.shape[1])[None, :] < c.q_len[:, None]  # [B, T]
         out = jnp.where(valid[:, :, None, None], out, jnp.zeros((), out.dtype))
@@ -366,6 +374,11 @@ class _Translated:
     bias: jax.Array | None
     q_len: jax.Array | None
     out_shape: tuple
+    # jax.nn's own form of the structural parts (for the dense XLA route)
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    kv_len: jax.Array | None = None
+    mask_given: bool = False
 
 
 def _translate(
@@ -415,10 +428,72 @@ def _translate(
         raise ValueError(f"{_FN}: is_causal must be a Python bool, got {type(is_causal).__name__}")
     if is_causal:
         parts.append(masks_lib.causal())
+    window = None
     if local_window_size is not None:
-        parts.append(_window_mask(local_window_size))
+        window = _window_pair(local_window_size)
+        parts.append(_window_mask(window))
     q_len = _check_lengths(query_seq_lengths, "query_seq_lengths", B)
     kv_len = _check_lengths(key_value_seq_lengths, "key_value_seq_lengths", B)
     if q_len is not None or kv_len is not None:
         parts.append(masks_lib.padding(q_lengths=q_len, kv_lengths=kv_len))
-    return _Translated(q, k, v, masks_lib.and_all(parts), bias, q_len, out_shape)
+    return _Translated(
+        q, k, v, masks_lib.and_all(parts), bias, q_len, out_shape, causal=bool(is_causal), window=window,
+        kv_len=kv_len, mask_given=mask is not None,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------
+# Small dense calls: jax.nn's own XLA program
+
+
+def _runs_as_jax_nn(c: _Translated, score, scale, implementation) -> bool:
+    """True when the call goes to dense XLA (attnlab's choice, or implementation="xla") and jax.nn can take
+    it in its own form: no bias, no mask argument, no score, no empty T or S. jax.nn's program then runs as
+    it is (its is_causal / window / lengths, not attnlab's mask as an fp32 bias), with only the rows that
+    have no key zeroed, found from the structure in O(B * T) (without a bias no allowed logit is near
+    jax.nn's fill value -0.7 * max, so its masking is exactly attnlab's)."""
+    if c.bias is not None or score is not None or c.mask_given or c.q.shape[1] == 0 or c.k.shape[1] == 0:
+        return False
+    if implementation == "xla":
+        return True
+    if implementation is not None:
+        return False
+    call = bind(c.q, c.k, c.v, mask=c.mask, scale=scale, fn=_FN)
+    return dispatch.choose(call).name == "xla"
+
+
+def _rows_with_a_key(c: _Translated):
+    """bool ``[B, T]`` (None when every row has one) from is_causal, the window and the lengths."""
+    B, T, S = c.q.shape[0], c.q.shape[1], c.k.shape[1]
+    t = np.arange(T)
+    lo, hi = np.zeros(T, np.int64), np.full(T, S - 1, np.int64)  # the keys row t may see: lo <= s <= hi
+    if c.causal:
+        hi = np.minimum(hi, t)
+    if c.window is not None:
+        lo, hi = np.maximum(lo, t - c.window[0]), np.minimum(hi, t + c.window[1])
+    if c.kv_len is None and c.q_len is None:
+        has = lo <= hi
+        return None if has.all() else jnp.broadcast_to(jnp.asarray(has), (B, T))
+    if c.kv_len is not None:
+        hi = jnp.minimum(jnp.asarray(hi)[None, :], c.kv_len[:, None] - 1)  # [B, T]
+    has = jnp.asarray(lo)[None, :] <= hi
+    if c.q_len is not None:  # padded queries (jax.nn zeroes their output, not their lse)
+        has = has & (jnp.arange(T)[None, :] < c.q_len[:, None])
+    return jnp.broadcast_to(has, (B, T))
+
+
+def _jax_nn_xla(c: _Translated, scale, empty_rows, return_residual):
+    """jax.nn.dot_product_attention(implementation="xla") on the call (half precision computed in fp32 on the
+    CPU, as attnlab's "xla"), empty rows by ``empty_rows`` -> (out [B, T, N, H], lse [B, T, N] or None)."""
+    compute = numerics.compute_dtype(c.q.dtype)
+    q, k, v = (x.astype(compute) for x in (c.q, c.k, c.v))
+    res = jax.nn.dot_product_attention(
+        q, k, v, scale=scale, is_causal=c.causal, query_seq_lengths=c.q_len, key_value_seq_lengths=c.kv_len,
+        local_window_size=c.window, implementation="xla", return_residual=return_residual,
+    )  # fmt: skip
+    out, lse = res if return_residual else (res, None)
+    has = _rows_with_a_key(c) if empty_rows == "zeros" else None
+    if has is not None:
+        out = jnp.where(has[:, :, None, None], out, jnp.zeros((), out.dtype))
+        lse = None if lse is None else jnp.where(has[:, :, None], lse, -jnp.inf)
+    return out.astype(c.q.dtype), lse

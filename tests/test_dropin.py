@@ -166,33 +166,84 @@ def test_bias_gradient_against_jax_nn(batch, use_vmap):
 # shapes jax.nn takes that the cases above do not cover
 
 
+def _np_allowed(T, S, B, kw):
+    """The [B, T, S] pairs jax.nn's is_causal / local_window_size / lengths allow, written out in numpy."""
+    t, s = np.arange(T)[:, None], np.arange(S)[None, :]
+    ok = np.ones((B, T, S), bool)
+    if kw.get("is_causal"):
+        ok &= s <= t
+    w = kw.get("local_window_size")
+    if w is not None:
+        left, right = (w, w) if isinstance(w, int) else w
+        ok &= (s >= t - left) & (s <= t + right)
+    if "key_value_seq_lengths" in kw:
+        ok &= s[None] < np.asarray(kw["key_value_seq_lengths"])[:, None, None]
+    return ok
+
+
 @pytest.mark.parametrize(
     "shape_q, shape_kv, kw",
     [
         ((6, 4, 8), (9, 2, 8), dict()),  # [T, N, H], cross-attention T != S, GQA
         ((6, 4, 8), (9, 2, 8), dict(is_causal=True)),  # top-left aligned: key s <= query t
-        ((2, 9, 2, 8), (2, 6, 1, 8), dict(is_causal=True, local_window_size=1)),  # one int: (1, 1)
+        ((2, 9, 2, 8), (2, 6, 1, 8), dict(is_causal=True, local_window_size=1)),  # one int: (1, 1); rows 7, 8 empty
         ((1, 64, 2, 16), (1, 64, 2, 16), dict(local_window_size=(-3, 7))),  # a window that excludes t itself
         ((1, 64, 2, 16), (1, 64, 2, 16), dict(local_window_size=(5, -2))),
         ((1, 16, 2, 8), (1, 16, 2, 8), dict(local_window_size=(-3, 1))),  # left + right < 0: every row empty
         ((2, 5, 1, 4), (2, 7, 1, 4), dict(scale=0.3, key_value_seq_lengths=jnp.array([7, -2], jnp.int32))),
+        ((2, 5, 1, 4), (2, 7, 1, 4), dict(is_causal=True, key_value_seq_lengths=jnp.array([0, 3], jnp.int32))),
     ],
 )
-@pytest.mark.parametrize("implementation", [None, "blockwise", "reference"])
+@pytest.mark.parametrize("implementation", [None, "xla", "blockwise", "reference"])
 def test_shapes_windows_and_lengths_against_jax_nn(shape_q, shape_kv, kw, implementation):
-    """3-D inputs, T != S, one-int and negative windows, a negative length (jax.nn: no key): out and grads.
+    """3-D inputs, T != S, one-int and negative windows, zero and negative lengths: out and grads.
 
-    Empty rows (a negative length, a window with no key) are jax.nn's mean with ``empty_rows="mean"``."""
+    The rows with no key (from the structure, written out in numpy) are jax.nn's mean with
+    empty_rows="mean", zeros with zero gradients by default; the other rows are jax.nn's either way."""
     ks = jax.random.split(jax.random.key(3), 3)
     q = _normal(ks[0], shape_q, jnp.float32)
     k, v = _normal(ks[1], shape_kv, jnp.float32), _normal(ks[2], shape_kv, jnp.float32)
-    ours = functools.partial(attnlab.dot_product_attention, implementation=implementation, empty_rows="mean", **kw)
-    out, grads = fwd_and_grads(ours, q, k, v)
+    B = shape_q[0] if len(shape_q) == 4 else 1
+    empty = ~_np_allowed(shape_q[-3], shape_kv[-3], B, kw).any(-1).reshape(shape_q[:-2])  # [B, T] or [T]
+    keep = jnp.asarray(~empty)[..., None, None]
     ref, grads_ref = fwd_and_grads(functools.partial(jax.nn.dot_product_attention, **kw), q, k, v)
-    assert out.shape == q.shape
-    compare(out, ref, testing.tolerance(jnp.float32))
-    for g, g_ref in zip(grads, grads_ref, strict=True):
-        compare(g, g_ref, testing.tolerance(jnp.float32, "grad"))
+    _, grads_ref_kept = fwd_and_grads(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, **kw) * keep, q, k, v)
+    for convention, expected_grads in (("mean", grads_ref), ("zeros", grads_ref_kept)):
+        ours = functools.partial(
+            attnlab.dot_product_attention, implementation=implementation, empty_rows=convention, **kw
+        )
+        out, grads = fwd_and_grads(ours, q, k, v)
+        assert out.shape == q.shape
+        expected = ref if convention == "mean" else jnp.where(keep, ref, 0.0)
+        compare(out, expected, testing.tolerance(jnp.float32))
+        if convention == "zeros":
+            assert np.all(np.asarray(out)[empty] == 0)
+        for g, g_ref in zip(grads, expected_grads, strict=True):
+            compare(g, g_ref, testing.tolerance(jnp.float32, "grad"))
+
+
+def test_small_dense_calls_run_jax_nn_as_it_is():
+    """Where attnlab would run dense XLA anyway and jax.nn can take the call in its own form (no bias, no mask
+    argument, no score), its program runs as it is: is_causal, windows and lengths are jax.nn's, not a
+    dense fp32 bias (that conversion made tiny causal calls ~25% slower than jax.nn)."""
+    from attnlab import dropin
+
+    q = _x(1, 16, 2, 8)
+
+    def routed(implementation=None, bias=None, mask=None, **kw):
+        c = dropin._translate(q, q, q, bias, mask, **{**NO_STRUCTURE, **kw})
+        return dropin._runs_as_jax_nn(c, None, None, implementation)
+
+    assert routed() and routed(is_causal=True) and routed(local_window_size=(3, 2), is_causal=True)
+    assert routed(key_value_seq_lengths=jnp.array([3], jnp.int32), implementation="xla")
+    assert not routed(bias=_x(1, 1, 16, 16)) and not routed(mask=jnp.ones((1, 1, 16, 16), bool))
+    assert not routed(implementation="blockwise")
+    big = _x(1, 1024, 2, 8)
+    c = dropin._translate(big, big, big, None, None, **{**NO_STRUCTURE, "is_causal": True})
+    assert not dropin._runs_as_jax_nn(c, None, None, None)  # attnlab chooses blockwise there
+
+
+NO_STRUCTURE = dict(is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None)
 
 
 def test_jit_with_traced_lengths_and_mask_compiles_once():
