@@ -6,7 +6,7 @@
     from flax import nnx
     import attnlab.flax
 
-    layer = nnx.MultiHeadAttention(8, 512, attention_fn=attnlab.flax.attention_fn, rngs=nnx.Rngs(0))
+    layer = nnx.MultiHeadAttention(8, 512, decode=False, attention_fn=attnlab.flax.attention_fn, rngs=nnx.Rngs(0))
     y = layer(x, mask=nnx.make_causal_mask(tokens))          # the module's own masks, as before
     y = layer(x, mask=masks.document(ids) & masks.causal())   # or any attnlab mask, through the call
 
