@@ -72,10 +72,15 @@ def _nnx_value_and_grads(layer, x, rows, call_kw):
     return run(layer, x)
 
 
-@pytest.mark.parametrize("kind", ["none", "causal_mask", "is_causal", "padding", "causal_and_padding", "bool_padding"])
+NNX_CASES = [
+    (kind, None) for kind in ("none", "causal_mask", "is_causal", "padding", "causal_and_padding", "bool_padding")
+]
+NNX_CASES += [("is_causal", 2), ("causal_and_padding", 2)]  # GQA: 2 key/value heads for 4 query heads
+
+
+@pytest.mark.parametrize("kind, num_kv_heads", NNX_CASES)
 @pytest.mark.parametrize("empty_rows", ["zeros", "mean"])
-@pytest.mark.parametrize("num_kv_heads", [None, 2])
-def test_nnx_module_equals_stock(kind, empty_rows, num_kv_heads):
+def test_nnx_module_equals_stock(kind, num_kv_heads, empty_rows):
     """nnx.MultiHeadAttention with attnlab's attention_fn: outputs and gradients as stock (GQA too)."""
     call_kw, rows = _masks(kind)
     stock, ours = _nnx_pair(af.make_attention_fn(empty_rows=empty_rows), num_kv_heads=num_kv_heads)
