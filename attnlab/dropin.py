@@ -15,7 +15,9 @@ array is a mask whose empty tiles the blockwise kernel finds on device (``ArrayM
 so ``attnlab.dispatch`` can pick a kernel that skips the tiles they empty (a ±128 window at 8K is
 not computed densely). attnlab's extras are keywords: ``mask=`` may be an ``attnlab.masks`` object
 (documents, predicates, BigBird, ...), ``score=`` an ``attnlab.scores`` score, ``implementation=``
-any of attnlab's names.
+any of attnlab's names. Where attnlab would run dense XLA anyway (small calls) and the call has no
+bias, mask argument or score, jax.nn's own program runs as it is (``_runs_as_jax_nn``), so such a call
+is never slower than jax.nn; ``explain(...)`` says which implementation a call runs.
 
 The one place attnlab and jax.nn disagree is a query row with no key to attend to (a mask row of
 all False, ``key_value_seq_lengths`` of 0): jax.nn spreads it uniformly over all S keys (the mean
