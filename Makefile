@@ -41,6 +41,7 @@ COMPARE_FLAGS ?=
 CLAIMS_FLAGS ?=
 DETR_FLAGS ?=
 PACKED_FLAGS ?=
+ADOPT_FLAGS ?=
 POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos learned
 POS_ZH_VARIANTS := attention mlp cnn gru
 
@@ -97,7 +98,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -315,6 +316,9 @@ packed-docs: $(DEPS)  ## packed documents in one 8K row, ids traced vs concrete 
 
 scores: $(DEPS)  ## scores in the blockwise tiles: SoftCap and a ScoreMod (ALiBi) vs dot at 4K, additive fwd+bwd at 16K (memory, GFLOP/s) -> results/scores/
 	$(PY) -m benchmarks.scores --out results/scores
+
+adopt-bench: $(DEPS)  ## one line to adopt: attnlab.dot_product_attention vs jax.nn on the same calls (up to a ±128 window at 8K), stock Flax NNX / linen attention with attnlab.flax.attention_fn (2 layers, D=512, T=2048, fwd+bwd), side by side -> results/adopt/
+	$(PY) -m benchmarks.adopt --out results/adopt $(ADOPT_FLAGS)
 
 gpu-check: $(DEPS)  ## on a GPU: every GPU implementation vs the reference, bf16 speed 4K-32K vs cuDNN, Pallas tiles, memory (<= 19 min: --minutes in GPU_CHECK_FLAGS trims it) -> results/gpu_check.json
 	PYTHONPATH=. $(PY) -m benchmarks.gpu_check --out results/gpu_check.json $(GPU_CHECK_FLAGS)

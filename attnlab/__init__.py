@@ -5,6 +5,7 @@ Layout follows ``jax.nn.dot_product_attention``: queries ``[..., T, N, H]``, key
 """
 
 from attnlab import dispatch, efficient, kernels, masks, parallel, platform, positional, scores, tuning
+from attnlab import flax as flax  # attnlab.flax.attention_fn: Flax's attention_fn (imports flax only to sow weights)
 from attnlab.attention import (
     IMPLEMENTATIONS,
     attention,
@@ -13,6 +14,7 @@ from attnlab.attention import (
     masked_softmax,
 )
 from attnlab.dispatch import explain
+from attnlab.dropin import dot_product_attention
 from attnlab.heads import init_multi_head_params, merge_heads, multi_head_attention, split_heads
 from attnlab.platform import lowering_for
 from attnlab.tuning import autotune
@@ -46,6 +48,7 @@ __all__ = [  # the lazily loaded modules are not in __all__: `from attnlab impor
     "attention_weights",
     "autotune",
     "dispatch",
+    "dot_product_attention",
     "efficient",
     "explain",
     "kernels",
