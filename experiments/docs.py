@@ -35,6 +35,8 @@ from pathlib import Path
 
 from absl import app, flags
 
+from experiments.tables import markdown_table, ms
+
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = Path("docs/results/sweep")
 BENCH = Path("benchmarks/results/cpu-2core-shared")
@@ -46,19 +48,8 @@ MARKERS = re.compile(
 )
 
 
-def _ms(x: float) -> str:
-    """Three significant figures, as the tables have always been written: 633, 71.6, 9.42."""
-    if x >= 100:
-        return f"{x:.0f}"
-    if x >= 10:
-        return f"{x:.1f}"
-    return f"{x:.2f}"
-
-
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return markdown_table(header, rows) + "\n"
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -105,7 +96,7 @@ def sweep_pivot(root: Path, seq_len: int = 2048, num_heads: int = 8) -> str:
             row = [mask, mode]
             for impl in impls:
                 r = cells.get((mask, mode, impl))
-                row.append("" if r is None else _ms(r["min_ms"]) if r["status"] == "ok" else r["status"])
+                row.append("" if r is None else ms(r["min_ms"]) if r["status"] == "ok" else r["status"])
             rows.append(row)
     return _table(["mask", "mode", *impls], rows)
 
@@ -210,7 +201,7 @@ def bench_suite(root: Path, file: str, suite: str, per_token: bool = False) -> s
         row = [f"{n // 1024}K"]
         for impl in impls:
             r = by.get((impl, n))
-            cell = "" if r is None else _ms(r["ms"])
+            cell = "" if r is None else ms(r["ms"])
             if r is not None and per_token and impl in ours:
                 cell += f" ({r['us_per_token']:.1f})"
             row.append(cell)
@@ -441,9 +432,9 @@ def gpu_speed(root: Path) -> str:
                     if r is None:
                         shown.append("")
                     elif impl == "cudnn":
-                        shown.append(_ms(r["ms"]))
+                        shown.append(ms(r["ms"]))
                     else:
-                        shown.append(f"{_ms(r['ms'])} ({r['vs_cudnn']:.2f}x)")
+                        shown.append(f"{ms(r['ms'])} ({r['vs_cudnn']:.2f}x)")
                 out.append([direction, impl, label, *shown])
     header = ["direction", "implementation", "case", *(f"H={H}, T={T // 1024}K ms (vs cuDNN)" for H, T in cols)]
     mem = {r["implementation"]: r for r in _h200(root, "run1_gpu_check.json")["memory"] if r["status"] == "ok"}
@@ -474,7 +465,7 @@ def gpu_headline(root: Path) -> str:
         row = [_CASES[mine], _CASES[theirs]]
         for direction in ("fwd", "fwd+bwd"):
             p, c = cells[("pallas", *mine, direction)], cells[("cudnn", *theirs, direction)]
-            row += [_ms(c["ms"]), f"{_ms(p['ms'])} ({p['vs_cudnn']:.2f}x)"]
+            row += [ms(c["ms"]), f"{ms(p['ms'])} ({p['vs_cudnn']:.2f}x)"]
         out.append(row)
     header = ["pallas case", "cuDNN case", "cuDNN fwd ms", "pallas fwd ms (vs cuDNN)", "cuDNN fwd+bwd ms",
               "pallas fwd+bwd ms (vs cuDNN)"]  # fmt: skip
@@ -489,8 +480,8 @@ def gpu_blocks(root: Path) -> str:
     for key in dict.fromkeys((r["mask"], r["H"], r["direction"]) for r in rows):
         mine = {(r["block_q"], r["block_k"]): r for r in rows if (r["mask"], r["H"], r["direction"]) == key}
         ref = next(r for r in rows if (r["mask"], r["H"], r["direction"]) == key and r["implementation"] == "cudnn")
-        cells = [f"{_ms(mine[b]['ms'])} ({mine[b]['vs_cudnn']:.2f}x)" if b in mine else "not run" for b in shapes]
-        out.append([key[0], str(key[1]), key[2], _ms(ref["ms"]), *cells])
+        cells = [f"{ms(mine[b]['ms'])} ({mine[b]['vs_cudnn']:.2f}x)" if b in mine else "not run" for b in shapes]
+        out.append([key[0], str(key[1]), key[2], ms(ref["ms"]), *cells])
     T = rows[0]["T"]
     return _table(["mask", "H", "direction", "cuDNN ms", *(f"({q}, {k})" for q, k in shapes)], out) + (
         f"\nbf16, T={T // 1024}K, 16 heads; ms (cuDNN ms / ms); cells past the section's time budget: not run.\n"

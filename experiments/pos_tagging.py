@@ -350,35 +350,31 @@ def report(folder: Path) -> str:
     results = sorted(common.read_jsonl(folder / "results.jsonl"), key=lambda r: r["variant"])
     if not results:
         raise FileNotFoundError(f"no results.jsonl under {folder}: run the experiment first")
-    lines = [
-        "| model | test acc | ambiguous acc | OOV acc | train time (s) | steps | params |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r['variant']} | {100 * r['test_accuracy']:.2f} | "
-            f"{100 * r['test_ambiguous_accuracy']:.2f} | {100 * r['test_oov_accuracy']:.2f} | "
-            f"{r['train_time_s']:.0f} | {r['steps']} | {r['params']:,} |"
-        )
+    header = ["model", "test acc", "ambiguous acc", "OOV acc", "train time (s)", "steps", "params"]
+    rows = [
+        [r["variant"], f"{100 * r['test_accuracy']:.2f}", f"{100 * r['test_ambiguous_accuracy']:.2f}",
+         f"{100 * r['test_oov_accuracy']:.2f}", f"{r['train_time_s']:.0f}", r["steps"], f"{r['params']:,}"]
+        for r in results
+    ]  # fmt: skip
+    note = ""
     if any("focus_word" in r for r in results):  # Chinese runs: the note's word and sentence
         word = next(r["focus_word"] for r in results if "focus_word" in r)
-        lines[0] += f" {word} in dev+test | words containing {word} | example sentence (predicted tags) |"
-        lines[1] += "---|---|---|"
-        for i, r in enumerate(results, start=2):
-            if "focus_word" in r:
-                ex = r["example"]
-                lines[i] += (
-                    f" {r['focus_correct']}/{r['focus_tokens']} | "
-                    f"{r['focus_substring_correct']}/{r['focus_substring_tokens']} | "
-                    f"{' '.join(f'{w}/{t}' for w, t in zip(ex['words'], ex['pred'], strict=True))} |"
-                )
-            else:
-                lines[i] += " | | |"
+        header += [f"{word} in dev+test", f"words containing {word}", "example sentence (predicted tags)"]
+        for row, r in zip(rows, results, strict=True):
+            ex = r.get("example", {})
+            row += (
+                [
+                    f"{r['focus_correct']}/{r['focus_tokens']}",
+                    f"{r['focus_substring_correct']}/{r['focus_substring_tokens']}",
+                    " ".join(f"{w}/{t}" for w, t in zip(ex["words"], ex["pred"], strict=True)),
+                ]
+                if "focus_word" in r
+                else ["", "", ""]
+            )
         golds = {" ".join(r["example"]["gold"]) for r in results if r.get("example", {}).get("gold")}
         if golds:
-            lines.append("")
-            lines.append(f"Example gold (the note's reading, PKU tags): {golds.pop()}")
-    table = "\n".join(lines)
+            note = f"\n\nExample gold (the note's reading, PKU tags): {golds.pop()}"
+    table = common.markdown_table(header, rows) + note
     (folder / "summary.md").write_text(table + "\n")
 
     fig, ax = plt.subplots(figsize=(1.2 * len(results) + 2, 3.5))
