@@ -44,6 +44,7 @@ import optax
 from absl import app, flags, logging
 
 from attnlab import train as train_lib
+from experiments.figures import pyplot, save_figure
 from experiments.measure import compiled_memory, measure_train_step, memory_record, memory_stats, time_steps
 from experiments.runner import CellWorker, OutLockedError, failure_record, lock_out, write_jsonl
 from experiments.tables import markdown_table, mean_std
@@ -318,22 +319,3 @@ def summarize(records: Iterable[dict], by: Sequence[str], value: str, *, ddof: i
         std = float(v.std(ddof=ddof)) if len(v) > ddof else 0.0
         out[group] = (float(v.mean()), std, len(v))
     return out
-
-
-def pyplot():
-    """matplotlib's pyplot on the file-only Agg backend (reports draw figures without a display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path, *, dpi: int = 120) -> None:
-    """Lays out, writes and closes a figure."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
