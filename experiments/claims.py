@@ -47,65 +47,6 @@ from experiments import common, pos_tagging, posenc
 from experiments.claims_report import BACKENDS, report  # noqa: F401  (report: the CLI's)
 
 # ------------------------------------------------------------------------------------------
-# Per-head statistics from attention weights (pure numpy; tests/test_claims.py checks them by loops)
-
-
-def _valid(lengths: np.ndarray, T: int) -> np.ndarray:
-    """bool ``[B, T, T]``: query t and key s both real."""
-    real = np.arange(T)[None, :] < np.asarray(lengths)[:, None]  # [B, T]
-    return real[:, :, None] & real[:, None, :]
-
-
-def head_statistics(weights: np.ndarray, lengths: np.ndarray, max_offset: int) -> dict[str, np.ndarray]:
-    """Per-head statistics of one layer's attention over the real positions of a batch.
-
-    Args:
-        weights: ``[B, N, T, T]`` attention weights (rows of padded queries are ignored).
-        lengths: int ``[B]`` real lengths.
-        max_offset: R; ``offset_mass`` covers offsets -R .. R.
-
-    Returns:
-        dict of ``offset_mass [N, 2R+1]`` (mean over real query rows of the weight on key t + d),
-        ``entropy [N]`` and ``uniform_entropy`` (scalar: mean of log(length) over the same rows),
-        ``top_offset [N]`` (over all offsets), ``top_offset_mass [N]``, ``r2_offset [N]``.
-    """
-    w = np.asarray(weights, np.float64)
-    B, N, T, S = w.shape
-    if T != S:
-        raise ValueError(f"head_statistics: weights must be self-attention [B, N, T, T], got {w.shape}")
-    lengths = np.asarray(lengths)
-    valid = _valid(lengths, T)  # [B, T, T]
-    real_rows = np.arange(T)[None, :] < lengths[:, None]  # [B, T]
-    rows = real_rows.sum()
-    w = np.where(valid[:, None], w, 0.0)  # [B, N, T, T]
-    idx = (np.arange(T)[None, :] - np.arange(T)[:, None] + T - 1).ravel()  # offset s - t, shifted to >= 0
-    summed = w.sum(0).reshape(N, T * T)  # [N, T*T]
-    total = np.stack([np.bincount(idx, summed[n], minlength=2 * T - 1) for n in range(N)])  # [N, 2T-1]
-    count = np.bincount(idx, valid.sum(0).ravel().astype(np.float64), minlength=2 * T - 1)  # [2T-1]
-    seen = count > 0
-    mass = total / rows  # [N, 2T-1]: mean over real query rows
-    f = np.where(seen, total / np.maximum(count, 1), 0.0)  # best offset-only fit: mean weight per offset
-    fit = f[:, idx].reshape(N, T, T)
-    resid = (((w - fit[None]) ** 2) * valid[:, None]).sum((0, 2, 3))
-    mean = w.sum((0, 2, 3)) / valid.sum()
-    total_var = (((w - mean[None, :, None, None]) ** 2) * valid[:, None]).sum((0, 2, 3))
-    plogp = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0)
-    entropy = -plogp.sum((0, 2, 3)) / rows  # [N]
-    uniform = float((np.log(np.maximum(lengths, 1))[:, None] * real_rows).sum() / rows)
-    offsets = np.arange(2 * T - 1) - (T - 1)
-    top = np.where(seen[None], mass, -1.0).argmax(1)  # [N]
-    window = np.arange(-max_offset, max_offset + 1)
-    return {
-        "offset_mass": np.stack([mass[:, d + T - 1] if abs(d) < T else np.zeros(N) for d in window], axis=1),
-        "entropy": entropy,
-        "uniform_entropy": uniform,
-        "top_offset": offsets[top],
-        "top_offset_mass": mass[np.arange(N), top],
-        "r2_offset": 1.0 - resid / np.maximum(total_var, 1e-30),
-    }
-
-
-# ------------------------------------------------------------------------------------------
 # Model surgery through the modules' own seams: the score and the frozen embedding
 
 
@@ -157,8 +98,22 @@ def _weights(model, inputs, lengths):
     return [c.weights for c in inspect.capture(model.backbone, inputs, lengths, record=("weights",)).layers]
 
 
+def layer_statistics(weights, lengths, max_offset: int) -> dict[str, np.ndarray]:
+    """One layer's per-head statistics over the real query rows of a batch: ``attnlab.inspect``'s (a row
+    counts when its query is real and it has a nonzero weight).
+
+    ``inspect.summarise`` (``offset_mass`` on offsets -R .. R, ``entropy``, ``uniform_entropy``) and
+    ``inspect.offset_profile`` (``top_offset`` over all offsets, ``top_offset_mass``, ``r2_offset``) of
+    weights ``[B, N, T, S]`` with real lengths ``[B]``, as numpy arrays ``[N]`` (``offset_mass [N, 2R+1]``).
+    """
+    w, n = jnp.asarray(weights), jnp.asarray(lengths)
+    stats = inspect.summarise(w, offsets=range(-max_offset, max_offset + 1), lengths=n)
+    stats |= inspect.offset_profile(w, lengths=n)
+    return {k: np.asarray(v) for k, v in stats.items()}
+
+
 def analyse_heads(model, inputs, lengths, max_offset: int, accuracy_fn) -> tuple[list[dict], list]:
-    """Per (layer, head): the statistics of ``head_statistics`` and the accuracy with that head ablated.
+    """Per (layer, head): the statistics of ``layer_statistics`` and the accuracy with that head ablated.
 
     The weights come from ``attnlab.inspect.capture``; the ablation is ``accuracy_fn`` of
     ``inspect.ablated(model, [(layer, head)])`` (the head's output zeroed before the output
@@ -167,7 +122,7 @@ def analyse_heads(model, inputs, lengths, max_offset: int, accuracy_fn) -> tuple
     weights = [np.asarray(w) for w in _weights(model, jnp.asarray(inputs), jnp.asarray(lengths))]
     out = []
     for layer, w in enumerate(weights):
-        stats = head_statistics(w, lengths, max_offset)
+        stats = layer_statistics(w, lengths, max_offset)
         for h in range(w.shape[1]):
             ablated = accuracy_fn(inspect.ablated(model, [(layer, h)]))
             out.append(
@@ -176,7 +131,7 @@ def analyse_heads(model, inputs, lengths, max_offset: int, accuracy_fn) -> tuple
                     "head": h,
                     "offset_mass": np.round(stats["offset_mass"][h], 5).tolist(),
                     "entropy": float(stats["entropy"][h]),
-                    "uniform_entropy": stats["uniform_entropy"],
+                    "uniform_entropy": float(stats["uniform_entropy"][h]),
                     "top_offset": int(stats["top_offset"][h]),
                     "top_offset_mass": float(stats["top_offset_mass"][h]),
                     "r2_offset": float(stats["r2_offset"][h]),
