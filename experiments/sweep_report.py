@@ -126,8 +126,8 @@ def _fastest(cells, runs, masks, modes, impls) -> str:
                 leaders.add(first)
                 leads.append(t1 / t0)
     if len(leaders) != 1:
-        return "No implementation is the fastest in every row of every run."
-    where = "In every row" + (" of every run" if runs > 1 else "")
+        return "no implementation is the fastest in every row of every run."
+    where = "in every row" + (" of every run" if runs > 1 else "")
     return f"{where}, {leaders.pop()} is the fastest, {_ratio(leads)} ahead of the next."
 
 
@@ -165,8 +165,8 @@ def reading(folder, seq_len: int = 2048, num_heads: int = 8) -> str:
     masks, modes, impls, cells = _cells(runs, seq_len, num_heads)
     dates = ", ".join(dict.fromkeys(str(run["date"]) for run, _ in runs))
     n = len(runs)
-    head = f"Read from the {n} committed run{'s' if n > 1 else ''} ({dates}; N = {seq_len}, "
-    head += f"{num_heads} heads):"
+    runs_read = "the one committed run" if n == 1 else f"the {n} committed runs"
+    head = f"Read from {runs_read} ({dates}; N = {seq_len}, {num_heads} heads):"
     parts = [head, _fastest(cells, n, masks, modes, impls), _mask_effects(cells, n, masks, modes, impls)]
     if n == 1:
         parts.append(

@@ -49,8 +49,8 @@ def test_one_run_reads_only_beyond_the_margin(tmp_path):
     rows += ["| full | fwd | 1000 | 100 |", "| causal | fwd | 600 | 30.0 |"]
     assert table == "\n".join(rows) + "\n"
     text = sweep_report.reading(tmp_path)
-    assert "Read from the 1 committed run (2026-12-02; N = 2048, 8 heads)" in text
-    assert "In every row, fast is the fastest, 10-20x ahead of the next." in text  # 1000/100, 600/30
+    assert "Read from the one committed run (2026-12-02; N = 2048, 8 heads): in every row," in text
+    assert "in every row, fast is the fastest, 10-20x ahead of the next." in text  # 1000/100, 600/30
     assert "fast's time falls with the mask: causal 0.3x (fwd) of its full-attention time." in text
     # dense: 600 / 1000 = 0.6, not beyond a factor of 2: not read as an effect
     assert "dense's time" not in text and "within 2x of their implementation's full-attention row (0.6x)" in text
@@ -66,7 +66,7 @@ def test_several_runs_show_ranges_and_keep_what_holds_in_all(tmp_path):
     assert "| full | fwd | 838-1000 | 100-110 |" in table and "| causal | fwd | 400-755 | 30.0-40.0 |" in table
     text = sweep_report.reading(tmp_path)
     assert "Read from the 2 committed runs (2026-12-02, 2026-12-07;" in text
-    assert "In every row of every run, fast is the fastest, 7.6-19x ahead of the next." in text  # 838/110 .. 755/40
+    assert "in every row of every run, fast is the fastest, 7.6-19x ahead of the next." in text  # 838/110 .. 755/40
     assert "fast's time falls with the mask: causal 0.3-0.36x (fwd)" in text  # 30/100, 40/110
     assert "dense's time" not in text  # below half in one run only: not read
     assert "(0.4-0.9x over the runs): too close to read" in text
@@ -79,7 +79,7 @@ def test_several_runs_show_ranges_and_keep_what_holds_in_all(tmp_path):
 def test_no_common_leader_is_said(tmp_path):
     _write_run(tmp_path, _times(1000, 600, 100, 30))
     _write_run(tmp_path / "run2", _times(90, 600, 100, 30))  # dense fastest on full in run 2
-    assert "No implementation is the fastest in every row of every run." in sweep_report.reading(tmp_path)
+    assert "no implementation is the fastest in every row of every run." in sweep_report.reading(tmp_path)
 
 
 def test_a_cell_no_run_timed_shows_its_status(tmp_path):
