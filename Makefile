@@ -97,7 +97,7 @@ DOCS_DEPS := $(STAMP) $(DOCS_STAMP)
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long plots \
+.PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long sweep-repeat plots \
 	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
@@ -237,6 +237,11 @@ sweep: $(DEPS)  ## the main job: length x heads x implementation x mask sweep ->
 
 sweep-long: $(DEPS)  ## N up to 16K (for a GPU/TPU or a patient CPU) -> results/sweep-long/
 	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:long --out results/sweep-long $(SWEEP_FLAGS)
+
+sweep-repeat: $(DEPS)  ## the default sweep again into docs/results/sweep/run$(RUN) (RUN=2, 3, ...; SWEEP_FLAGS='--machine=...'): more runs for the docs' ranges and reading, then make docs
+	@test -n "$(RUN)" && test "$(RUN)" -ge 2 || { echo "make sweep-repeat: give RUN=2 (then RUN=3, ...): the run's folder docs/results/sweep/run\$$RUN"; exit 2; }
+	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:default --out docs/results/sweep/run$(RUN) --noplot $(SWEEP_FLAGS)
+	rm -f docs/results/sweep/run$(RUN)/.lock
 
 plots: $(DEPS)  ## redraw figures + summary.md from results/sweep/results.jsonl alone
 	$(PY) -m experiments.plot --results results/sweep/results.jsonl --out results/sweep
