@@ -117,12 +117,10 @@ def dense_reference(torch, case: Case, q, k, v):
 def build(torch, cell: Cell, device: str):
     """``(run, inputs, notes)``: ``run()`` does the cell's work and waits for the device; or ``UnsupportedError``."""
     case = cell.case
-    gen = torch.Generator(device="cpu").manual_seed(cell.T + cell.H)
-    shape = (1, cell.N, cell.T, cell.H)  # torch's [B, N, T, H]
-    q, k, v = (torch.randn(shape, generator=gen).to(device=device, dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = _inputs(torch, cell.T, cell.N, cell.H, device)
     grad = cell.direction == "fwd+bwd"
     if grad:
-        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
     attend, notes = (_flex if cell.peer == "flex" else _sdpa)(torch, case, cell, device)
 
     def sync():
@@ -145,6 +143,19 @@ def build(torch, cell: Cell, device: str):
             sync()
 
     return run, (q, k, v, attend), notes
+
+
+_INPUTS: dict = {}
+
+
+def _inputs(torch, T: int, N: int, H: int, device: str):
+    """q, k, v ``[1, N, T, H]`` (torch's layout), bf16, normal; made once per shape and device."""
+    key = (T, N, H, device)
+    if key not in _INPUTS:
+        gen = torch.Generator(device="cpu").manual_seed(T + H)
+        xs = (torch.randn((1, N, T, H), generator=gen) for _ in range(3))
+        _INPUTS[key] = tuple(x.to(device=device, dtype=torch.bfloat16) for x in xs)
+    return _INPUTS[key]
 
 
 def _flex(torch, case: Case, cell: Cell, device: str):
