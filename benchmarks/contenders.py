@@ -25,6 +25,7 @@ import importlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 
 import attnlab
 from attnlab import masks, scores
@@ -139,8 +140,12 @@ def _tokamax(case: Case, T: int):
         tokamax = importlib.import_module("tokamax")
     except ImportError as e:  # a missing package, or one of its own needs
         raise UnsupportedError(f"tokamax not importable: {e}") from None
-    if case.score in ("alibi", "additive"):
-        raise UnsupportedError(f"tokamax takes no score_mod ({case.score}: only as a dense [N, T, S] bias)")
+    if not flags.FLAGS.is_parsed():  # tokamax reads absl flags and would parse sys.argv (a test runner's) itself
+        flags.FLAGS.mark_as_parsed()
+    if case.score == "alibi":
+        raise UnsupportedError("tokamax takes no score_mod (ALiBi only as a dense [N, T, S] bias: not timed)")
+    if case.score == "additive":
+        raise UnsupportedError("tokamax has no additive (tanh) score")
     kw = dict(logits_soft_cap=case.cap) if case.score == "softcap" else {}
     if case.mask == "causal":
         kw["is_causal"] = True

@@ -186,20 +186,24 @@ def test_default_run_fits_the_device_lease():
     assert sum(opts.budget(s) for s in gpu_check.DEFAULT_SECTIONS) <= 5.5
 
 
-def test_cudnn_and_tokamax_say_why_not():
-    full, docs = speed_cases()[0], speed_cases()[4]
+def test_cudnn_and_tokamax_say_why_not_or_compute_the_case():
+    cases = {c.name: c for c in speed_cases(window=3, docs=3)}
     with pytest.raises(UnsupportedError, match="GPU"):
-        contenders.build("cudnn", full, 32, 2, 8, "fwd")
-    with pytest.raises(UnsupportedError, match="documents|GPU"):
-        contenders.build("cudnn", docs, 32, 2, 8, "fwd")
-    try:
-        fn, args = contenders.build("tokamax", docs, 32, 2, 8, "fwd")
-    except UnsupportedError as e:
-        assert "tokamax" in str(e)
-    else:  # tokamax installed: its dense-mask form of the documents equals attnlab's reference
-        ids = jnp.asarray(docs.ids(32))
-        ref = attnlab.attention_reference(*args[:3], mask=contenders.attnlab_mask(docs, ids))
-        np.testing.assert_allclose(np.asarray(jax.jit(fn)(*args), np.float32), np.asarray(ref, np.float32), atol=3e-2)
+        contenders.build("cudnn", cases["full"], 32, 2, 8, "fwd")
+    with pytest.raises(UnsupportedError, match="no additive|tokamax not importable"):
+        contenders.build("tokamax", cases["additive"], 32, 2, 8, "fwd")
+    for name in ("window", "causal_window", "documents", "softcap"):
+        case = cases[name]
+        try:
+            fn, args = contenders.build("tokamax", case, 32, 2, 8, "fwd")
+        except UnsupportedError as e:
+            assert "tokamax not importable" in str(e)
+            continue
+        # tokamax installed: its form of the case computes attnlab's reference
+        ids = jnp.asarray(case.ids(32)) if case.mask == "documents" else None
+        mask, score = contenders.attnlab_mask(case, ids), contenders.attnlab_score(case, 2, 8)
+        ref = attnlab.attention_reference(*(x.astype(jnp.float32) for x in args[:3]), mask=mask, score=score)
+        np.testing.assert_allclose(np.asarray(jax.jit(fn)(*args), np.float32), np.asarray(ref), atol=3e-2, err_msg=name)
 
 
 @pytest.mark.parametrize(
