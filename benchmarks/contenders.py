@@ -32,8 +32,8 @@ from attnlab import masks, scores
 from benchmarks import harness
 from benchmarks.cases import Case, UnsupportedError, additive_weights, alibi_slopes
 
-__all__ = ["JUDGE", "JAX_PEERS", "TORCH_PEERS", "PEERS", "UnsupportedError", "ours", "build", "attnlab_mask"]
-__all__ += ["inputs", "with_direction", "cost"]
+__all__ = ["JUDGE", "JAX_PEERS", "TORCH_PEERS", "PEERS", "UnsupportedError", "registered", "ours", "build"]
+__all__ += ["attnlab_mask", "attnlab_score", "inputs", "with_direction", "cost"]
 
 JUDGE = "reference"  # the dense fp32 reference judges every implementation; it is not a contender
 JAX_PEERS = ("cudnn", "tokamax")
@@ -41,9 +41,15 @@ TORCH_PEERS = ("flex", "sdpa")
 PEERS = JAX_PEERS + TORCH_PEERS
 
 
+def registered() -> tuple[str, ...]:
+    """Every registered implementation but the judge: what the correctness and memory sections check
+    (cuDNN's attnlab wrapper included)."""
+    return tuple(n for n in attnlab.IMPLEMENTATIONS if n != JUDGE)
+
+
 def ours() -> tuple[str, ...]:
-    """attnlab's contenders, from the registry: all but the judge and the names a peer calls directly."""
-    return tuple(n for n in attnlab.IMPLEMENTATIONS if n != JUDGE and n not in PEERS)
+    """attnlab's speed contenders, from the registry: all but the judge and the names a peer calls directly."""
+    return tuple(n for n in registered() if n not in PEERS)
 
 
 def attnlab_mask(case: Case, ids=None):

@@ -145,8 +145,8 @@ class Context:
 
 
 def correctness(ctx: Context) -> None:
-    """Every registered implementation against the reference (``benchmarks.correctness``)."""
-    names = [n for n in ctx.opts.contender_names() if n in contenders.ours()]
+    """Every registered implementation (cuDNN's wrapper too) against the reference (``benchmarks.correctness``)."""
+    names = [n for n in ctx.opts.contender_names() if n in contenders.registered()]
     check.check_all(ctx.sz, names, ctx.recorder("correctness"), ctx.lock, ctx.opts.compile_workers)
 
 
@@ -324,11 +324,12 @@ def start_torch(ctx: Context) -> None:
 
 
 def memory(ctx: Context) -> None:
-    """Compiled fwd+bwd memory of each registered implementation at the largest length (full attention)."""
+    """Compiled fwd+bwd memory of each registered implementation at the largest length (full attention; cuDNN
+    through jax.nn, the kernel its wrapper calls)."""
     rec = ctx.recorder("memory")
     T, H, N = max(ctx.sz.speed_lengths), ctx.sz.speed_heads[0], ctx.sz.speed_n
     full = speed_cases()[0]
-    for name in [n for n in ctx.opts.contender_names() if n in contenders.ours()]:
+    for name in [n for n in ctx.opts.contender_names() if n in contenders.registered()]:
         row = dict(T=T, H=H, N=N, B=1, dtype="bfloat16", implementation=name, direction="fwd+bwd", mask="full")
         if not rec.left():
             rec.add(row | dict(status="skipped", reason="time budget"))

@@ -37,7 +37,8 @@ def test_smoke_runs_every_default_section_and_writes_json(tmp_path):
     corr = result["correctness"]
     sz = gpu_check.SMOKE
     cells = len(correctness.corr_cases(sz)) * len(sz.corr_heads) * len(sz.corr_dtypes)
-    assert len(corr) == cells * 3  # xla, blockwise, sparse (cudnn and tokamax are peers, timed only)
+    assert len(corr) == cells * 4  # xla, blockwise, sparse and cudnn (registered); tokamax is a peer, timed only
+    assert all(r["status"] == "unsupported" for r in corr if r["implementation"] == "cudnn")  # no GPU here
     assert not [r for r in corr if r["status"] in ("FAIL", "error", "skipped")], corr
     ran = {(r["implementation"], r["mask"], r["score"]) for r in corr if r["status"] == "ok"}
     assert ("sparse", "graph_1pct", "dot") in ran  # its edge-list form of the graph
@@ -66,6 +67,7 @@ def test_smoke_runs_every_default_section_and_writes_json(tmp_path):
     assert result["autotune"][0]["status"] == "unsupported"  # until attnlab.autotune is wired in
     mem = [r for r in result["memory"] if r["status"] == "ok"]
     assert {r["implementation"] for r in mem} == {"xla", "blockwise"}
+    assert {r["implementation"] for r in result["memory"]} == {"xla", "blockwise", "sparse", "cudnn"}
     assert all(r["total_bytes"] >= r["temp_bytes"] > 0 for r in mem)
 
 
@@ -73,6 +75,7 @@ def test_contenders_come_from_the_registry():
     ours = contenders.ours()
     assert contenders.JUDGE not in ours and "cudnn" not in ours  # the judge, and the peer called at jax.nn's API
     assert set(ours) | {contenders.JUDGE, "cudnn"} == set(attnlab.IMPLEMENTATIONS)
+    assert set(contenders.registered()) == set(attnlab.IMPLEMENTATIONS) - {contenders.JUDGE}  # correctness, memory
     names = gpu_check.Options().contender_names()
     assert names == ours + contenders.PEERS
     with pytest.raises(ValueError, match="contenders must be among"):
