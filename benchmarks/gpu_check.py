@@ -260,7 +260,7 @@ def _time_cell(ctx: Context, rec: harness.Recorder, cell: SpeedCell, row: dict, 
         rec.error(row, exe)
         return None
     limit, ma = _device_bytes(), exe.memory_analysis()
-    need = ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+    need = 0 if ma is None else ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
     if limit and need > ctx.opts.max_cell_memory * limit:
         rec.add(row | dict(status="skipped", reason=f"needs {need / 2**30:.1f} GiB > --max_cell_memory of the device"))
         return None
@@ -298,8 +298,9 @@ def add_ratios(rows: list[dict], cases) -> None:
             r["tflops"] = float(f"{flops / r['ms'] / 1e9:.3g}")
 
 
-def start_torch(ctx: Context) -> None:
-    """Starts the torch workers for the speed section's torch cells (they compile from the run's start)."""
+def start_torch(ctx: Context, seconds: float) -> None:
+    """Starts the torch workers for the speed section's torch cells: they compile from the run's start and stop
+    timing ``seconds`` later (when the speed section's budget ends)."""
     cells = [
         torch_peers.Cell(c.contender, c.case, c.T, ctx.sz.speed_n, c.H, c.direction)
         for c in speed_cells(ctx.sz, ctx.opts)
@@ -309,14 +310,14 @@ def start_torch(ctx: Context) -> None:
         return
     workdir = tempfile.mkdtemp(prefix="gpu_check_torch_")
     rows = os.path.splitext(ctx.out)[0] + ".torch.jsonl" if ctx.out else os.path.join(workdir, "torch.jsonl")
-    deadline = time.time() + 60 * sum(ctx.opts.budget(s) for s in ("correctness", "autotune", "speed"))
+    deadline = min(time.time() + seconds, ctx.deadline)
     device = "cuda" if jax.default_backend() == "gpu" else "cpu"
     procs = torch_peers.launch(
-        cells, jobs=ctx.opts.torch_jobs, out=rows, lock_path=ctx.lock.path, deadline=min(deadline, ctx.deadline),
+        cells, jobs=ctx.opts.torch_jobs, out=rows, lock_path=ctx.lock.path, deadline=deadline,
         repeats=ctx.opts.repeats, max_cell_s=ctx.opts.max_cell_s, check_len=ctx.opts.check_len, device=device,
         workdir=workdir,
     )  # fmt: skip
-    ctx.torch.update(procs=procs, rows=rows, deadline=min(deadline, ctx.deadline))
+    ctx.torch.update(procs=procs, rows=rows, deadline=deadline)
 
 
 # ------------------------------------------------------------------------------------------
@@ -432,8 +433,10 @@ def run(smoke: bool, sections, out: str | None, opts: Options = Options(), sizes
                                            repeats=opts.repeats, minutes=dict(opts.minutes))}  # fmt: skip
     lock = harness.DeviceLock(os.path.join(tempfile.gettempdir(), f"gpu_check.{os.getpid()}.lock"))
     ctx = Context(sz, opts, result, out, lock, deadline=time.time() + 60 * minutes + 15)
-    if torch_runs:
-        start_torch(ctx)
+    if torch_runs:  # until the speed section's budget ends
+        start_torch(
+            ctx, 60 * sum(opts.budget(s) for s in list(SECTIONS)[: list(SECTIONS).index("speed") + 1] if s in sections)
+        )
     try:
         for name in SECTIONS:
             if name in sections:
