@@ -438,8 +438,9 @@ def rows_table(title: str, rows: Sequence[Mapping], cols: Sequence[str]) -> str:
 
 
 def _cell(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}" if math.isfinite(v) and abs(v) < 1e4 else f"{v:,.0f}"
+    """A float to three significant digits, from 1000 up as a whole number with thousands separators."""
+    if isinstance(v, float) and math.isfinite(v):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
     return str(v)
 
 

@@ -158,9 +158,9 @@ def test_allowed_pairs_by_hand():
 
 def test_tables_are_the_experiments_writer():
     assert harness.markdown_table(["a", "b"], [[1, 2]]) == common.markdown_table(["a", "b"], [[1, 2]])
-    rows = [{"a": 1, "b": None, "c": 0.123456}, {"a": 2, "b": None, "c": 12345.0}]
+    rows = [{"a": 1, "b": None, "c": 0.123456}, {"a": 2, "b": None, "c": 12345.0}, {"a": 3, "c": 1234.5}]
     assert harness.rows_table("t", rows, ["a", "b", "c"]) == "## t\n" + common.markdown_table(
-        ["a", "c"], [["1", "0.123"], ["2", "12,345"]]
+        ["a", "c"], [["1", "0.123"], ["2", "12,345"], ["3", "1,234"]]
     )  # a column with no value is left out
 
 
