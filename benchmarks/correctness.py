@@ -10,7 +10,8 @@ and an implementation that supports none gets ``explain``'s reason. The additive
 reference is ``[B, N, T, S, H]``: its cells run at the largest T that fits ``dense_ref_bytes``.
 
 Cells and their references are compiled in batches in a thread pool (``harness.compile_all``) and
-run one at a time under the device lock. ``benchmarks.gpu_check``'s correctness section calls
+run one at a time, the batch's compiles under the device lock's shared hold and its runs under its
+exclusive one (``harness.DeviceLock``). ``benchmarks.gpu_check``'s correctness section calls
 ``check_all``.
 """
 
@@ -155,7 +156,7 @@ def check_all(sz, names, rec: harness.Recorder, lock: harness.DeviceLock, worker
             ``corr_scores``, ``dense_ref_bytes``).
         names: the implementations to check (registered names).
         rec: where the rows go (its budget stops the section).
-        lock: held while a cell runs on the device.
+        lock: shared while a batch compiles, exclusive while it runs on the device.
         workers: threads compiling a batch of cells (and their references) at once.
     """
     B, _, N, _ = sz.corr_shape
@@ -170,36 +171,36 @@ def check_all(sz, names, rec: harness.Recorder, lock: harness.DeviceLock, worker
                 rec.add(row | dict(status="skipped", reason="time budget"))
             continue
         new_refs = {key: job for _, _, _, key, job, _ in batch if key not in refs}
-        compiled = harness.compile_all([j for _, _, j, *_ in batch] + list(new_refs.values()), workers)
-        for key, (exe, _) in zip(new_refs, compiled[len(batch) :], strict=True):
-            refs[key] = _run_compiled(lock, exe, new_refs[key][1])
-        for (row, args, _, key, _, case), (exe, compile_s) in zip(batch, compiled, strict=False):
-            if not rec.left():
-                rec.add(row | dict(status="skipped", reason="time budget"))
-            elif isinstance(refs[key], Exception):
-                rec.error(row, RuntimeError(f"the reference failed: {refs[key]}"))
-            elif isinstance(exe, Exception):
-                rec.error(row | dict(compile_s=round(compile_s, 2)), exe)
-            else:
-                _check_cell(lock, rec, row, exe, args, refs[key], _empty_rows(case, B, N), compile_s)
+        with lock.compiling():
+            compiled = harness.compile_all([j for _, _, j, *_ in batch] + list(new_refs.values()), workers)
+        with lock.exclusive():
+            for key, (exe, _) in zip(new_refs, compiled[len(batch) :], strict=True):
+                refs[key] = _run_compiled(exe, new_refs[key][1])
+            for (row, args, _, key, _, case), (exe, compile_s) in zip(batch, compiled, strict=False):
+                if not rec.left():
+                    rec.add(row | dict(status="skipped", reason="time budget"))
+                elif isinstance(refs[key], Exception):
+                    rec.error(row, RuntimeError(f"the reference failed: {refs[key]}"))
+                elif isinstance(exe, Exception):
+                    rec.error(row | dict(compile_s=round(compile_s, 2)), exe)
+                else:
+                    _check_cell(rec, row, exe, args, refs[key], _empty_rows(case, B, N), compile_s)
 
 
-def _run_compiled(lock, exe, args):
-    """``exe(*args)`` (waited for) under the device lock, or the exception (``exe`` may be one: a failed compile)."""
+def _run_compiled(exe, args):
+    """``exe(*args)`` (waited for), or the exception (``exe`` may be one: a failed compile)."""
     if isinstance(exe, Exception):
         return exe
     try:
-        with lock.held():
-            return jax.block_until_ready(exe(*args))
+        return jax.block_until_ready(exe(*args))
     except Exception as e:  # noqa: BLE001  (e.g. out of memory: the cell says so)
         return e
 
 
-def _check_cell(lock, rec, row, exe, args, ref, empty, compile_s) -> None:
+def _check_cell(rec, row, exe, args, ref, empty, compile_s) -> None:
     t0 = time.perf_counter()
     try:
-        with lock.held():
-            out, grads = jax.block_until_ready(exe(*args))
+        out, grads = jax.block_until_ready(exe(*args))
     except Exception as e:  # noqa: BLE001  (report and go on: one broken kernel must not hide the others)
         rec.error(row, e)
         return

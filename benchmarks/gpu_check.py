@@ -79,7 +79,7 @@ class Options:
     # per section; the default run fits ~6 min with start-up (the device lends 10 min per command)
     minutes: tuple = (("correctness", 1.75), ("autotune", 1.0), ("speed", 2.5), ("memory", 0.25), ("blocks", 1.0))
     compile_workers: int = min(8, os.cpu_count() or 1)
-    torch_jobs: int = 2  # torch worker processes (they compile side by side, time one at a time)
+    torch_jobs: int = 2  # torch worker processes (they compile side by side with the JAX compiles, time alone)
     max_cell_s: float = 3.0  # seconds of timed calls per speed cell at most (fewer repeats)
     slow_factor: float = 10.0
     max_cell_memory: float = 0.4  # of the device's memory, for one speed cell's compiled program
@@ -158,7 +158,8 @@ def autotune(ctx: Context) -> None:
     """The autotuner's sweep on this device (issue 41 item 3), its result saved beside ``out``.
 
     >>> ADD THE AUTOTUNER HERE <<<  When ``attnlab.autotune`` exists, call it with this section's
-    time (``rec.seconds_left()``), holding the device lock (no torch worker times meanwhile), write
+    time (``rec.seconds_left()``), holding ``ctx.lock.exclusive()`` while it times (the torch workers
+    neither compile nor time meanwhile; ``ctx.lock.compiling()`` where it only compiles), write
     what it returns with ``harness.write_json(ctx.side_file("autotune.json"), result)`` and add one
     row per tuned entry (or one summary row) to ``rec``.
     """
@@ -240,11 +241,13 @@ def speed(ctx: Context) -> None:
                 rec.add(row | dict(status="unsupported", reason=str(e)))
                 continue
             todo.append((cell, row, fn, args))
-        compiled = harness.compile_all([(fn, args) for _, _, fn, args in todo], ctx.opts.compile_workers)
-        for (cell, row, _, args), (exe, compile_s) in zip(todo, compiled, strict=True):
-            ms = _time_cell(ctx, rec, cell, row | dict(compile_s=round(compile_s, 2)), exe, args)
-            if ms is not None:
-                seen[cell.H, cell.T, cell.direction, cell.case.name, cell.contender] = ms
+        with ctx.lock.compiling():  # side by side with the torch workers' compiles
+            compiled = harness.compile_all([(fn, args) for _, _, fn, args in todo], ctx.opts.compile_workers)
+        with ctx.lock.exclusive():  # the batch's timings, with no compile or other run on the machine
+            for (cell, row, _, args), (exe, compile_s) in zip(todo, compiled, strict=True):
+                ms = _time_cell(ctx, rec, cell, row | dict(compile_s=round(compile_s, 2)), exe, args)
+                if ms is not None:
+                    seen[cell.H, cell.T, cell.direction, cell.case.name, cell.contender] = ms
     if ctx.torch:
         problems = torch_peers.finish(ctx.torch["procs"], deadline=ctx.torch["deadline"])
         rec.rows.extend(torch_peers.collect(ctx.torch["rows"]))
@@ -267,10 +270,8 @@ def _time_cell(ctx: Context, rec: harness.Recorder, cell: SpeedCell, row: dict, 
     if not rec.left():
         rec.add(row | dict(status="skipped", reason="time budget"))
         return None
-    try:
-        with ctx.lock.held():
-            run = harness.blocking(exe, *args)
-            timing = harness.time_call(run, repeats=ctx.opts.repeats, max_s=ctx.opts.max_cell_s)
+    try:  # the caller holds the device lock
+        timing = harness.time_call(harness.blocking(exe, *args), repeats=ctx.opts.repeats, max_s=ctx.opts.max_cell_s)
     except Exception as e:  # noqa: BLE001  (report and go on)
         rec.error(row, e)
         return None
@@ -338,7 +339,8 @@ def memory(ctx: Context) -> None:
         try:
             fn, args = contenders.build(name, full, T, N, H, "fwd+bwd")
             sds = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in args]
-            ma = jax.jit(fn).lower(*sds).compile().memory_analysis()
+            with ctx.lock.compiling():
+                ma = jax.jit(fn).lower(*sds).compile().memory_analysis()
         except contenders.UnsupportedError as e:
             rec.add(row | dict(status="unsupported", reason=str(e)))
             continue
@@ -391,12 +393,18 @@ def _time_block(ctx: Context, rec, row, fn, args) -> float | None:
     if not rec.left():
         rec.add(row | dict(status="skipped", reason="time budget"))
         return None
+    with ctx.lock.compiling():
+        ((exe, compile_s),) = harness.compile_all([(fn, args)], 1)
+    if isinstance(exe, Exception):
+        rec.error(row, exe)
+        return None
     try:
-        with ctx.lock.held():
-            timing = harness.time_call(harness.blocking(jax.jit(fn), *args), repeats=ctx.opts.repeats)
+        with ctx.lock.exclusive():
+            timing = harness.time_call(harness.blocking(exe, *args), repeats=ctx.opts.repeats)
     except Exception as e:  # noqa: BLE001
         rec.error(row, e)
         return None
+    row = row | dict(compile_s=round(compile_s, 2))
     rec.add(row | dict(status="ok", **timing.record()))
     return 1e3 * timing.best_s
 

@@ -15,8 +15,8 @@ Every program under ``benchmarks/`` builds on these pieces instead of its own co
 * **tolerances**: ``compare`` reads ``attnlab.testing`` (the one table) for the backend that ran;
 * **FLOPs**: ``useful_flops`` (one convention for every benchmark) and ``allowed_pairs``;
 * **tables**: ``markdown_table`` (the experiments' one writer) and ``rows_table``;
-* **the device lock**: ``DeviceLock``, held while a process runs work on the accelerator, so that
-  processes that compile side by side time one at a time.
+* **the device lock**: ``DeviceLock``, shared while processes compile side by side, exclusive while
+  one runs work on the device and times it, so a timing never shares the machine.
 
 Example:
     >>> t = time_call(lambda: sum(range(1000)), repeats=3)
@@ -449,23 +449,40 @@ def _cell(v) -> str:
 
 
 class DeviceLock:
-    """An exclusive lock on a file (``fcntl.flock``), held while a process runs work on the device.
+    """Quiet timing for processes that share a machine: compiles side by side, timings alone.
 
-    Processes that share a GPU compile side by side (CPU work) but take the lock to time, so no two
-    timings overlap on the device. ``path`` None: a lock that does nothing.
+    A readers-writer lock on a file (``fcntl.flock``): ``compiling()`` is shared (any number of
+    processes compile at once: CPU work), ``exclusive()`` waits until no one compiles or times and
+    keeps everyone else out while the holder runs work on the device and times it, so no timing shares
+    the GPU with another process's work or its host's cores with a compiler (a compile beside a timed
+    call takes the cores that launch its kernels). A second file is a turnstile:
+    a process waiting for ``exclusive()`` holds it, so new compiles wait behind it instead of starving
+    it. Not reentrant: a holder must not take the lock again. ``path`` None: a lock that does nothing.
     """
 
     def __init__(self, path=None):
         self.path = None if path is None else str(path)
 
     @contextlib.contextmanager
-    def held(self):
+    def _hold(self, mode: int):
         if self.path is None:
             yield
             return
-        with open(self.path, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        with open(self.path + ".turnstile", "a") as turn, open(self.path, "a") as f:
+            fcntl.flock(turn, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(f, mode)
+            finally:
+                fcntl.flock(turn, fcntl.LOCK_UN)
             try:
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    def exclusive(self):
+        """Held while running work on the device and timing it: no one else compiles or runs meanwhile."""
+        return self._hold(fcntl.LOCK_EX)
+
+    def compiling(self):
+        """Held while compiling (shared with other compilers; waits while someone holds ``exclusive``)."""
+        return self._hold(fcntl.LOCK_SH)

@@ -12,11 +12,11 @@ up to ``--check_len`` tokens, at the bf16 tolerance of ``attnlab.testing``, so a
 the function attnlab computes.
 
 ``benchmarks.gpu_check`` runs these cells in worker processes (``launch``: ``python -m
-benchmarks.torch_peers --cells cells.json ...``) started with the run: they compile while the
-main process checks and times JAX (compiles are CPU work), and take the device lock
-(``harness.DeviceLock``) only to time, so no two timings share the device. Rows are appended to one
-JSONL file as they finish; ``collect`` reads them back. The same code runs on a CPU with torch's
-CPU build (``--smoke``).
+benchmarks.torch_peers --cells cells.json ...``) started with the run: they compile while the main
+process checks and times JAX (compiles are CPU work, under the shared hold of
+``harness.DeviceLock``), and take its exclusive hold to time, so no timing shares the machine with a
+compile or another timing. Rows are appended to one JSONL file as they finish; ``collect`` reads
+them back. The same code runs on a CPU with torch's CPU build (``--smoke``).
 """
 
 from __future__ import annotations
@@ -205,20 +205,23 @@ def run_cells(cells, *, out, lock, deadline: float, repeats: int, max_cell_s: fl
     # every cell is a new graph of flex_attention's one code object: past dynamo's recompile limit (8) it would
     # silently run flex eagerly
     torch._dynamo.config.recompile_limit = torch._dynamo.config.accumulated_recompile_limit = 4096
+    if device == "cpu":  # a smoke run: one thread (spinning OpenMP threads on a shared CPU stalled whole calls)
+        torch.set_num_threads(1)
     for cell in cells:
         row = cell.row()
         if time.time() > deadline:
             _emit(out, row | dict(status="skipped", reason="time budget"))
             continue
         try:
-            run, inputs, notes = build(torch, cell, device)
-            t0 = time.perf_counter()
-            run()  # compiles (torch.compile, on first call), outside the lock: CPU work
-            first = time.perf_counter() - t0
-            with lock.held():
+            with lock.compiling():  # side by side with the other compiles: CPU work
+                run, inputs, notes = build(torch, cell, device)
+                t0 = time.perf_counter()
+                run()  # compiles (torch.compile, on first call)
+                first = time.perf_counter() - t0
+            with lock.exclusive():  # alone on the machine
                 timing = harness.time_call(run, repeats=repeats, max_s=max_cell_s)
-            row |= dict(status="ok", **timing.record(), compile_s=round(first, 2), **notes)
-            row |= _check(torch, cell.case, inputs, check_len, cell)
+                row |= dict(status="ok", **timing.record(), compile_s=round(first, 2), **notes)
+                row |= _check(torch, cell.case, inputs, check_len, cell)
             if row.get("matches_dense") is False:
                 row["status"] = "FAIL"
         except (UnsupportedError, NotImplementedError) as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import threading
 import time
 
 import jax
@@ -164,15 +165,48 @@ def test_tables_are_the_experiments_writer():
     )  # a column with no value is left out
 
 
-def test_device_lock_is_exclusive(tmp_path):
-    lock = harness.DeviceLock(tmp_path / "lock")
-    with lock.held(), open(tmp_path / "lock") as other, pytest.raises(BlockingIOError):  # flock: per open file
-        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    with open(tmp_path / "lock") as other:
-        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
-        fcntl.flock(other, fcntl.LOCK_UN)
-    with harness.DeviceLock(None).held():  # no path: no lock
+def _try(path, mode) -> bool:
+    """Whether another holder could take ``path`` in ``mode`` now (flock: per open file, so also in-process)."""
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
+def test_device_lock_shares_compiles_and_times_alone(tmp_path):
+    path = str(tmp_path / "lock")
+    lock = harness.DeviceLock(path)
+    with lock.compiling():
+        assert _try(path, fcntl.LOCK_SH) and not _try(path, fcntl.LOCK_EX)  # compiles share, a timing waits
+    with lock.exclusive():
+        assert not _try(path, fcntl.LOCK_SH) and not _try(path, fcntl.LOCK_EX)  # alone
+    assert _try(path, fcntl.LOCK_EX)  # released
+    with harness.DeviceLock(None).exclusive(), harness.DeviceLock(None).compiling():  # no path: no lock
         pass
+
+
+def test_a_waiting_timing_holds_the_turnstile_so_compiles_cannot_starve_it(tmp_path):
+    path = str(tmp_path / "lock")
+    lock = harness.DeviceLock(path)
+    got = threading.Event()
+
+    def timer():
+        with lock.exclusive():
+            got.set()
+
+    with lock.compiling():
+        t = threading.Thread(target=timer)
+        t.start()
+        deadline = time.time() + 10
+        while _try(path + ".turnstile", fcntl.LOCK_EX) and time.time() < deadline:
+            time.sleep(0.01)  # until the timer waits, holding the turnstile
+        assert not _try(path + ".turnstile", fcntl.LOCK_EX)  # a new compile would queue behind it
+        assert not got.is_set()  # the timer waits for the compile to end
+    t.join(10)
+    assert got.is_set()
 
 
 def test_host_devices_auto_is_the_largest_divisor_of_heads_within_the_cores():
