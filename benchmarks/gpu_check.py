@@ -78,8 +78,9 @@ class Options:
     repeats: int = 5
     # per section; the default run fits ~6 min with start-up (the device lends 10 min per command)
     minutes: tuple = (("correctness", 1.75), ("autotune", 1.0), ("speed", 2.5), ("memory", 0.25), ("blocks", 1.0))
-    compile_workers: int = min(8, os.cpu_count() or 1)
-    torch_jobs: int = 2  # torch worker processes (they compile side by side with the JAX compiles, time alone)
+    # compiles share the host's cores (timings have it alone): half to JAX's threads, half to the torch workers
+    compile_workers: int = max(1, min(8, (os.cpu_count() or 1) // 2))
+    torch_jobs: int = max(1, min(4, (os.cpu_count() or 1) // 4))  # torch worker processes
     max_cell_s: float = 3.0  # seconds of timed calls per speed cell at most (fewer repeats)
     slow_factor: float = 10.0
     max_cell_memory: float = 0.4  # of the device's memory, for one speed cell's compiled program
@@ -512,8 +513,8 @@ def define_flags() -> None:
     flags.DEFINE_list("cases", [], "Speed cases to run (default: all of benchmarks.cases.speed_cases).")
     flags.DEFINE_integer("repeats", 5, "Timed calls per speed cell (best and median reported).")
     flags.DEFINE_list("minutes", [], f"Time per section, e.g. speed=3,memory=0.5 (defaults {dict(Options.minutes)}).")
-    flags.DEFINE_integer("torch_jobs", Options.torch_jobs, "torch worker processes.")
-    flags.DEFINE_integer("compile_workers", 0, "Threads compiling JAX cells (0: min(8, CPUs)).")
+    flags.DEFINE_integer("torch_jobs", Options.torch_jobs, "torch worker processes (default: CPUs / 4, <= 4).")
+    flags.DEFINE_integer("compile_workers", 0, "Threads compiling JAX cells (0: half the CPUs, <= 8).")
     flags.DEFINE_list("corr_heads", [], "Head dims of the correctness section (default 64,128).")
     flags.DEFINE_list("corr_dtypes", [], "dtypes of the correctness section (default bfloat16,float32).")
     flags.DEFINE_list("speed_lengths", [], "Lengths of the speed section (default 4096,16384).")

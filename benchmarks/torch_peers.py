@@ -21,6 +21,7 @@ them back. The same code runs on a CPU with torch's CPU build (``--smoke``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -199,7 +200,12 @@ def _check(torch, case: Case, inputs, check_len: int, cell: Cell) -> dict:
 
 
 def run_cells(cells, *, out, lock, deadline: float, repeats: int, max_cell_s: float, check_len: int, device: str):
-    """Times each cell (compiled outside the lock, timed inside it) and appends its row to ``out`` (JSONL)."""
+    """Compiles every cell first (each under the lock's shared hold), then times them (a few per exclusive hold),
+    appending each row to ``out`` (JSONL). Compiling stops in time to time what compiled before ``deadline``.
+
+    One compile phase, then one timing phase: a timing waits for every compile in flight on the machine,
+    so a worker that alternated would wait once per cell.
+    """
     import torch  # noqa: PLC0415
 
     # every cell is a new graph of flex_attention's one code object: past dynamo's recompile limit (8) it would
@@ -207,27 +213,42 @@ def run_cells(cells, *, out, lock, deadline: float, repeats: int, max_cell_s: fl
     torch._dynamo.config.recompile_limit = torch._dynamo.config.accumulated_recompile_limit = 4096
     if device == "cpu":  # a smoke run: one thread (spinning OpenMP threads on a shared CPU stalled whole calls)
         torch.set_num_threads(1)
+    stop_compiling = deadline - min(60.0, max_cell_s * len(cells) / 2)
+    ready = []
     for cell in cells:
-        row = cell.row()
-        if time.time() > deadline:
-            _emit(out, row | dict(status="skipped", reason="time budget"))
+        if time.time() > stop_compiling:
+            _emit(out, cell.row() | dict(status="skipped", reason="time budget"))
             continue
-        try:
+        with _outcome(out, cell.row()) as row:
             with lock.compiling():  # side by side with the other compiles: CPU work
                 run, inputs, notes = build(torch, cell, device)
                 t0 = time.perf_counter()
                 run()  # compiles (torch.compile, on first call)
-                first = time.perf_counter() - t0
-            with lock.exclusive():  # alone on the machine
-                timing = harness.time_call(run, repeats=repeats, max_s=max_cell_s)
-                row |= dict(status="ok", **timing.record(), compile_s=round(first, 2), **notes)
-                row |= _check(torch, cell.case, inputs, check_len, cell)
-            if row.get("matches_dense") is False:
-                row["status"] = "FAIL"
-        except (UnsupportedError, NotImplementedError) as e:
-            row |= dict(status="unsupported", reason=f"{type(e).__name__}: {e}"[:500])
-        except Exception as e:  # noqa: BLE001  (one broken cell must not hide the others)
-            row |= dict(status="error", reason=f"{type(e).__name__}: {e}"[:2000])
+            ready.append((cell, run, inputs, row | dict(compile_s=round(time.perf_counter() - t0, 2), **notes)))
+            row.clear()  # timed below
+    for start in range(0, len(ready), 8):
+        with lock.exclusive():  # alone on the machine, a few cells per hold
+            for cell, run, inputs, row in ready[start : start + 8]:
+                if time.time() > deadline:
+                    _emit(out, row | dict(status="skipped", reason="time budget"))
+                    continue
+                with _outcome(out, row) as row:
+                    timing = harness.time_call(run, repeats=repeats, max_s=max_cell_s)
+                    row |= dict(status="ok", **timing.record()) | _check(torch, cell.case, inputs, check_len, cell)
+                    if row.get("matches_dense") is False:
+                        row["status"] = "FAIL"
+
+
+@contextlib.contextmanager
+def _outcome(out, row: dict):
+    """Yields ``row`` to fill; emits it afterwards (unless emptied), as unsupported or error if the block raised."""
+    try:
+        yield row
+    except (UnsupportedError, NotImplementedError) as e:
+        row |= dict(status="unsupported", reason=f"{type(e).__name__}: {e}"[:500])
+    except Exception as e:  # noqa: BLE001  (one broken cell must not hide the others)
+        row |= dict(status="error", reason=f"{type(e).__name__}: {e}"[:2000])
+    if row:
         _emit(out, row)
 
 
@@ -248,6 +269,8 @@ def launch(cells, *, jobs: int, out, lock_path, deadline: float, repeats: int, m
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text("")
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_PYTHON_CLIENT_PREALLOCATE="false")  # torch owns its device here
+    # inductor compiles in a pool as large as the CPU count; the workers share half the cores
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // (2 * max(1, jobs)))))
     procs = []
     for i in range(min(jobs, len(cells))):
         spec = Path(workdir) / f"cells{i}.json"

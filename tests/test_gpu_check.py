@@ -258,3 +258,19 @@ def test_command_line_times_torch_peers_in_workers(tmp_path):
     assert "no score_mod" in rows["softcap", "fwd", "sdpa"]["reason"]
     jsonl = [json.loads(line) for line in (tmp_path / "g.torch.jsonl").read_text().splitlines()]
     assert {(r["case"], r["direction"], r["implementation"]) for r in jsonl} == {k for k in rows if k[2] != "blockwise"}
+
+
+def test_torch_worker_skips_what_it_cannot_time_before_its_deadline(tmp_path):
+    pytest.importorskip("torch")
+    case = speed_cases()[0]
+    cells = [torch_peers.Cell(peer, case, 32, 2, 8, "fwd") for peer in ("flex", "sdpa")]
+    out = tmp_path / "rows.jsonl"
+    lock = harness.DeviceLock(tmp_path / "lock")
+    torch_peers.run_cells(cells, out=out, lock=lock, deadline=0.0, repeats=1, max_cell_s=1.0, check_len=0, device="cpu")
+    rows = torch_peers.collect(out)
+    assert [(r["implementation"], r["status"], r["reason"]) for r in rows] == [
+        ("flex", "skipped", "time budget"),
+        ("sdpa", "skipped", "time budget"),
+    ]
+    out.write_text(out.read_text() + '{"cut short')  # a worker killed mid-line: the line is skipped
+    assert len(torch_peers.collect(out)) == 2
