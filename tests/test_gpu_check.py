@@ -56,6 +56,7 @@ def test_smoke_runs_every_default_section_and_writes_json(tmp_path):
     assert {r["implementation"] for r in ok} == {"xla", "blockwise"}
     assert all(r["ms"] > 0 and r["median_ms"] >= r["ms"] and r["tflops"] > 0 and r["runs"] == 1 for r in ok)
     assert {r["case"] for r in ok} == {"full", "window", "documents", "additive"}
+    assert {r["mask"] for r in ok if r["case"] == "documents"} == {"document4_traced"}  # ours: ids are jit arguments
     assert all(r["vs_cudnn"] is None and r["vs_flex"] is None for r in ok)  # no cuDNN, no flex on this run
     cudnn = [r for r in speed if r["implementation"] == "cudnn"]
     assert cudnn and all(r["status"] == "unsupported" and "GPU" in r["reason"] for r in cudnn)
