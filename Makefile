@@ -37,6 +37,10 @@ IMAGES_FLAGS ?=
 LISTOPS_FLAGS ?=
 SPEECH_FLAGS ?=
 GPU_CHECK_FLAGS ?=
+# what benchmarks/gpu_run.sh installs on the device (its image has jax, torch, absl, jaxtyping, tqdm, PyYAML)
+GPU_WHEELS := tokamax==0.0.12 einshape==1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+	typing-inspection==0.4.5 typing-extensions==4.16.0 qwix==0.1.8 typeguard==2.13.3 immutabledict==4.3.1 \
+	tensorboardx==2.6.5 ml-collections==1.1.0
 COMPARE_FLAGS ?=
 CLAIMS_FLAGS ?=
 DETR_FLAGS ?=
@@ -98,7 +102,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long sweep-repeat plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench gpu-check gpu-wheels compare-main claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -325,8 +329,12 @@ scores: $(DEPS)  ## scores in the blockwise tiles: SoftCap and a ScoreMod (ALiBi
 adopt-bench: $(DEPS)  ## one line to adopt: attnlab.dot_product_attention vs jax.nn on the same calls (up to a ±128 window at 8K), stock Flax NNX / linen attention with attnlab.flax.attention_fn (2 layers, D=512, T=2048, fwd+bwd), side by side -> results/adopt/
 	$(PY) -m benchmarks.adopt --out results/adopt $(ADOPT_FLAGS)
 
-gpu-check: $(DEPS)  ## on a GPU: every GPU implementation vs the reference, bf16 speed 4K-32K vs cuDNN, Pallas tiles, memory (<= 19 min: --minutes in GPU_CHECK_FLAGS trims it) -> results/gpu_check.json
+gpu-check: $(DEPS)  ## on a GPU: every implementation vs the reference, then bf16 4K/16K speed vs cuDNN, flex_attention, SDPA, tokamax, memory (~6 min; --minutes in GPU_CHECK_FLAGS) -> results/gpu_check.json
 	PYTHONPATH=. $(PY) -m benchmarks.gpu_check --out results/gpu_check.json $(GPU_CHECK_FLAGS)
+
+gpu-wheels: $(DEPS)  ## the wheels a lent GPU machine lacks (tokamax and its needs, ml_collections) -> .whl/, which benchmarks/gpu_run.sh installs there
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 compare-main: $(DEPS)  ## CPU before/after: the same attention calls on 160a7db and this tree, alternating, in one run -> results/compare/
 	$(PY) -m benchmarks.compare_commits --base 160a7db --out results/compare $(COMPARE_FLAGS)
