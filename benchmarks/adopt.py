@@ -1,7 +1,7 @@
 r"""One line to adopt attnlab, timed: the same calls with and without it, side by side in one run.
 
 Two suites, each row a pair timed in alternating rounds (best of ``--repeats`` per round, best round;
-``benchmarks.host.best_of``), outputs checked equal first:
+``benchmarks.harness.interleaved``), outputs checked equal first:
 
 * ``jax_nn``: ``jax.nn.dot_product_attention(...)`` against ``attnlab.dot_product_attention(...)`` with
   the very same arguments (jax's test shapes with each mask mode, GQA, bf16, 1K, and a ±128 window at
@@ -37,7 +37,7 @@ from absl import app, flags
 import attnlab
 import attnlab.flax
 from attnlab import dropin
-from benchmarks.host import best_of, cpu_info
+from benchmarks.harness import blocking, interleaved, run_record, write_json
 
 
 def define_flags():
@@ -117,17 +117,16 @@ def _fns(attention, static, mode):
 
 
 def _alternate(pairs, args, rounds, repeats):
-    """{name: best seconds} over alternating rounds of ``best_of`` for every fn in ``pairs``.
+    """{name: best seconds} over alternating rounds (``harness.interleaved``) for every fn in ``pairs``.
 
-    A call under ~0.1 s is repeated more (up to 200 times, ~0.3 s per round): a tiny call's best of 3
-    is mostly the machine's noise."""
-    once = {name: best_of(fn, args, 1) for name, fn in pairs.items()}
-    n = {name: max(repeats, min(200, math.ceil(0.3 / max(t, 1e-6)))) for name, t in once.items()}
-    best = {name: float("inf") for name in pairs}
-    for _ in range(rounds):
-        for name, fn in pairs.items():
-            best[name] = min(best[name], best_of(fn, args, n[name]))
-    return best
+    A call under ~0.1 s is repeated more (up to 200 times, ~0.3 s per round; the same count for every
+    contender): a tiny call's best of 3 is mostly the machine's noise."""
+    runs = {name: blocking(fn, *args) for name, fn in pairs.items()}
+    timings = interleaved(runs, rounds=1, repeats=1)  # first calls apart, then one timed call each
+    fastest = min(t.best_s for t in timings.values())
+    n = max(repeats, min(200, math.ceil(0.3 / max(fastest, 1e-6))))
+    timings = interleaved(runs, rounds=rounds, repeats=n)
+    return {name: t.best_s for name, t in timings.items()}
 
 
 def _same_program(fns, args) -> bool:
@@ -325,14 +324,8 @@ def main(_):
         "flax_ratios": {r["case"]: r["ratio"] for r in records if r["suite"] == "flax"},
     }
     result = {
-        "command": "make adopt-bench" + (" (--smoke)" if _SMOKE.value else ""),
-        "host": {
-            **cpu_info(),
-            "jax": jax.__version__,
-            "flax": flax.__version__,
-            "backend": jax.default_backend(),
-            "devices": [str(d) for d in jax.devices()],
-        },  # fmt: skip
+        **run_record("make adopt-bench" + (" (--smoke)" if _SMOKE.value else "")),
+        "flax": flax.__version__,
         "flags": {
             "smoke": _SMOKE.value,
             "repeats": _REPEATS.value,
@@ -345,10 +338,8 @@ def main(_):
         "records": records,
     }
     print(json.dumps(summary, indent=1))
-    os.makedirs(_OUT.value, exist_ok=True)
     path = os.path.join(_OUT.value, "adopt.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(path, result)
     print(f"wrote {path}")
 
 
