@@ -24,6 +24,7 @@ The search spaces and configurations are each implementation's own (``Implementa
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -194,23 +195,28 @@ class TuneResult:
         return "\n".join(lines)
 
 
-def _timed(fn, args, repeats: int) -> tuple[float, float]:
-    """(compile + first call seconds, best of ``repeats`` ms)."""
+def _compile(fn, args) -> tuple:
+    """(the compiled program, seconds to lower and compile it)."""
     t0 = time.perf_counter()
+    compiled = fn.lower(*args).compile()
+    return compiled, time.perf_counter() - t0
+
+
+def _best_ms(fn, args, repeats: int) -> float:
+    """Best of ``repeats`` calls after one untimed call, in ms."""
     jax.block_until_ready(fn(*args))
-    first = time.perf_counter() - t0
     best = math.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
         jax.block_until_ready(fn(*args))
         best = min(best, time.perf_counter() - t0)
-    return first, best * 1e3
+    return best * 1e3
 
 
 def autotune(
     q, k, v, *, mask=None, score="dot", scale=None, implementation="pallas", direction="fwd_bwd",
     candidates=None, repeats: int = 5, budget_s: float | None = None, save: bool | str | Path = True,
-    verbose: bool = True,
+    verbose: bool = True, compile_workers: int = 1,
 ) -> TuneResult:  # fmt: skip
     """Times every candidate configuration of ``implementation`` on this call and keeps the fastest.
 
@@ -226,6 +232,9 @@ def autotune(
         save: True writes the best into the user's table (``cache_path()``), a path into that file,
             False nowhere.
         verbose: print each candidate's time as it finishes.
+        compile_workers: threads compiling candidates ahead of the one being timed (XLA and Triton
+            compile on the host's CPUs while the device times; 1: one after the other). Candidates not
+            yet compiling when the budget runs out are dropped.
 
     Returns:
         a ``TuneResult``; ``best`` is None when every candidate failed.
@@ -248,21 +257,29 @@ def autotune(
         raise ValueError(f"autotune: implementation={implementation!r} {why}")
     key = key_of(implementation, call, backend, direction)
     configs = list(tunable.space(call, backend) if candidates is None else candidates)
-    rows, t_start = [], time.perf_counter()
-    for config in configs:
-        if budget_s is not None and time.perf_counter() - t_start > budget_s:
-            break
-        fn = _program(tunable, call, config, direction)
-        row = {"config": tunable.to_json(config), "ms": None, "compile_s": 0.0, "error": None}
-        try:
-            row["compile_s"], row["ms"] = _timed(fn, (call.q, call.k, call.v), repeats)
-        except Exception as e:  # noqa: BLE001 (a candidate the device rejects: out of shared memory, ...)
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        rows.append(row)
-        if verbose:
-            print(
-                f"autotune {implementation} {row['config']}: " + (f"{row['ms']:.3f} ms" if row["ms"] else row["error"])
-            )
+    rows, t_start, args = [], time.perf_counter(), (call.q, call.k, call.v)
+    workers = max(1, compile_workers)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        ahead = None  # with workers > 1: every candidate's compile, queued at once
+        if workers > 1:
+            ahead = [pool.submit(_compile, _program(tunable, call, c, direction), args) for c in configs]
+        for i, config in enumerate(configs):
+            if budget_s is not None and time.perf_counter() - t_start > budget_s:
+                for f in ahead or ():
+                    f.cancel()
+                break
+            row = {"config": tunable.to_json(config), "ms": None, "compile_s": 0.0, "error": None}
+            try:
+                compiled, row["compile_s"] = (
+                    ahead[i].result() if ahead else _compile(_program(tunable, call, config, direction), args)
+                )
+                row["ms"] = _best_ms(compiled, args, repeats)
+            except Exception as e:  # noqa: BLE001 (a candidate the device rejects: out of shared memory, ...)
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            rows.append(row)
+            if verbose:
+                ms = f"{row['ms']:.3f} ms" if row["ms"] is not None else row["error"]
+                print(f"autotune {implementation} {row['config']}: {ms}", flush=True)
     ok = [r for r in rows if r["ms"] is not None]
     best = min(ok, key=lambda r: r["ms"]) if ok else None
     result = TuneResult(key, None if best is None else tunable.from_json(best["config"]), best and best["ms"], rows)

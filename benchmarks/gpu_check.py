@@ -20,7 +20,12 @@ a. **correctness** (``benchmarks.correctness``): every registered implementation
    of the score's arrays; the additive cells at the largest T whose dense ``[B, N, T, S, H]``
    reference fits ``dense_ref_bytes``. Empty rows must be exactly zero. A cell an implementation
    does not support carries ``explain``'s reason.
-b. **autotune**: the place for ``attnlab.autotune`` (issue 41 item 3); see ``autotune`` below.
+b. **autotune**: ``attnlab.autotune`` (fwd+bwd) for every registered implementation with a tile search
+   that takes the call (Mosaic on Hopper, Pallas) on full, causal, documents and SoftCap at the
+   shorter speed length and the larger head dim; the section's time is shared between them. The
+   winners go into ``tuning.json`` beside ``out`` (attnlab.tuning's table format), which the speed
+   section then reads (``$ATTNLAB_TUNING_CACHE``): the speed rows time the tuned tiles.
+   ``python -m benchmarks.tuning_table --from_tuning <tuning.json>`` adds them to the committed table.
 c. **speed**: bf16, B=1, N=16, H = 64 and 128, T = 4K and 16K, forward and forward+backward, the
    cases of ``benchmarks.cases.speed_cases`` (full, causal, causal window(128, 0), window ±128, 16
    packed documents with ids traced, SoftCap(30), ALiBi; additive at H=64, T=4K) on every contender:
@@ -58,6 +63,7 @@ import tempfile
 import time
 
 import jax
+import jax.numpy as jnp
 from absl import app, flags
 
 import attnlab
@@ -155,21 +161,54 @@ def correctness(ctx: Context) -> None:
 # (b) autotune
 
 
-def autotune(ctx: Context) -> None:
-    """The autotuner's sweep on this device (issue 41 item 3), its result saved beside ``out``.
+AUTOTUNE_CASES = ("full", "causal", "documents", "softcap")
 
-    >>> ADD THE AUTOTUNER HERE <<<  When ``attnlab.autotune`` exists, call it with this section's
-    time (``rec.seconds_left()``), holding ``ctx.lock.exclusive()`` while it times (the torch workers
-    neither compile nor time meanwhile; ``ctx.lock.compiling()`` where it only compiles), write
-    what it returns with ``harness.write_json(ctx.side_file("autotune.json"), result)`` and add one
-    row per tuned entry (or one summary row) to ``rec``.
-    """
+
+def autotune(ctx: Context) -> None:
+    """``attnlab.autotune`` on this device (see the module docstring), one row per (implementation, case)."""
     rec = ctx.recorder("autotune")
-    tune = getattr(attnlab, "autotune", None)
-    if tune is None:
-        rec.add(dict(status="unsupported", reason="attnlab.autotune is not in this tree"))
-        return
-    rec.add(dict(status="unsupported", reason="attnlab.autotune exists but the gpu_check section is not wired yet"))
+    table = ctx.side_file("tuning.json")
+    if table:  # the speed section (this process) then runs the tuned configurations
+        os.environ["ATTNLAB_TUNING_CACHE"] = os.path.abspath(table)
+    T, H, N = min(ctx.sz.speed_lengths), max(ctx.sz.speed_heads), ctx.sz.speed_n
+    cases = [c for c in speed_cases(ctx.sz.speed_window, ctx.sz.docs) if c.name in AUTOTUNE_CASES]
+    names = [n for n in ctx.opts.contender_names() if n in contenders.registered()]
+    tunable = [n for n in names if getattr(attnlab.dispatch.IMPLEMENTATIONS[n], "tunable", None)]
+    jobs = [(name, case) for name in tunable if name != "blockwise" for case in cases]
+    results = []
+    for i, (name, case) in enumerate(jobs):
+        row = dict(implementation=name, case=case.name, T=T, H=H, N=N, dtype="bfloat16", direction="fwd+bwd")
+        budget = rec.seconds_left() / (len(jobs) - i)
+        if budget <= 0:
+            rec.add(row | dict(status="skipped", reason="time budget"))
+            continue
+        q, k, v = contenders.inputs(T, N, H)
+        ids = jnp.asarray(case.ids(T)) if case.mask == "documents" else None
+        try:
+            with ctx.lock.exclusive():
+                res = attnlab.autotune(
+                    q, k, v, mask=contenders.attnlab_mask(case, ids), score=contenders.attnlab_score(case, N, H),
+                    implementation=name, direction="fwd_bwd", budget_s=budget, save=table or False, verbose=False,
+                    compile_workers=ctx.opts.compile_workers,
+                )  # fmt: skip
+        except ValueError as e:  # the implementation does not take this call on this device
+            rec.add(row | dict(status="unsupported", reason=str(e)))
+            continue
+        ok = [r for r in res.rows if r["ms"] is not None]
+        rec.add(row | dict(status="ok" if res.best is not None else "error", best=_config_json(res.best),
+                           ms=None if res.best is None else round(res.best_ms, 3), tried=len(res.rows),
+                           failed=len(res.rows) - len(ok)))  # fmt: skip
+        tried = [r | {"config": _config_json(r["config"])} for r in res.rows]
+        results.append(dict(row, key=res.key.as_json(), rows=tried))
+    if ctx.side_file("autotune.json"):
+        harness.write_json(ctx.side_file("autotune.json"), dict(run=harness.run_record(), results=results))
+
+
+def _config_json(config):
+    """A tuned configuration as JSON (a dataclass's fields), or None."""
+    if config is None or isinstance(config, dict):
+        return config
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else str(config)
 
 
 # ------------------------------------------------------------------------------------------
@@ -422,7 +461,7 @@ SECTIONS = {"correctness": correctness, "autotune": autotune, "speed": speed, "m
 DEFAULT_SECTIONS = ("correctness", "autotune", "speed", "memory")
 TABLES = {
     "correctness": ["H", "T", "mask", "dtype", "implementation", "score", "status", "out_rel_err", "grad_rel_err"],
-    "autotune": ["status", "reason"],
+    "autotune": ["implementation", "case", "T", "H", "status", "ms", "tried", "best"],
     "speed": ["case", "T", "H", "direction", "implementation", "status", "ms", "tflops", "vs_cudnn", "vs_flex"],
     "memory": ["T", "H", "implementation", "status", "temp_bytes", "total_mib"],
     "blocks": ["mask", "T", "H", "direction", "implementation", "block_q", "block_k", "status", "ms", "vs_cudnn"],

@@ -23,7 +23,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICK = ("sparse", "xla", "blockwise", "cudnn", "tokamax")
 
 
-def test_smoke_runs_every_default_section_and_writes_json(tmp_path):
+def test_smoke_runs_every_default_section_and_writes_json(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATTNLAB_TUNING_CACHE", raising=False)  # the autotune section points it at its table
     out = tmp_path / "gpu_check.json"
     opts = gpu_check.Options(contenders=QUICK, cases=("full", "window", "documents", "additive"), repeats=1,
                              minutes=tuple((s, 10.0) for s in gpu_check.SECTIONS), compile_workers=2)  # fmt: skip
@@ -65,11 +66,33 @@ def test_smoke_runs_every_default_section_and_writes_json(tmp_path):
     additive = [r for r in speed if r["case"] == "additive"]
     assert {(r["H"], r["T"]) for r in additive} == set(sz.additive_at)  # one target size only
     assert {r["T"] for r in speed} == {64}
-    assert result["autotune"][0]["status"] == "unsupported"  # until attnlab.autotune is wired in
+    assert result["autotune"] == []  # no contender here has a GPU tile search (see the next test)
     mem = [r for r in result["memory"] if r["status"] == "ok"]
     assert {r["implementation"] for r in mem} == {"xla", "blockwise"}
     assert {r["implementation"] for r in result["memory"]} == {"xla", "blockwise", "sparse", "cudnn"}
     assert all(r["total_bytes"] >= r["temp_bytes"] > 0 for r in mem)
+
+
+def test_autotune_section_tunes_pallas_writes_its_table_and_the_speed_section_reads_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATTNLAB_TUNING_CACHE", raising=False)
+    out = tmp_path / "gpu_check.json"
+    opts = gpu_check.Options(contenders=("pallas", "mosaic"), cases=("full",), repeats=1,
+                             minutes=tuple((s, 10.0) for s in gpu_check.SECTIONS), compile_workers=2)  # fmt: skip
+    result = gpu_check.run(smoke=True, sections=("autotune",), out=str(out), opts=opts, sizes={"speed_lengths": (64,)})
+    rows = {(r["implementation"], r["case"]): r for r in result["autotune"]}
+    assert set(rows) == {(i, c) for i in ("mosaic", "pallas") for c in gpu_check.AUTOTUNE_CASES}
+    mosaic = [r for (i, _), r in rows.items() if i == "mosaic"]  # not on a CPU (nor at H = 8): its reason
+    assert all(r["status"] == "unsupported" and "implementation='mosaic'" in r["reason"] for r in mosaic)
+    side = json.loads((tmp_path / "autotune.json").read_text())["results"]
+    for r in side:  # every candidate timed; the best is the fastest of them
+        ms = [c["ms"] for c in r["rows"] if c["ms"] is not None]
+        assert rows["pallas", r["case"]]["ms"] == pytest.approx(min(ms), abs=1e-3)
+    assert {r["case"] for r in side} == set(gpu_check.AUTOTUNE_CASES)
+    table = tmp_path / "tuning.json"
+    assert os.environ["ATTNLAB_TUNING_CACHE"] == str(table)  # what the speed section then reads
+    entries = attnlab.tuning.load_timed(table)
+    assert len(entries) == len({k for k, _, _ in entries}) > 0  # one entry per key
+    assert all((k.implementation, k.direction, k.dtype) == ("pallas", "fwd_bwd", "bfloat16") for k, _, _ in entries)
 
 
 def test_contenders_come_from_the_registry():
@@ -167,11 +190,8 @@ def test_a_wrong_or_failing_implementation_is_a_fail_or_error_row_and_the_others
     assert all(r["status"] == "ok" for (i, _), r in by.items() if i == "blockwise")
 
 
-def test_autotune_section_is_marked_until_wired(monkeypatch):
+def test_side_files_sit_beside_the_result():
     ctx = gpu_check.Context(gpu_check.SMOKE, gpu_check.Options(), {}, None, harness.DeviceLock(None), 1e18)
-    monkeypatch.delattr(attnlab, "autotune", raising=False)
-    gpu_check.autotune(ctx)
-    assert ctx.result["autotune"] == [{"status": "unsupported", "reason": "attnlab.autotune is not in this tree"}]
     assert ctx.side_file("autotune.json") is None
     ctx.out = "/tmp/x/gpu_check.json"
     assert ctx.side_file("autotune.json") == "/tmp/x/autotune.json"

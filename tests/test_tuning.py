@@ -46,8 +46,17 @@ def test_autotune_times_every_candidate_keeps_the_fastest_and_blockwise_then_use
     m = masks.causal()
     candidates = [kernels.BlockSizes(64, 64), kernels.BlockSizes(128, 64), kernels.BlockSizes(64, 128)]
     result = attnlab.autotune(
-        q, k, v, mask=m, implementation="blockwise", candidates=candidates, repeats=1, verbose=False
+        q,
+        k,
+        v,
+        mask=m,
+        implementation="blockwise",
+        candidates=candidates,
+        repeats=1,
+        verbose=False,
+        compile_workers=2,  # compiled ahead in two threads, timed one by one in order
     )
+    assert all(r["compile_s"] > 0 and r["error"] is None for r in result.rows)
     assert [r["config"] for r in result.rows] == [{"block_q": c.block_q, "block_k": c.block_k} for c in candidates]
     times = [r["ms"] for r in result.rows]
     assert all(t is not None and t > 0 for t in times) and result.best_ms == min(times)
