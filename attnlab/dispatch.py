@@ -18,7 +18,8 @@ others were skipped::
 Per-backend order (``ORDER``):
 
 * cpu: sparse -> blockwise (from 512 x 512 pairs, or when the mask has an EMPTY tile) -> xla -> reference
-* gpu: sparse -> cudnn -> pallas (but additive scores: its ``pays_off``) -> xla (where the dense fp32 logits
+* gpu: sparse -> cudnn -> mosaic (where a tuning table times it faster than pallas: its ``pays_off``) -> pallas
+  (but additive scores: its ``pays_off``) -> xla (where the dense fp32 logits
   fit in ``XLA_MAX_LOGITS_BYTES``)
   -> blockwise (the portable fallback) -> reference
 * tpu: sparse -> splash -> xla (where the logits fit) -> blockwise -> reference
@@ -37,7 +38,7 @@ from collections.abc import Sequence
 
 import jax
 
-from attnlab import impls
+from attnlab import impls, platform
 from attnlab import masks as masks_lib
 from attnlab import scores as scores_lib
 from attnlab.call import Call, bind
@@ -48,18 +49,14 @@ IMPLEMENTATIONS: dict[str, impls.Implementation] = {impl.name: impl for impl in 
 
 ORDER: dict[str, tuple[str, ...]] = {
     "cpu": ("sparse", "blockwise", "xla", "reference"),
-    "gpu": ("sparse", "cudnn", "pallas", "xla", "blockwise", "reference"),
+    "gpu": ("sparse", "cudnn", "mosaic", "pallas", "xla", "blockwise", "reference"),
     "tpu": ("sparse", "splash", "xla", "blockwise", "reference"),
 }
 
 
 def normalize_backend(backend: str | None) -> str:
-    """None -> ``jax.default_backend()``; ``"cuda"``/``"rocm"`` -> ``"gpu"``."""
-    backend = jax.default_backend() if backend is None else str(backend).lower()
-    backend = {"cuda": "gpu", "rocm": "gpu"}.get(backend, backend)
-    if backend not in ("cpu", "gpu", "tpu"):
-        raise ValueError(f"backend must be 'cpu', 'gpu', 'tpu' or None, got {backend!r}")
-    return backend
+    """None -> ``attnlab.platform.target()`` (the backend the trace is for); ``"cuda"``/``"rocm"`` -> ``"gpu"``."""
+    return platform.normalize(backend)
 
 
 # ------------------------------------------------------------------------------------------
@@ -72,14 +69,15 @@ class Explanation:
 
     Attributes:
         backend: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
-        implementation: the chosen implementation's name.
+        implementation: the chosen implementation's name; None when no candidate supports the call
+            (``attention`` would raise).
         candidates: ``(name, reason)`` in the order tried; reason None for the chosen one and for
             supported candidates after it (``"not reached"`` in the table).
         automatic: True for ``implementation=None`` (pay-off rules applied).
     """
 
     backend: str
-    implementation: str
+    implementation: str | None
     candidates: tuple[tuple[str, str | None], ...]
     automatic: bool = True
 
@@ -175,7 +173,7 @@ def explain(
         q, k, v: ``[..., T, N, H]``, ``[..., S, K, H]``, ``[..., S, K, Hv]`` arrays or shape structs.
         mask, bias, score, scale, implementation, dropout_rate, dropout_key, return_lse: as in
             ``attnlab.attention`` (the checks are the same: a bad argument raises here too).
-        backend: ``"cpu"``, ``"gpu"`` (or ``"cuda"``), ``"tpu"``; default ``jax.default_backend()``.
+        backend: ``"cpu"``, ``"gpu"`` (or ``"cuda"``), ``"tpu"``; default ``attnlab.platform.target()``.
 
     Returns:
         an ``Explanation``; ``str()`` of it is a small table.

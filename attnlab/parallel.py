@@ -34,6 +34,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from attnlab import masks as masks_lib
+from attnlab import numerics, platform
 from attnlab.attention import attention as _attention
 from attnlab.heads import merge_heads, project_qkv
 from attnlab.kernels import blockwise as bw
@@ -205,8 +206,8 @@ def _ring_static(m, q, k, v, *, mesh, seq_axis, head_axis, scale, block_sizes, l
         N=N // Dh,
         K=K // Dh,
         H=H,
-        scale=bw.default_scale(H, scale),
-        compute_dtype=bw.compute_dtype(q.dtype),
+        scale=numerics.default_scale(H, scale),
+        compute_dtype=numerics.compute_dtype(q.dtype, platform.target()),
         block_sizes=block_sizes,
         layout=layout,
     )

@@ -248,7 +248,7 @@ class Alibi:
 def alibi(num_heads: int) -> Alibi:
     """The ALiBi bias for ``num_heads`` heads (no parameters); ``alibi(n).slopes`` are the paper's slopes.
 
-    With a causal mask, |i - j| = i - j on every allowed pair, so this is exactly the paper's bias.
+    With a causal mask, ``|i - j| = i - j`` on every allowed pair, so this is exactly the paper's bias.
 
     Example:
         >>> alibi(2).slopes.tolist()

@@ -176,77 +176,104 @@ def additive(q: jax.Array, k: jax.Array, w: jax.Array) -> jax.Array:
 
 
 # ------------------------------------------------------------------------------------------
-# Score objects: the dense form plus what fast kernels ask for
+# Score objects: the dense form plus the forms kernels use
+
+
+class TileForm:
+    """Base of the tile forms: how a tiled kernel computes a score one tile at a time.
+
+    A kernel asks ``score.tile_form()`` and gets one of three forms, or None (dense only):
+
+    * ``DotTile``: the scaled dot product itself (the kernel folds ``scale`` into the queries);
+    * ``ModTile``: the scaled dot product changed per element by ``mod(s, q_idx, k_idx)``
+      (``SoftCap``, ``ScoreMod``);
+    * ``PairTile``: logits of a whole tile from its queries and keys, ``pair(q, k)`` (``Additive``).
+
+    Every form has ``query_scale(H)``, the factor folded into the queries once, and ``head_axes``:
+    per array leaf of the score (``jax.tree_util.tree_leaves`` order), the axis of length N the query
+    head indexes, or None for a leaf every head reads whole; ``head_axes`` is None when unknown. A
+    kernel that works on one head at a time (Pallas) slices the leaves with it and takes the form only
+    when it is known. The attnlab tile core (``attnlab.kernels.tile_core``) is the one consumer: it
+    differentiates ``mod`` and ``pair`` with ``jax.vjp`` one tile at a time, so a new score writes
+    only its forward.
+    """
+
+    scale: float | None = None
+    head_axes: tuple | None = ()
+
+    def query_scale(self, head_dim: int) -> float:
+        """The factor the kernels fold into the queries: ``scale``, or ``1/sqrt(H)`` when it is None."""
+        return 1.0 / math.sqrt(head_dim) if self.scale is None else float(self.scale)
+
+
+@dataclasses.dataclass(frozen=True)
+class DotTile(TileForm):
+    """The scaled dot product ``scale * q . k``."""
+
+    scale: float | None = None
+    head_axes: tuple | None = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModTile(TileForm):
+    """The scaled dot product changed per element: ``mod(s, q_idx, k_idx)``.
+
+    ``s`` fp32 ``[..., N|1, t, s]`` (the call's leading dims and heads, or one head ``[1, t, s]`` in a
+    kernel that slices the leaves per head), ``q_idx`` int32 ``[t]``, ``k_idx`` ``[s]`` (global
+    positions) -> the new logits, same shape. ``elementwise``: ``mod`` reads neither positions nor
+    heads nor arrays (``SoftCap``), so it may run on a tile of any shape.
+    """
+
+    mod: Callable
+    scale: float | None = None
+    head_axes: tuple | None = ()
+    elementwise: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PairTile(TileForm):
+    """Logits of a tile from its queries and keys (queries scaled by ``scale``, 1.0 for ``Additive``).
+
+    ``pair(q, k)``: q ``[B, K, G, t, H]``, k ``[B, K, s, H]`` -> fp32 ``[B, K, G, t, s]``.
+    ``head_pair_vjp(q, k, *, dq, dk, leaf_grads)`` or None: one head's tile, q ``[t, H']``, k ``[s, H']``
+    (H' >= H: zero columns past the head dim may pad them), the array leaves sliced to this head; returns
+    ``(s [t, s], back)``, ``back(ds) -> (dq, dk, d_leaves)`` fp32 (None where not asked for, ``d_leaves``
+    one per array leaf or ``()``), built from ``[t, s]`` operations only (a GPU program's registers hold
+    no ``[t, s, H]`` tensor).
+    """
+
+    pair: Callable
+    head_pair_vjp: Callable | None = None
+    scale: float | None = 1.0
+    head_axes: tuple | None = ()
 
 
 class Score:
-    """Base class of score objects: ``score(q, k) -> fp32 [..., N, T, S]`` and the forms kernels use.
+    """Base class of score objects: the dense form ``score(q, k) -> fp32 [..., N, T, S]`` and the forms
+    kernels use, each None when the score has none:
 
-    The tile form (``tiled = True``), as the blockwise kernel calls it on one tile of ``bq`` queries
-    and ``bk`` keys, with B the flattened leading dims and G = N // K:
+    * ``tile_form()``: a ``TileForm`` (``DotTile``, ``ModTile``, ``PairTile``) for the tiled kernels
+      (blockwise, ring, Pallas), forward and backward, O(T + S) memory;
+    * ``edge_form()``: ``(q_e [E, K, G, H], k_e [E, K, H]) -> fp32 [E, K, G]``, one logit per edge and
+      query head, for the sparse (edge-list) kernel.
 
-    * ``tile_scale(H)``: the kernel multiplies the queries by this once (the dot product's scale);
-    * ``tile_pair(q, k)``, when ``pair_form``: q ``[B, K, G, bq, H]`` (scaled), k ``[B, K, bk, H]``
-      -> fp32 logits ``[B, K, G, bq, bk]``; otherwise the logits are the scaled dot product;
-    * ``tile_mod(s, q_idx, k_idx)``, when ``has_mod``: s fp32 ``[*lead, N, bq, bk]``, q_idx int32
-      ``[bq]``, k_idx ``[bk]`` (global positions, 1-D) -> the modified logits, same shape.
-
-    The score's array leaves (``Additive.w``, ``ScoreMod``'s arrays) reach the kernel as inputs: traced
+    The score's array leaves (``Additive.w``, ``ScoreMod``'s arrays) reach a kernel as inputs: traced
     values reuse the compiled program and receive gradients.
     """
-
-    #: True for ``Dot``: tiled and fused kernels (blockwise, cuDNN, Pallas) compute it themselves.
-    is_dot: bool = False
-    #: True when ``edge`` is implemented (the sparse edge-list kernel can use this score).
-    has_edge_form: bool = False
-    #: True when the tiled kernels compute this score in their tiles (see the class docstring).
-    tiled: bool = False
-    #: The tile form is ``tile_pair`` (not the dot product).
-    pair_form: bool = False
-    #: The tile form applies ``tile_mod`` to the dot product's logits.
-    has_mod: bool = False
-    #: ``tile_mod`` is elementwise and reads neither positions nor heads nor arrays (``SoftCap``): a kernel
-    #: may apply it to a tile of any shape (the Pallas kernel's ``[bq, bk]`` tile of one head).
-    elementwise_mod: bool = False
-    #: The pair form also has a one-head form with its own backward, ``head_pair_vjp`` (the Pallas kernel's):
-    #: built from ``[bq, bk]`` operations only, with the array leaves sliced per head (``leaf_head_axes``).
-    head_pair_form: bool = False
-
-    @property
-    def per_head_mod(self) -> bool:
-        """True when ``tile_mod`` can run on one query head's tile ``[1, bq, bk]`` with each array leaf
-        sliced to that head along its ``leaf_head_axes()`` entry (the Pallas kernel's form)."""
-        return self.elementwise_mod
-
-    def leaf_head_axes(self) -> tuple:
-        """Per array leaf (in ``jax.tree_util.tree_leaves`` order): the axis indexed by the query head
-        (length N), or None for a leaf every head reads whole."""
-        return ()
 
     def __call__(self, q: jax.Array, k: jax.Array) -> jax.Array:
         raise NotImplementedError
 
-    def tile_scale(self, head_dim: int) -> float:
-        """The factor the tiled kernels fold into the queries: ``scale`` or ``1/sqrt(H)``."""
-        scale = getattr(self, "scale", None)
-        return 1.0 / math.sqrt(head_dim) if scale is None else scale
+    def tile_form(self) -> TileForm | None:
+        return None
 
-    def tile_pair(self, q: jax.Array, k: jax.Array) -> jax.Array:
-        raise NotImplementedError(f"{type(self).__name__} has no pair form")
+    def edge_form(self) -> Callable | None:
+        return None
 
-    def tile_mod(self, s: jax.Array, q_idx: jax.Array, k_idx: jax.Array) -> jax.Array:
-        return s
-
-    def head_pair_vjp(self, q: jax.Array, k: jax.Array, *, dq: bool = True, dk: bool = True, leaf_grads: bool = True):
-        """One head's tile, when ``head_pair_form``: q ``[bq, H']`` (scaled), k ``[bk, H']`` (H' >= H: zero
-        columns past the head dim may pad them), the array leaves sliced to this head. Returns
-        ``(s, back)``: fp32 logits ``[bq, bk]`` and ``back(ds) -> (dq, dk, d_leaves)`` (fp32, None where
-        not asked for; ``d_leaves`` one per array leaf, ``()`` without ``leaf_grads``)."""
-        raise NotImplementedError(f"{type(self).__name__} has no one-head pair form")
-
-    def edge(self, q_e: jax.Array, k_e: jax.Array) -> jax.Array:
-        """Per-edge logits: q_e ``[E, K, G, H]``, k_e ``[E, K, H]`` -> fp32 ``[E, K, G]``."""
-        raise NotImplementedError(f"{type(self).__name__} has no per-edge form")
+    @property
+    def is_dot(self) -> bool:
+        """The scaled dot product itself (fused kernels such as cuDNN and splash compute only this)."""
+        return isinstance(self.tile_form(), DotTile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,16 +287,89 @@ class Dot(Score):
     """
 
     scale: float | None = None  # None: 1/sqrt(H), resolved per call from the head dim
-    is_dot = True
-    has_edge_form = True
-    tiled = True
 
     def __call__(self, q, k):
         return dot_product(q, k, scale=self.scale)
 
-    def edge(self, q_e, k_e):
-        s = 1.0 / math.sqrt(q_e.shape[-1]) if self.scale is None else self.scale
-        return jnp.einsum("ekgh,ekh->ekg", q_e, k_e, preferred_element_type=jnp.float32) * jnp.float32(s)
+    def tile_form(self):
+        return DotTile(self.scale)
+
+    def edge_form(self):
+        def edge(q_e, k_e):
+            s = 1.0 / math.sqrt(q_e.shape[-1]) if self.scale is None else self.scale
+            return jnp.einsum("ekgh,ekh->ekg", q_e, k_e, preferred_element_type=jnp.float32) * jnp.float32(s)
+
+        return edge
+
+
+def _additive_weights(w, n: int, h: int) -> jax.Array:
+    """w ``[N, H]`` or ``[H]`` -> fp32 ``[N, H]``."""
+    return jnp.broadcast_to(jnp.asarray(w).astype(jnp.float32), (n, h))
+
+
+def _additive_pairs(q: jax.Array, k: jax.Array, w) -> jax.Array:
+    """``sum_h w[n, h] tanh(q[t, n, h] + k[s, n // G, h])`` for every pair of a tile: q ``[B, K, G, t, H]``,
+    k ``[B, K, s, H]``, w ``[N, H]`` or ``[H]`` -> fp32 ``[B, K, G, t, s]``.
+
+    The dense form (``additive``) and the tile form (``Additive``'s ``PairTile``) both run this. Computed as
+    rows ``[B*K, G*t, s, H]`` against per-row weights: a batched mat-vec with its batch dims leading (an
+    einsum contracting ``[K, G, H]`` against the 6-D tensor made XLA:CPU transpose it: 7x slower).
+    """
+    b, kh, g, t, h = q.shape
+    s = k.shape[2]
+    w = _additive_weights(w, kh * g, h).reshape(kh, g, h)
+    rows = jnp.broadcast_to(w[None, :, :, None, :], (b, kh, g, t, h)).reshape(b * kh, g * t, h)
+    qf = q.astype(jnp.float32).reshape(b * kh, g * t, h)
+    kf = k.astype(jnp.float32).reshape(b * kh, s, h)
+    out = jnp.einsum("nqsh,nqh->nqs", jnp.tanh(qf[:, :, None, :] + kf[:, None, :, :]), rows)
+    return out.reshape(b, kh, g, t, s)
+
+
+def _additive_head(w, q, k, *, dq=True, dk=True, leaf_grads=True):
+    """One head's additive tile (``PairTile.head_pair_vjp``): a loop over the head dim, one ``[t, s]`` tanh
+    tile per step, so the ``[t, s, H]`` tensor never exists. Columns are picked with a one-hot compare, not
+    an index, and the backward is written out (tanh' = 1 - tanh^2): the Triton lowering sees only
+    elementwise ops, reductions and a counted loop."""
+    w = jnp.asarray(w).astype(jnp.float32)  # [1, H] (this head's row) or [H] (shared)
+    qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
+    lane = jax.lax.broadcasted_iota(jnp.int32, (1, qf.shape[1]), 1)  # [1, H']
+    w_lane = jax.lax.broadcasted_iota(jnp.int32, w.shape, w.ndim - 1)
+
+    def tanh_h(h):  # tanh(q[:, h] + k[:, h]) [t, s] and w[h]
+        qh = jnp.sum(jnp.where(lane == h, qf, 0.0), axis=1)
+        kh = jnp.sum(jnp.where(lane == h, kf, 0.0), axis=1)
+        return jnp.tanh(qh[:, None] + kh[None, :]), jnp.sum(jnp.where(w_lane == h, w, 0.0))
+
+    def fwd(h, s):
+        t, wh = tanh_h(h)
+        return s + wh * t
+
+    n = w.shape[-1]
+    s = jax.lax.fori_loop(0, n, fwd, jnp.zeros((qf.shape[0], kf.shape[0]), jnp.float32))
+
+    def back(ds):
+        def step(h, c):
+            gq, gk, gw = c
+            t, wh = tanh_h(h)
+            g = ds * (wh * (1.0 - t * t))
+            if dq:
+                gq = gq + jnp.where(lane == h, jnp.sum(g, axis=1)[:, None], 0.0)
+            if dk:
+                gk = gk + jnp.where(lane == h, jnp.sum(g, axis=0)[:, None], 0.0)
+            if leaf_grads:
+                gw = gw + jnp.where(w_lane == h, jnp.sum(ds * t), 0.0)
+            return gq, gk, gw
+
+        z = jnp.zeros((), jnp.float32)
+        init = (
+            jnp.zeros(qf.shape, jnp.float32) if dq else z,
+            jnp.zeros(kf.shape, jnp.float32) if dk else z,
+            jnp.zeros(w.shape, jnp.float32) if leaf_grads else z,
+        )
+        gq, gk, gw = jax.lax.fori_loop(0, n, step, init)
+        return (gq if dq else None), (gk if dk else None), ((gw,) if leaf_grads else ())
+
+    return s, back
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,92 +383,33 @@ class Additive(Score):
     """
 
     w: Any
-    has_edge_form = True
-    tiled = True
-    pair_form = True
-    head_pair_form = True
 
     def __call__(self, q, k):
         return additive(q, k, self.w)
 
-    def leaf_head_axes(self):
-        return (0,) if np.ndim(self.w) == 2 else (None,)  # w [N, H]: per head; [H]: shared
+    def tile_form(self):
+        head_axes = (0,) if np.ndim(self.w) == 2 else (None,)  # w [N, H]: per head; [H]: shared
+        return PairTile(
+            pair=lambda q, k: _additive_pairs(q, k, self.w),
+            head_pair_vjp=functools.partial(_additive_head, self.w),
+            head_axes=head_axes,
+        )
 
-    def tile_scale(self, head_dim):
-        return 1.0  # q + k, not a product: nothing to fold in
+    def edge_form(self):
+        def edge(q_e, k_e):  # [E, K, G, H] + [E, K, 1, H] -> [E, K, G]
+            kh, g, h = q_e.shape[1:]
+            w = _additive_weights(self.w, kh * g, h).reshape(kh, g, h)
+            return jnp.sum(jnp.tanh(q_e.astype(jnp.float32) + k_e.astype(jnp.float32)[:, :, None, :]) * w, -1)
 
-    def tile_pair(self, q, k):
-        # q [B, K, G, bq, H], k [B, K, bk, H] -> [B, K, G, bq, bk]; one tile holds B*N*bq*bk*H tanh values.
-        # Computed as rows [B*K, G*bq, bk, H] against per-row weights: a batched mat-vec with its batch dims
-        # leading (an einsum contracting [K, G, H] against the 6-D tensor made XLA:CPU transpose it: 7x slower).
-        b, kh, g, bq, h = q.shape
-        bk = k.shape[2]
-        w = jnp.broadcast_to(jnp.asarray(self.w).astype(jnp.float32), (kh * g, h)).reshape(kh, g, h)
-        rows = jnp.broadcast_to(w[None, :, :, None, :], (b, kh, g, bq, h)).reshape(b * kh, g * bq, h)
-        qf = q.astype(jnp.float32).reshape(b * kh, g * bq, h)
-        kf = k.astype(jnp.float32).reshape(b * kh, bk, h)
-        s = jnp.einsum("nqsh,nqh->nqs", jnp.tanh(qf[:, :, None, :] + kf[:, None, :, :]), rows)
-        return s.reshape(b, kh, g, bq, bk)
-
-    def head_pair_vjp(self, q, k, *, dq=True, dk=True, leaf_grads=True):
-        # A loop over the head dim, one [bq, bk] tanh tile per step: the [bq, bk, H] tensor of the pair form
-        # never exists (it would not fit a GPU program's registers). Columns are picked with a one-hot
-        # compare, not an index, and the backward is written out (tanh' = 1 - tanh^2), so that the Triton
-        # lowering sees only elementwise ops, reductions and a counted loop.
-        w = jnp.asarray(self.w).astype(jnp.float32)  # [1, H] (this head's row) or [H] (shared)
-        qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
-        lane = jax.lax.broadcasted_iota(jnp.int32, (1, qf.shape[1]), 1)  # [1, H']
-        w_lane = jax.lax.broadcasted_iota(jnp.int32, w.shape, w.ndim - 1)
-
-        def tanh_h(h):  # tanh(q[:, h] + k[:, h]) [bq, bk] and w[h]
-            qh = jnp.sum(jnp.where(lane == h, qf, 0.0), axis=1)
-            kh = jnp.sum(jnp.where(lane == h, kf, 0.0), axis=1)
-            return jnp.tanh(qh[:, None] + kh[None, :]), jnp.sum(jnp.where(w_lane == h, w, 0.0))
-
-        def fwd(h, s):
-            t, wh = tanh_h(h)
-            return s + wh * t
-
-        n = w.shape[-1]
-        s = jax.lax.fori_loop(0, n, fwd, jnp.zeros((qf.shape[0], kf.shape[0]), jnp.float32))
-
-        def back(ds):
-            def step(h, c):
-                gq, gk, gw = c
-                t, wh = tanh_h(h)
-                g = ds * (wh * (1.0 - t * t))
-                if dq:
-                    gq = gq + jnp.where(lane == h, jnp.sum(g, axis=1)[:, None], 0.0)
-                if dk:
-                    gk = gk + jnp.where(lane == h, jnp.sum(g, axis=0)[:, None], 0.0)
-                if leaf_grads:
-                    gw = gw + jnp.where(w_lane == h, jnp.sum(ds * t), 0.0)
-                return gq, gk, gw
-
-            z = jnp.zeros((), jnp.float32)
-            init = (
-                jnp.zeros(qf.shape) if dq else z,
-                jnp.zeros(kf.shape) if dk else z,
-                jnp.zeros(w.shape) if leaf_grads else z,
-            )
-            gq, gk, gw = jax.lax.fori_loop(0, n, step, init)
-            return (gq if dq else None), (gk if dk else None), ((gw,) if leaf_grads else ())
-
-        return s, back
-
-    def edge(self, q_e, k_e):
-        kh, g, h = q_e.shape[1], q_e.shape[2], q_e.shape[3]
-        w = jnp.broadcast_to(jnp.asarray(self.w).astype(jnp.float32), (kh * g, h)).reshape(kh, g, h)  # [K, G, H]
-        pre = q_e.astype(jnp.float32) + k_e.astype(jnp.float32)[:, :, None, :]  # [E, K, G, H]
-        return jnp.einsum("ekgh,kgh->ekg", jnp.tanh(pre), w)
+        return edge
 
 
 @dataclasses.dataclass(frozen=True)
 class SoftCap(Score):
     """Soft-capped dot product ``cap * tanh(scale * q_t . k_s / cap)`` (Gemma 2, Grok): logits stay in (-cap, cap).
 
-    ``tile_cap`` says to a tiled kernel (blockwise) that it can compute this score inside its tiles,
-    forward and backward (the backward multiplies by ``1 - tanh^2``), with O(T + S) memory.
+    Its tile form is elementwise (``ModTile(elementwise=True)``): every tiled kernel computes it inside
+    its tiles, forward and backward (``1 - tanh^2``), with O(T + S) memory.
 
     Example:
         >>> q = jnp.ones((1, 1, 4)); k = jnp.full((2, 1, 4), 10.0)
@@ -378,23 +419,20 @@ class SoftCap(Score):
 
     cap: float
     scale: float | None = None
-    has_edge_form = False
-    tiled = True
-    has_mod = True
-    elementwise_mod = True
 
     def __post_init__(self):
         if isinstance(self.cap, bool) or not isinstance(self.cap, (int, float)) or not self.cap > 0:
             raise ValueError(f"SoftCap: cap must be a positive Python number, got {self.cap!r}")
         check_scale(self.scale, fn="SoftCap")
 
-    def tile_mod(self, s, q_idx, k_idx):
-        cap = jnp.float32(self.cap)
-        return cap * jnp.tanh(s * jnp.float32(1.0 / self.cap))
+    def _cap(self, s, q_idx=None, k_idx=None):
+        return jnp.float32(self.cap) * jnp.tanh(s * jnp.float32(1.0 / self.cap))
+
+    def tile_form(self):
+        return ModTile(self._cap, self.scale, head_axes=(), elementwise=True)
 
     def __call__(self, q, k):
-        cap = jnp.float32(self.cap)
-        return cap * jnp.tanh(dot_product(q, k, scale=self.scale) / cap)
+        return self._cap(dot_product(q, k, scale=self.scale))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -407,7 +445,7 @@ class ScoreMod(Score):
     k_idx]`` a per-pair term), and the ``arrays``; it returns the new logits, same shape, built from
     broadcasting jnp operations that act on each logit separately (elementwise in ``s``, as
     FlexAttention asks of its ``score_mod``). The dense reference calls it once
-    on ``[..., N, T, S]``; the blockwise kernel once per tile, forward and backward (``jax.vjp`` of
+    on ``[..., N, T, S]``; the tiled kernels once per tile, forward and backward (``jax.vjp`` of
     ``fn``), so memory stays O(T + S). ``arrays`` are pytree leaves: traced values (learned ALiBi
     slopes, per-pair tables indexed by positions) reuse the compiled program and get gradients.
     ``fn`` is static: pass the same function object to reuse a compiled program.
@@ -434,8 +472,6 @@ class ScoreMod(Score):
     arrays: tuple = ()
     scale: float | None = None
     head_axes: tuple | None = None
-    tiled = True
-    has_mod = True
 
     def __init__(self, fn: Callable, *arrays, scale: float | None = None, head_axes=None):
         if not callable(fn):
@@ -462,16 +498,7 @@ class ScoreMod(Score):
         object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "head_axes", head_axes)
 
-    @property
-    def per_head_mod(self) -> bool:
-        return self.head_axes is not None
-
-    def leaf_head_axes(self) -> tuple:
-        if self.head_axes is None:
-            raise ValueError("ScoreMod: head_axes unknown; pass head_axes= (one axis or None per array)")
-        return self.head_axes
-
-    def tile_mod(self, s, q_idx, k_idx):
+    def _mod(self, s, q_idx, k_idx):
         out = self.fn(s, q_idx[:, None], k_idx[None, :], *self.arrays)
         if getattr(out, "shape", None) != s.shape:
             raise ValueError(
@@ -480,11 +507,14 @@ class ScoreMod(Score):
             )
         return out.astype(jnp.float32)
 
+    def tile_form(self):
+        return ModTile(self._mod, self.scale, head_axes=self.head_axes)
+
     def __call__(self, q, k):
         s = dot_product(q, k, scale=self.scale)
         t_idx = jnp.arange(q.shape[-3], dtype=jnp.int32)
         s_idx = jnp.arange(k.shape[-3], dtype=jnp.int32)
-        return self.tile_mod(s, t_idx, s_idx)
+        return self._mod(s, t_idx, s_idx)
 
 
 def alibi_mod(s: jax.Array, q_idx: jax.Array, k_idx: jax.Array, slopes: jax.Array) -> jax.Array:

@@ -32,7 +32,6 @@ a table.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 import sys
@@ -45,7 +44,10 @@ from absl import app, flags
 
 import attnlab
 from attnlab import masks, parallel
-from benchmarks.host import host_devices
+from benchmarks import harness
+from benchmarks.cases import Case
+from benchmarks.harness import host_devices
+from benchmarks.torch_peers import mask_mod
 from experiments import common
 
 
@@ -151,32 +153,21 @@ def _torch():
 
 
 def time_side_by_side(fns: dict, repeats: int) -> dict:
-    """{name: fn()} -> {name: (best_ms, first_call_ms)}; fns must block until done.
+    """{name: fn()} -> {name: Timing}; fns must block until done (``harness.interleaved`` with a settling call).
 
     Each round runs every implementation twice in a row and times the second call. Both torch's
     OpenMP pool and XLA:CPU's Eigen pool spin-wait for a while after their work, so the first call
     after the other framework finds its cores still busy (measured at N = 1K: +25% for attnlab
     after torch, +20% for torch after jax.nn); the untimed call absorbs that. Best of ``repeats``.
     """
-    first = {}
-    for name, fn in fns.items():
-        t0 = time.perf_counter()
-        fn()
-        first[name] = (time.perf_counter() - t0) * 1e3
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            fn()  # untimed: lets the previous implementation's threads go idle
-            t0 = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - t0) * 1e3)
-    return {name: (min(ts), first[name]) for name, ts in times.items()}
+    return harness.interleaved(fns, rounds=repeats, repeats=1, settle=True)
 
 
 def _records(suite, n, timed, flops, peers_of):
     """One record per implementation, with ratios (peer ms / ours ms: > 1 means ours is faster)."""
     out = []
-    for name, (ms, first_ms) in timed.items():
+    for name, t in timed.items():
+        ms, first_ms = 1e3 * t.best_s, 1e3 * t.first_s
         rec = dict(
             suite=suite,
             impl=name,
@@ -188,7 +179,7 @@ def _records(suite, n, timed, flops, peers_of):
         if name in peers_of:
             for peer in peers_of[name]:
                 if peer in timed:
-                    rec[f"x_vs_{peer}"] = round(timed[peer][0] / ms, 3)
+                    rec[f"x_vs_{peer}"] = round(1e3 * timed[peer].best_s / ms, 3)
         out.append(rec)
     return out
 
@@ -211,7 +202,7 @@ def to_torch(torch, xs, grad=False, device=None):
     the torch peers' device; once, outside the timed region."""
     out = []
     for x in xs:
-        t = torch.from_numpy(np.asarray(x.astype(jnp.float32)))  # numpy has no bfloat16: through fp32
+        t = torch.from_numpy(np.array(x.astype(jnp.float32)))  # numpy has no bfloat16: through fp32 (a writable copy)
         t = t.to(device=device or TORCH_DEVICE, dtype=getattr(torch, jnp.dtype(x.dtype).name))
         out.append(t.transpose(1, 2).contiguous().requires_grad_(grad))
     return out
@@ -377,9 +368,7 @@ def _window_suite(torch, backward: bool):
         if flex is not None and str(n) in _WIN_FLEX.value and not backward:  # flex has no CPU backward
             tq, tk, tv = to_torch(torch, (q, k, v))
 
-            def window_mod(b, h, qi, ki):
-                return (ki - qi <= w) & (qi - ki <= w)
-
+            window_mod = mask_mod(torch, Case("window", "window", (w, w)), None)
             bm = create_block_mask(window_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device=TORCH_DEVICE)
             fns["torch.flex"] = _synced(torch, lambda tq=tq, tk=tk, tv=tv, bm=bm: flex(tq, tk, tv, block_mask=bm))
         if torch is not None and backward and str(n) in _WIN_JNN.value:  # dense SDPA with the window as a mask
@@ -511,27 +500,9 @@ def suite_memory(torch):
 
 
 def _print_table(recs):
-    cols = [
-        "suite",
-        "impl",
-        "N",
-        "ms",
-        "compile_ms",
-        "gflops",
-        "us_per_token",
-        "temp_mb",
-        "args_out_mb",
-        "dense_logits_mb",
-        "device_peak_mb",
-    ]
-    cols += sorted({k for r in recs for k in r if k.startswith("x_vs_")})
-    cols = [c for c in cols if any(c in r for r in recs)]
-    rows = [[str(r.get(c, "")) for c in cols] for r in recs]
-    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
-    print(" | ".join(c.ljust(wd) for c, wd in zip(cols, widths, strict=True)))
-    print("-|-".join("-" * wd for wd in widths))
-    for row in rows:
-        print(" | ".join(x.ljust(wd) for x, wd in zip(row, widths, strict=True)))
+    cols = ["suite", "impl", "N", "ms", "compile_ms", "gflops", "us_per_token", "temp_mb", "args_out_mb"]
+    cols += ["dense_logits_mb", "device_peak_mb", *sorted({k for r in recs for k in r if k.startswith("x_vs_")})]
+    print(harness.rows_table(recs[0]["suite"] if recs else "bench", recs, cols))
 
 
 def main(argv):
@@ -555,14 +526,10 @@ def main(argv):
         if name not in suites:
             raise app.UsageError(f"--suites: unknown suite {name!r}; choose from {sorted(suites)}")
     os.makedirs(_OUT.value, exist_ok=True)
-    meta = dict(
+    meta = harness.run_record() | dict(
         flags={f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])},
-        jax=jax.__version__,
-        torch=getattr(torch, "__version__", None),
         cpus=os.cpu_count(),
         machine=platform.machine(),
-        backend=jax.default_backend(),
-        device_kind=jax.devices()[0].device_kind,
         dtype=bench_dtype(_DTYPE.value, jax.default_backend()),
         torch_device=TORCH_DEVICE if torch is not None else None,
         host_devices=int(sh[1].devices.size) if (sh := _sharded()) else 1,
@@ -574,8 +541,7 @@ def main(argv):
         new = suites[name](torch)
         _print_table(new)
         recs += new
-        with open(path, "w") as f:  # after every suite, so a crash (e.g. out of memory) keeps the rest
-            json.dump(dict(meta=meta, records=recs), f, indent=1)
+        harness.write_json(path, dict(meta=meta, records=recs))  # after every suite: a crash keeps the rest
     print(f"wrote {path}", file=sys.stderr)
 
 

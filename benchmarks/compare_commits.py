@@ -56,6 +56,12 @@ def define_flags():
 
 
 def _worker(cells: list[str], repeats: int) -> dict:
+    """Best ms and compile seconds per cell, with the attnlab on PYTHONPATH (the other commit's tree).
+
+    Self-contained on purpose: it runs against the other tree, whose ``benchmarks/`` may predate
+    ``benchmarks.harness``, so its timing (one warm-up call, one untimed call, then the best of
+    ``repeats``) is written out here; the parent process records with the harness.
+    """
     import jax
     import jax.numpy as jnp
 
@@ -111,7 +117,7 @@ def _tree(spec: str, tmp: Path, name: str) -> tuple[Path, str]:
 
 def main(argv):
     del argv
-    if _WORKER.value:
+    if _WORKER.value:  # before anything from this tree is imported (see _worker)
         print(json.dumps(_worker(_WORKER.value.split(","), _REPEATS.value)))
         return
     unknown = sorted(set(_CELLS.value) - set(CELLS))
@@ -136,13 +142,14 @@ def main(argv):
         b = min(run[name]["best_ms"] for run in runs["base"])
         h = min(run[name]["best_ms"] for run in runs["head"])
         rows.append({"cell": name, "base_ms": b, "head_ms": h, "ratio": h / b})
-    out = Path(_OUT.value)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"base": base_name, "head": head_name, "rounds": _ROUNDS.value, "repeats": _REPEATS.value}
-    (out / "compare.json").write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs}, indent=1))
-    print(f"| cell | base {base_name} ms | head {head_name} ms | head / base |\n|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['cell']} | {r['base_ms']:.1f} | {r['head_ms']:.1f} | {r['ratio']:.2f} |")
+    from benchmarks import harness  # noqa: PLC0415  (this tree's; the worker never imports it)
+
+    meta = harness.run_record() | {"base": base_name, "head": head_name, "rounds": _ROUNDS.value}
+    meta["repeats"] = _REPEATS.value
+    harness.write_json(Path(_OUT.value) / "compare.json", {"meta": meta, "rows": rows, "runs": runs})
+    header = ["cell", f"base {base_name} ms", f"head {head_name} ms", "head / base"]
+    print(harness.markdown_table(header, [[r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['ratio']:.2f}"]
+                                          for r in rows]))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ Writes ``<out>/flex.json``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,8 +43,12 @@ import numpy as np
 from absl import app, flags
 
 import attnlab
-from attnlab import masks, parallel
-from benchmarks.host import best_of, cpu_info, host_devices
+from attnlab import parallel
+from benchmarks import harness
+from benchmarks.cases import Case, doc_ids
+from benchmarks.contenders import attnlab_mask
+from benchmarks.harness import host_devices
+from benchmarks.torch_peers import mask_mod
 
 
 def define_flags():
@@ -84,18 +88,60 @@ def cap_isa(isa: str | None) -> dict:
     return env
 
 
-def doc_ids(T: int, docs: int, seed: int = 0) -> np.ndarray:
-    """int32 [T]: ``docs`` documents of random lengths (at least 1 token each) covering the row."""
-    cuts = np.sort(np.random.default_rng(seed).choice(np.arange(1, T), size=docs - 1, replace=False))
-    return np.repeat(np.arange(docs, dtype=np.int32), np.diff(np.concatenate([[0], cuts, [T]])))
+def _attnlab_fns(case: Case, mesh):
+    """(one-device fn, fn over the host devices or None), each ``(q, k, v[, ids])`` -> output, blockwise."""
+
+    def attend(q, k, v, *ids, attention=attnlab.attention, **kw):
+        return attention(q, k, v, mask=attnlab_mask(case, *(i[None] for i in ids)), implementation="blockwise", **kw)
+
+    on_devices = None
+    if mesh is not None:  # the same kernel, the heads split over the host devices (nothing gathered)
+        on_devices = jax.jit(functools.partial(attend, attention=parallel.attention, mesh=mesh, head_axis="heads"))
+    return jax.jit(attend), on_devices
 
 
-def _torch_timer(torch, fn):
-    def run():
+def _prepare(torch, case: Case, q, k, v, mesh) -> dict:
+    """One mask's contenders (blocking calls) with its block mask's build time and the largest output difference."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: PLC0415
+
+    T = q.shape[1]
+    ids = doc_ids(T, case.docs) if case.mask == "documents" else None
+    tq, tk, tv = (torch.from_numpy(np.asarray(x).transpose(0, 2, 1, 3).copy()) for x in (q, k, v))  # [B, N, T, H]
+    print(f"building {case.name}: flex block mask, compiling both", flush=True)
+    t0 = time.perf_counter()
+    mod = mask_mod(torch, case, None if ids is None else torch.from_numpy(ids))
+    bm = create_block_mask(mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device="cpu")
+    build_s = time.perf_counter() - t0
+    flex = torch.compile(flex_attention)
+
+    def flex_run():
         with torch.no_grad():
-            return fn()
+            return flex(tq, tk, tv, block_mask=bm)
 
-    return run
+    extra = () if ids is None else (jnp.asarray(ids),)
+    one, on_devices = _attnlab_fns(case, mesh)
+    runs = {"attnlab": harness.blocking(one, q, k, v, *extra), "flex": flex_run}
+    ref = flex_run().numpy()
+    diff = float(np.abs(np.asarray(one(q, k, v, *extra)).transpose(0, 2, 1, 3) - ref).max())
+    if on_devices is not None:
+        split = [parallel.shard(x, mesh, head_axis="heads") for x in (q, k, v)]
+        runs["devices"] = harness.blocking(on_devices, *split, *extra)
+        diff = max(diff, float(np.abs(np.asarray(on_devices(*split, *extra)).transpose(0, 2, 1, 3) - ref).max()))
+    print(f"  {case.name}: block mask {build_s:.2f} s, max |attnlab - flex| = {diff:.2e}")
+    return {"runs": runs, "flex_block_mask_s": build_s, "max_abs_diff": diff}
+
+
+def _record(case: Case, prepared: dict, timed: dict, T: int, N: int, H: int, d: int) -> dict:
+    ours, flex = timed[case.name, "attnlab"].best_s, timed[case.name, "flex"].best_s
+    rec = {"mask": "document" if case.mask == "documents" else case.mask, "T": T, "heads": N, "H": H, "mode": "fwd",
+           "attnlab_s": ours, "flex_s": flex, "flex_over_attnlab": flex / ours,
+           "flex_block_mask_s": prepared["flex_block_mask_s"], "max_abs_diff": prepared["max_abs_diff"],
+           "docs": case.docs if case.mask == "documents" else None,
+           "window": case.window[0] if case.mask == "window" else None, "host_devices": d}  # fmt: skip
+    if (case.name, "devices") in timed:
+        dev = timed[case.name, "devices"].best_s
+        rec |= {"attnlab_devices_s": dev, "flex_over_attnlab_devices": flex / dev}
+    return rec
 
 
 def main(argv):
@@ -105,102 +151,25 @@ def main(argv):
     if d > 1:  # before JAX's first computation
         parallel.use_host_devices(d)
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    start, cpu0 = time.perf_counter(), time.process_time()
+    run = harness.Run()
     T, N, H, w = _T.value, _HEADS.value, _H.value, _WINDOW.value
-    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
-    q, k, v = (jax.random.normal(x, (1, T, N, H), jnp.float32) for x in (kq, kk, kv))
-    tq, tk, tv = (torch.from_numpy(np.asarray(x).transpose(0, 2, 1, 3).copy()) for x in (q, k, v))  # [B, N, T, H]
-    ids = doc_ids(T, _DOCS.value)
-    tids = torch.from_numpy(ids)
-    flex = torch.compile(flex_attention)
-
-    def doc_mod(b, h, qi, ki):
-        return tids[qi] == tids[ki]
-
-    def window_mod(b, h, qi, ki):
-        return (qi - ki <= w) & (ki - qi <= w)
-
-    @jax.jit
-    def ours_doc(q, k, v, ids):
-        return attnlab.attention(q, k, v, mask=masks.document(ids[None]), implementation="blockwise")
-
-    @jax.jit
-    def ours_window(q, k, v):
-        return attnlab.attention(q, k, v, mask=masks.window(w, w), implementation="blockwise")
-
+    q, k, v = (jax.random.normal(x, (1, T, N, H), jnp.float32) for x in jax.random.split(jax.random.key(0), 3))
     mesh = parallel.make_mesh(f"heads={d}") if d > 1 and len(jax.devices()) >= d else None
-
-    def on_devices(mask_fn):  # the same kernel, the heads split over the host devices (nothing gathered)
-        return jax.jit(lambda q, k, v, *a: parallel.attention(
-            q, k, v, mesh=mesh, head_axis="heads", mask=mask_fn(*a), implementation="blockwise"))  # fmt: skip
-
-    split = (lambda *xs: [parallel.shard(x, mesh, head_axis="heads") for x in xs]) if mesh else None
-
-    cases = {}
-    for name, mod, ours, args, mask_fn in (
-        ("document", doc_mod, ours_doc, (q, k, v, jnp.asarray(ids)), lambda ids: masks.document(ids[None])),
-        ("window", window_mod, ours_window, (q, k, v), lambda: masks.window(w, w)),
-    ):
-        print(f"building {name}: flex block mask, compiling both", flush=True)
-        t0 = time.perf_counter()
-        bm = create_block_mask(mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device="cpu")
-        build_s = time.perf_counter() - t0
-        flex_fn = _torch_timer(torch, lambda bm=bm: flex(tq, tk, tv, block_mask=bm))
-        a = np.asarray(ours(*args)).transpose(0, 2, 1, 3)
-        b = flex_fn().numpy()
-        allowed = int(np.asarray(masks.document(ids[None]).dense(T, T)).sum()) if name == "document" else None
-        cases[name] = {"ours": (ours, args), "flex": flex_fn, "flex_block_mask_s": build_s,
-                       "max_abs_diff": float(np.abs(a - b).max()), "allowed_pairs": allowed}  # fmt: skip
-        if mesh is not None:
-            dev_fn, dev_args = on_devices(mask_fn), (*split(q, k, v), *args[3:])
-            c = np.asarray(dev_fn(*dev_args)).transpose(0, 2, 1, 3)  # compiles it once, for the check and the timing
-            cases[name]["devices"] = (dev_fn, dev_args)
-            cases[name]["max_abs_diff"] = max(cases[name]["max_abs_diff"], float(np.abs(c - b).max()))
-        print(f"  {name}: block mask {build_s:.2f} s, max |attnlab - flex| = {cases[name]['max_abs_diff']:.2e}")
-    best = {(c, side): float("inf") for c in cases for side in ("attnlab", "flex")}
-    for r in range(_ROUNDS.value):
-        for name, c in cases.items():
-            print(f"round {r + 1}/{_ROUNDS.value}: {name}", flush=True)
-            fn, args = c["ours"]
-            best[name, "attnlab"] = min(best[name, "attnlab"], best_of(fn, args, _REPEATS.value))
-            if "devices" in c:
-                fn, args = c["devices"]
-                best[name, "devices"] = min(
-                    best.get((name, "devices"), float("inf")), best_of(fn, args, _REPEATS.value)
-                )
-            t = []
-            for _ in range(_REPEATS.value + 1):
-                t0 = time.perf_counter()
-                c["flex"]()
-                t.append(time.perf_counter() - t0)
-            best[name, "flex"] = min(best[name, "flex"], min(t[1:]))
-    records = []
-    for name, c in cases.items():
-        ours_s, flex_s = best[name, "attnlab"], best[name, "flex"]
-        records.append({"mask": name, "T": T, "heads": N, "H": H, "mode": "fwd", "attnlab_s": ours_s, "flex_s": flex_s,
-                        "flex_over_attnlab": flex_s / ours_s, "flex_block_mask_s": c["flex_block_mask_s"],
-                        "max_abs_diff": c["max_abs_diff"],
-                        "docs": _DOCS.value if name == "document" else None,
-                        "window": w if name == "window" else None, "host_devices": d if mesh else 1})  # fmt: skip
-        if (name, "devices") in best:
-            records[-1] |= {
-                "attnlab_devices_s": best[name, "devices"],
-                "flex_over_attnlab_devices": flex_s / best[name, "devices"],
-            }
-        print(json.dumps(records[-1]), flush=True)
-    out = Path(_OUT.value)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {
-        "records": records, "host": cpu_info(), "jax": jax.__version__, "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(), "cap_isa": _ISA.value, "capped_env": capped,
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "command": "python -m benchmarks.flex " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
-        "wall_s": round(time.perf_counter() - start, 1), "cpu_s": round(time.process_time() - cpu0, 1),
-    }  # fmt: skip
-    (out / "flex.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out / 'flex.json'}")
+    cases = (Case("document", "documents", docs=_DOCS.value), Case("window", "window", (w, w)))
+    prepared = {c.name: _prepare(torch, c, q, k, v, mesh) for c in cases}
+    runs = {(c, side): fn for c, p in prepared.items() for side, fn in p["runs"].items()}
+    print(f"timing: {_ROUNDS.value} interleaved rounds of {_REPEATS.value} calls each", flush=True)
+    timed = harness.interleaved(
+        runs, rounds=_ROUNDS.value, repeats=_REPEATS.value, settle=True, progress=harness.progress
+    )
+    records = [_record(c, prepared[c.name], timed, T, N, H, d if mesh else 1) for c in cases]
+    for r in records:
+        print(json.dumps(r), flush=True)
+    result = {"records": records, **run.finish(), "torch_threads": torch.get_num_threads(), "cap_isa": _ISA.value,
+              "capped_env": capped, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}  # fmt: skip
+    harness.write_json(Path(_OUT.value) / "flex.json", result)
+    print(f"wrote {Path(_OUT.value) / 'flex.json'}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +35,7 @@ from absl import app, flags
 from flax import nnx
 
 from attnlab import inspect, nn
-from benchmarks.host import cpu_info
+from benchmarks import harness
 
 FLAGS = flags.FLAGS
 PROGRAMS = ("forward", "capture_row", "capture_row_all")
@@ -104,15 +103,11 @@ def main(argv):
     if FLAGS.only:
         run_one(FLAGS.only, FLAGS.seq_len)
         return
-    result = {
-        "command": f"python -m benchmarks.inspect_memory --out {FLAGS.out} --seq_len {FLAGS.seq_len}"
-        + (" --run" if FLAGS.run else ""),
+    result = harness.run_record() | {
         "model": "nn.Encoder(input_dim=8, d_model=64, num_layers=1, num_heads=4, posenc='none'), full softmax",
         "seq_len": FLAGS.seq_len,
         "row": FLAGS.seq_len // 2,
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
-        **cpu_info(),
+        **harness.cpu_info(),  # also at the top level, where earlier results had them
         "compiled": analyse(FLAGS.seq_len),
         "dense_weights_bytes": 4 * FLAGS.seq_len * FLAGS.seq_len * 4,
     }
@@ -126,8 +121,7 @@ def main(argv):
         for r in runs.values():
             r["extra_rss_mib"] = round((r["peak_rss_bytes"] - base) / 2**20, 1)
         result["run"] = runs
-    Path(FLAGS.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(FLAGS.out).write_text(json.dumps(result, indent=1) + "\n")
+    harness.write_json(FLAGS.out, result)
     print(json.dumps(result["compiled"], indent=1))
     if "run" in result:
         print(json.dumps(result["run"], indent=1))

@@ -25,8 +25,6 @@ Writes ``<out>/packed.json`` (records, the host's CPU model and flags, versions)
 from __future__ import annotations
 
 import json
-import sys
-import time
 from pathlib import Path
 
 import jax
@@ -36,7 +34,9 @@ from absl import app, flags
 
 import attnlab
 from attnlab import kernels, masks
-from benchmarks.host import best_of, cpu_info
+from benchmarks import harness
+from benchmarks.cases import doc_ids
+from benchmarks.harness import best_of
 
 
 def define_flags():
@@ -54,9 +54,7 @@ def define_flags():
 
 def packed_ids(T: int, docs: int, seed: int) -> np.ndarray:
     """int32 [1, T]: `docs` documents of random lengths (at least 1 token each), ids 0..docs-1 in order."""
-    rng = np.random.default_rng(seed)
-    cuts = np.sort(rng.choice(np.arange(1, T), docs - 1, replace=False))
-    return np.searchsorted(cuts, np.arange(T), side="right").astype(np.int32)[None]
+    return doc_ids(T, docs, seed)[None]
 
 
 def sum_sq(ids: np.ndarray) -> int:
@@ -74,7 +72,7 @@ def _grad_fn(attend):
 
 def main(argv):
     del argv
-    start = time.perf_counter()
+    run = harness.Run()
     out = Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
     T, N, H = _T.value, _HEADS.value, 64
@@ -126,12 +124,8 @@ def main(argv):
         records.append(rec | {"traced_s": t})
         print(json.dumps(records[-1]), flush=True)
 
-    result = {
-        "records": records, "host": cpu_info(), "jax": jax.__version__, "backend": jax.default_backend(),
-        "command": "python -m benchmarks.packed_documents " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d"), "wall_s": round(time.perf_counter() - start, 1),
-    }  # fmt: skip
-    (out / "packed.json").write_text(json.dumps(result, indent=1) + "\n")
+    result = {"records": records, **run.finish()}
+    harness.write_json(out / "packed.json", result)
     plot(result, out / "packed.png")
     print(f"wrote {out / 'packed.json'} and {out / 'packed.png'}")
 

@@ -31,9 +31,7 @@ if __name__ == "__main__":  # before JAX starts: 8 CPU host devices
     if "xla_force_host_platform_device_count" not in flags_env:
         os.environ["XLA_FLAGS"] = (flags_env + " --xla_force_host_platform_device_count=8").strip()
 
-import json  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -43,6 +41,7 @@ from absl import app, flags  # noqa: E402
 from attnlab import masks, parallel  # noqa: E402
 from attnlab.kernels import BlockSizes  # noqa: E402
 from attnlab.kernels import ring as ring_lib  # noqa: E402
+from benchmarks import harness  # noqa: E402
 
 FLAGS = flags.FLAGS
 LAYOUTS = ring_lib.LAYOUTS
@@ -111,15 +110,11 @@ def compile_step(mask, T: int, D: int, block: int, layout: str):
 
 def time_alternating(programs: dict, repeats: int) -> dict:
     """Times each compiled program ``repeats`` times, taking turns, so drifting load hits all alike."""
-    times = {key: [] for key in programs}
-    for _ in range(repeats):
-        for key, (compiled, args, _) in programs.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            times[key].append(time.perf_counter() - t0)
+    runs = {key: harness.blocking(compiled, *args) for key, (compiled, args, _) in programs.items()}
+    timed = harness.interleaved(runs, rounds=repeats)
     return {
-        key: dict(compile_s=programs[key][2], step_s_median=statistics.median(ts), step_s_best=min(ts), step_s=ts)
-        for key, ts in times.items()
+        key: dict(compile_s=programs[key][2], step_s_median=t.median_s, step_s_best=t.best_s, step_s=list(t.times))
+        for key, t in timed.items()
     }
 
 
@@ -151,9 +146,8 @@ def main(argv):
             timing="compiled programs called in turn, warm-up excluded",
             what="jax.grad of sum(out * ct): forward + backward",
         ),
-        environment=dict(
-            jax=jax.__version__,
-            backend=jax.default_backend(),
+        environment=harness.run_record()
+        | dict(
             device_count=jax.device_count(),
             cpu_count=os.cpu_count(),
             machine=platform.machine(),
@@ -162,9 +156,7 @@ def main(argv):
         ),
         rows=rows,
     )
-    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
-    with open(FLAGS.out, "w") as f:
-        json.dump(result, f, indent=1)
+    harness.write_json(FLAGS.out, result)
     print(table(result))
 
 

@@ -9,10 +9,12 @@ Two parts, both through ``attnlab.kernels.blockwise_attention``:
 2. **Additive (tanh) attention at 16K** (``--additive_seq_len``; 4 heads, H = 64, fp32, no mask),
    ``scores.Additive(w)`` fwd+bwd: the compiled temporary memory (XLA's memory analysis) of the
    tiled kernel and of the dense reference (compiled only, never run: it needs the
-   ``[T, S, N, H]`` tanh tensor), the time of one call, and its throughput as GFLOP/s (3H per pair
-   and head for the score — add, tanh, multiply-add —, 2H for the weighted sum, the backward
-   counted as twice the forward) next to the dot product's (2H + 2H) on the same shape. Also the
-   compiled memory at twice the length (compile only).
+   ``[T, S, N, H]`` tanh tensor), the time of one call, and its throughput as GFLOP/s
+   (``benchmarks.harness.useful_flops``: 5H per pair and head forward for the additive score, 3x
+   that forward+backward; 4H and 3.5x for the dot product; the committed ``scores.json`` of
+   2026-12 counted the dot product's backward as 2x its forward, 12H per pair where this counts
+   14H) next to the dot product's on the same shape. Also the compiled memory at twice the
+   length (compile only).
 
 Command (what ``make scores`` runs; ~10 min on the 2-core development CPU):
 
@@ -24,8 +26,6 @@ Writes ``<out>/scores.json`` (records, host CPU model and SIMD flags, versions, 
 from __future__ import annotations
 
 import json
-import sys
-import time
 from pathlib import Path
 
 import jax
@@ -35,7 +35,7 @@ from absl import app, flags
 
 import attnlab
 from attnlab import kernels, masks, scores
-from benchmarks.host import best_of, cpu_info
+from benchmarks import harness
 
 
 def define_flags():
@@ -75,11 +75,15 @@ def per_element(T: int, N: int, H: int) -> list[dict]:
 
             cells[mask_name, score_name, "fwd"] = jax.jit(attend)
             cells[mask_name, score_name, "fwd+bwd"] = jax.jit(_fwd_bwd(attend))
-    best = {key: float("inf") for key in cells}
-    for r in range(_ROUNDS.value):
-        for i, (key, fn) in enumerate(cells.items()):
-            print(f"part 1, round {r + 1}/{_ROUNDS.value}, cell {i + 1}/{len(cells)}: {key}", flush=True)
-            best[key] = min(best[key], best_of(fn, (q, k, v), _REPEATS.value))
+    print(f"part 1: {len(cells)} cells, {_ROUNDS.value} interleaved rounds of {_REPEATS.value} calls", flush=True)
+    timed = harness.interleaved(
+        {key: harness.blocking(fn, q, k, v) for key, fn in cells.items()},
+        rounds=_ROUNDS.value,
+        repeats=_REPEATS.value,
+        settle=True,
+        progress=harness.progress,
+    )
+    best = {key: t.best_s for key, t in timed.items()}
     records = []
     for mask_name in ("full", "causal"):
         for mode in ("fwd", "fwd+bwd"):
@@ -120,12 +124,11 @@ def additive(T: int, N: int, H: int) -> dict:
         "dot_temp_gib": _temp_gib(_fwd_bwd(dot), *spec),
     }
     print(json.dumps(mem), flush=True)
-    pairs = T * T
-    flops = {"additive": 3 * (3 * H + 2 * H) * N * pairs, "dot": 3 * (2 * H + 2 * H) * N * pairs}
+    flops = {name: harness.useful_flops(T * T, N, H, "fwd+bwd", name) for name in ("additive", "dot")}
     out = {"T": T, "heads": N, "H": H, "mode": "fwd+bwd", **mem, "inputs_gib": 3 * 4 * T * N * H / 2**30}
     for name, fn in (("dot", dot), ("additive", tiled)):
         print(f"part 2: timing {name} fwd+bwd at T = {T} (one warm-up call, one timed)", flush=True)
-        s = best_of(jax.jit(_fwd_bwd(fn)), (q, k, v), 1)
+        s = harness.best_of(jax.jit(_fwd_bwd(fn)), (q, k, v), 1)
         out[f"{name}_s"], out[f"{name}_gflops"] = s, flops[name] / s / 1e9
         print(json.dumps({name: s}), flush=True)
     out["additive_over_dot_time"] = out["additive_s"] / out["dot_s"]
@@ -134,18 +137,12 @@ def additive(T: int, N: int, H: int) -> dict:
 
 def main(argv):
     del argv
-    start, cpu0 = time.perf_counter(), time.process_time()
+    run = harness.Run()
     records = per_element(_T.value, _HEADS.value, _H.value)
     add = additive(_TA.value, _HEADS_A.value, _H.value) if _TA.value else None
-    out = Path(_OUT.value)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {
-        "records": records, "additive": add, "host": cpu_info(), "jax": jax.__version__, "cap": _CAP.value,
-        "command": "python -m benchmarks.scores " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
-        "wall_s": round(time.perf_counter() - start, 1), "cpu_s": round(time.process_time() - cpu0, 1),
-    }  # fmt: skip
-    (out / "scores.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out / 'scores.json'}")
+    out = Path(_OUT.value) / "scores.json"
+    harness.write_json(out, {"records": records, "additive": add, "cap": _CAP.value, **run.finish()})
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import time
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ from absl import app, flags
 
 import attnlab
 from attnlab import masks
+from benchmarks import harness
 
 
 def define_flags():
@@ -89,18 +89,10 @@ def main(_):
     np.testing.assert_allclose(
         fns["fwd/traced"][0](*fns["fwd/traced"][1]), fns["fwd/concrete"][0](q, k, v), atol=1e-5, rtol=1e-5
     )
-    compile_ms, times = {}, {n: [] for n in fns}
-    for name, (f, args) in fns.items():
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        compile_ms[name] = (time.perf_counter() - t0) * 1e3
-    for _ in range(_REPEATS.value):
-        for name, (f, args) in fns.items():
-            jax.block_until_ready(f(*args))  # untimed: the previous function's threads settle
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            times[name].append((time.perf_counter() - t0) * 1e3)
-    best = {n: min(t) for n, t in times.items()}
+    runs = {name: harness.blocking(f, *args) for name, (f, args) in fns.items()}
+    timed = harness.interleaved(runs, rounds=_REPEATS.value, settle=True)  # settle: the previous one's threads
+    best = {n: 1e3 * t.best_s for n, t in timed.items()}
+    compile_ms = {n: 1e3 * t.first_s for n, t in timed.items()}
     record = {
         "label": _LABEL.value,
         "shape": {"B": B, "T": T, "N": N, "H": H, "dtype": "float32"},
@@ -113,8 +105,7 @@ def main(_):
             "concrete": _tiles(bigbird & masks.padding(kv_lengths=lengths), T),
             "traced": _traced_tiles(bigbird, lengths, T),
         },
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
+        **harness.run_record(),
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "repeats": _REPEATS.value,
@@ -125,9 +116,7 @@ def main(_):
         if _APPEND.value and os.path.exists(_OUT.value):
             with open(_OUT.value) as f:
                 records = json.load(f)
-        os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
-        with open(_OUT.value, "w") as f:
-            json.dump(records + [record], f, indent=1)
+        harness.write_json(_OUT.value, records + [record])
 
 
 if __name__ == "__main__":

@@ -44,67 +44,7 @@ from attnlab import heads, inspect, nn
 from attnlab import train as train_lib
 from attnlab.data import brown
 from experiments import common, pos_tagging, posenc
-
-BACKENDS = ("cpu", "gpu", "tpu")
-
-# ------------------------------------------------------------------------------------------
-# Per-head statistics from attention weights (pure numpy; tests/test_claims.py checks them by loops)
-
-
-def _valid(lengths: np.ndarray, T: int) -> np.ndarray:
-    """bool ``[B, T, T]``: query t and key s both real."""
-    real = np.arange(T)[None, :] < np.asarray(lengths)[:, None]  # [B, T]
-    return real[:, :, None] & real[:, None, :]
-
-
-def head_statistics(weights: np.ndarray, lengths: np.ndarray, max_offset: int) -> dict[str, np.ndarray]:
-    """Per-head statistics of one layer's attention over the real positions of a batch.
-
-    Args:
-        weights: ``[B, N, T, T]`` attention weights (rows of padded queries are ignored).
-        lengths: int ``[B]`` real lengths.
-        max_offset: R; ``offset_mass`` covers offsets -R .. R.
-
-    Returns:
-        dict of ``offset_mass [N, 2R+1]`` (mean over real query rows of the weight on key t + d),
-        ``entropy [N]`` and ``uniform_entropy`` (scalar: mean of log(length) over the same rows),
-        ``top_offset [N]`` (over all offsets), ``top_offset_mass [N]``, ``r2_offset [N]``.
-    """
-    w = np.asarray(weights, np.float64)
-    B, N, T, S = w.shape
-    if T != S:
-        raise ValueError(f"head_statistics: weights must be self-attention [B, N, T, T], got {w.shape}")
-    lengths = np.asarray(lengths)
-    valid = _valid(lengths, T)  # [B, T, T]
-    real_rows = np.arange(T)[None, :] < lengths[:, None]  # [B, T]
-    rows = real_rows.sum()
-    w = np.where(valid[:, None], w, 0.0)  # [B, N, T, T]
-    idx = (np.arange(T)[None, :] - np.arange(T)[:, None] + T - 1).ravel()  # offset s - t, shifted to >= 0
-    summed = w.sum(0).reshape(N, T * T)  # [N, T*T]
-    total = np.stack([np.bincount(idx, summed[n], minlength=2 * T - 1) for n in range(N)])  # [N, 2T-1]
-    count = np.bincount(idx, valid.sum(0).ravel().astype(np.float64), minlength=2 * T - 1)  # [2T-1]
-    seen = count > 0
-    mass = total / rows  # [N, 2T-1]: mean over real query rows
-    f = np.where(seen, total / np.maximum(count, 1), 0.0)  # best offset-only fit: mean weight per offset
-    fit = f[:, idx].reshape(N, T, T)
-    resid = (((w - fit[None]) ** 2) * valid[:, None]).sum((0, 2, 3))
-    mean = w.sum((0, 2, 3)) / valid.sum()
-    total_var = (((w - mean[None, :, None, None]) ** 2) * valid[:, None]).sum((0, 2, 3))
-    plogp = np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0)
-    entropy = -plogp.sum((0, 2, 3)) / rows  # [N]
-    uniform = float((np.log(np.maximum(lengths, 1))[:, None] * real_rows).sum() / rows)
-    offsets = np.arange(2 * T - 1) - (T - 1)
-    top = np.where(seen[None], mass, -1.0).argmax(1)  # [N]
-    window = np.arange(-max_offset, max_offset + 1)
-    return {
-        "offset_mass": np.stack([mass[:, d + T - 1] if abs(d) < T else np.zeros(N) for d in window], axis=1),
-        "entropy": entropy,
-        "uniform_entropy": uniform,
-        "top_offset": offsets[top],
-        "top_offset_mass": mass[np.arange(N), top],
-        "r2_offset": 1.0 - resid / np.maximum(total_var, 1e-30),
-    }
-
+from experiments.claims_report import BACKENDS, report  # noqa: F401  (report: the CLI's)
 
 # ------------------------------------------------------------------------------------------
 # Model surgery through the modules' own seams: the score and the frozen embedding
@@ -158,8 +98,22 @@ def _weights(model, inputs, lengths):
     return [c.weights for c in inspect.capture(model.backbone, inputs, lengths, record=("weights",)).layers]
 
 
+def layer_statistics(weights, lengths, max_offset: int) -> dict[str, np.ndarray]:
+    """One layer's per-head statistics over the real query rows of a batch: ``attnlab.inspect``'s (a row
+    counts when its query is real and it has a nonzero weight).
+
+    ``inspect.summarise`` (``offset_mass`` on offsets -R .. R, ``entropy``, ``uniform_entropy``) and
+    ``inspect.offset_profile`` (``top_offset`` over all offsets, ``top_offset_mass``, ``r2_offset``) of
+    weights ``[B, N, T, S]`` with real lengths ``[B]``, as numpy arrays ``[N]`` (``offset_mass [N, 2R+1]``).
+    """
+    w, n = jnp.asarray(weights), jnp.asarray(lengths)
+    stats = inspect.summarise(w, offsets=range(-max_offset, max_offset + 1), lengths=n)
+    stats |= inspect.offset_profile(w, lengths=n)
+    return {k: np.asarray(v) for k, v in stats.items()}
+
+
 def analyse_heads(model, inputs, lengths, max_offset: int, accuracy_fn) -> tuple[list[dict], list]:
-    """Per (layer, head): the statistics of ``head_statistics`` and the accuracy with that head ablated.
+    """Per (layer, head): the statistics of ``layer_statistics`` and the accuracy with that head ablated.
 
     The weights come from ``attnlab.inspect.capture``; the ablation is ``accuracy_fn`` of
     ``inspect.ablated(model, [(layer, head)])`` (the head's output zeroed before the output
@@ -168,7 +122,7 @@ def analyse_heads(model, inputs, lengths, max_offset: int, accuracy_fn) -> tuple
     weights = [np.asarray(w) for w in _weights(model, jnp.asarray(inputs), jnp.asarray(lengths))]
     out = []
     for layer, w in enumerate(weights):
-        stats = head_statistics(w, lengths, max_offset)
+        stats = layer_statistics(w, lengths, max_offset)
         for h in range(w.shape[1]):
             ablated = accuracy_fn(inspect.ablated(model, [(layer, h)]))
             out.append(
@@ -177,7 +131,7 @@ def analyse_heads(model, inputs, lengths, max_offset: int, accuracy_fn) -> tuple
                     "head": h,
                     "offset_mass": np.round(stats["offset_mass"][h], 5).tolist(),
                     "entropy": float(stats["entropy"][h]),
-                    "uniform_entropy": stats["uniform_entropy"],
+                    "uniform_entropy": float(stats["uniform_entropy"][h]),
                     "top_offset": int(stats["top_offset"][h]),
                     "top_offset_mass": float(stats["top_offset_mass"][h]),
                     "r2_offset": float(stats["r2_offset"][h]),
@@ -425,204 +379,6 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> l
         return {**record, "variant": cfg.variant, "cell_time_s": round(time.perf_counter() - t0, 1), **common.env()}
 
     return common.run_grid(out / "results.jsonl", cells(cfg), run_cell, verbose=verbose, name="claims")
-
-
-# ------------------------------------------------------------------------------------------
-# Report: tables and figures from results.jsonl alone
-
-
-def _pct(stat) -> str:
-    return common.mean_std(stat, scale=100, digits=1)
-
-
-STEP_HEADER = "train step (ms), per seed"
-
-
-def _steps_ms(records) -> str:
-    """Each seed's train step time, in seed order: seeds may run on different machines (a mean of
-    timings from a loaded and a quiet host would mean nothing); compare times within one seed."""
-    return " / ".join(f"{1000 * r['step_s']:.1f}" for r in sorted(records, key=lambda r: r["seed"]))
-
-
-def conv_distance(record: dict) -> dict:
-    """Summary of how far the model's heads are from convolution heads (which have 1.0 on both)."""
-    h = record["heads_analysis"]
-    base = record.get("analysis_accuracy", record["accuracy"])
-    return {
-        "top_offset_mass": float(np.mean([x["top_offset_mass"] for x in h])),
-        "r2_offset": float(np.mean([x["r2_offset"] for x in h])),
-        "conv_like_heads": sum(x["top_offset_mass"] >= 0.9 for x in h),
-        "mostly_one_offset": sum(x["top_offset_mass"] >= 0.5 for x in h),
-        "needed": sum(base - x["ablated_accuracy"] >= 0.05 for x in h),
-        "heads": len(h),
-    }
-
-
-def report(folder: Path) -> str:
-    plt = common.pyplot()
-    results, seen = [], set()
-    for r in common.read_jsonl(folder / "results.jsonl"):  # a cell finished twice (two processes) counts once
-        key = tuple(r[k] for k in ("task", "heads", "score", "input", "seed"))
-        if key not in seen:
-            seen.add(key)
-            results.append(r)
-    if not results:
-        raise FileNotFoundError(f"no results in {folder / 'results.jsonl'}: run the experiment first")
-    sections = []
-    dot = [r for r in results if r["score"] == "dot" and r["input"] in ("tokens", "features")]
-
-    # 1. heads ablation
-    rows = []
-    for task in ("shift", "pos"):
-        acc = common.summarize([r for r in dot if r["task"] == task], ("heads",), "accuracy")
-        d = next((r["d_model"] for r in dot if r["task"] == task), None)
-        for (n,), stat in sorted(acc.items()):
-            step = _steps_ms([r for r in dot if r["task"] == task and r["heads"] == n])
-            rows.append([task, n, d // n, _pct(stat), stat[2], step])
-    if rows:
-        header = ["task", "heads", "head dim", "accuracy (%)", "seeds", STEP_HEADER]
-        sections.append("### Heads ablation (fixed d_model)\n\n" + common.markdown_table(header, rows))
-
-    # 1 + 4b. per-head analysis and conv distance
-    rows = []
-    first_seed = {t: min((r["seed"] for r in dot if r["task"] == t), default=None) for t in ("shift", "pos")}
-    for r in sorted(dot, key=lambda r: (r["task"] != "shift", r["heads"], r["seed"])):
-        if r["seed"] != first_seed[r["task"]]:
-            continue
-        base = r.get("analysis_accuracy", r["accuracy"])
-        for h in r["heads_analysis"]:
-            rows.append(
-                [
-                    r["task"], r["heads"], r["seed"], h["layer"], h["head"], h["top_offset"],
-                    f"{h['top_offset_mass']:.2f}", f"{h['r2_offset']:.2f}",
-                    f"{h['entropy']:.2f} / {h['uniform_entropy']:.2f}",
-                    f"{100 * (base - h['ablated_accuracy']):+.1f}",
-                ]
-            )  # fmt: skip
-    if rows:
-        header = [
-            "task", "heads", "seed", "layer", "head", "top offset", "mass on top offset", "R² offset-only fit",
-            "entropy / uniform (nats)", "accuracy drop when ablated (points)",
-        ]  # fmt: skip
-        sections.append(
-            "### Per-head analysis (every dot-score model, first seed)\n\n" + common.markdown_table(header, rows)
-        )
-        conv = []
-        for task in ("shift", "pos"):
-            for n in sorted({r["heads"] for r in dot if r["task"] == task}):
-                rs = [conv_distance(r) for r in dot if r["task"] == task and r["heads"] == n]
-                conv.append(
-                    [
-                        task, n, f"{np.mean([c['top_offset_mass'] for c in rs]):.2f}",
-                        f"{np.mean([c['r2_offset'] for c in rs]):.2f}",
-                        f"{sum(c['conv_like_heads'] for c in rs)} / {sum(c['heads'] for c in rs)}",
-                        f"{sum(c['mostly_one_offset'] for c in rs)} / {sum(c['heads'] for c in rs)}",
-                        f"{sum(c['needed'] for c in rs)} / {sum(c['heads'] for c in rs)}",
-                    ]
-                )  # fmt: skip
-        header = ["task", "heads", "mean mass on top offset (conv: 1.00)", "mean R² offset-only (conv: 1.00)",
-                  "heads with >= 0.9 on one offset", "heads with >= 0.5 on one offset",
-                  "heads whose ablation costs >= 5 points"]  # fmt: skip
-        sections.append("### Distance from a convolution\n\n" + common.markdown_table(header, conv))
-
-    # 2. dot vs additive
-    rows = []
-    for task in ("shift", "pos"):
-        for score in ("dot", "additive"):
-            rs = [r for r in results if r["task"] == task and r["score"] == score and r["input"] != "word_learned"]
-            rs = [r for r in rs if r["input"] != "word_onehot"]
-            n = next((r["heads"] for r in results if r["score"] == "additive" and r["task"] == task), None)
-            rs = [r for r in rs if r["heads"] == n]
-            if not rs:
-                continue
-            acc = common.summarize(rs, ("task",), "accuracy")[(task,)]
-            disp = rs[0]["dispatch"]
-            rows.append([task, score, n, _pct(acc), acc[2], _steps_ms(rs), *(disp[b] for b in BACKENDS)])
-    if rows:
-        header = [
-            "task",
-            "score",
-            "heads",
-            "accuracy (%)",
-            "seeds",
-            STEP_HEADER,
-            *(f"dispatch {b}" for b in BACKENDS),
-        ]
-        sections.append("### Relevance: dot product vs additive\n\n" + common.markdown_table(header, rows))
-
-    # 3. embeddings
-    emb = sorted((r for r in results if r["input"].startswith("word_")), key=lambda r: (r["input"], r["seed"]))
-    if emb:
-        rows = [
-            [r["input"], str(r["seed"]), f"{100 * r['accuracy']:.2f}", f"{100 * r['ambiguous_accuracy']:.2f}",
-             f"{100 * r['oov_accuracy']:.2f}", f"{r['neighbour_tag_agreement']:.3f}",
-             f"{r['neighbour_tag_chance']:.3f}"]
-            for r in emb
-        ]  # fmt: skip
-        header = ["word input", "seed", "test acc (%)", "ambiguous (%)", "OOV (%)", "5-NN share majority tag", "chance"]
-        text = "### One-hot vs learned word embedding (word id only)\n\n" + common.markdown_table(header, rows)
-        learned = next((r for r in emb if "neighbours" in r), None)
-        if learned:
-            nb = [[w, ", ".join(ns)] for w, ns in learned["neighbours"].items()]
-            text += f"\n\nNearest neighbours (cosine) in the learned table (seed {learned['seed']}):\n\n"
-            text += common.markdown_table(["word", "neighbours"], nb)
-        sections.append(text)
-    text = "\n\n".join(sections)
-    (folder / "summary.md").write_text(text + "\n")
-    _figures(plt, folder, results, dot)
-    return text
-
-
-def _figures(plt, folder, results, dot):
-    for task in ("shift", "pos"):  # per-head offset profiles of the 4-head (or largest) model, seed 0
-        rs = [r for r in dot if r["task"] == task]
-        if not rs:
-            continue
-        n = 4 if any(r["heads"] == 4 for r in rs) else max(r["heads"] for r in rs)
-        r = min((r for r in rs if r["heads"] == n), key=lambda r: r["seed"])
-        h = r["heads_analysis"]
-        layers = sorted({x["layer"] for x in h})
-        R = (len(h[0]["offset_mass"]) - 1) // 2
-        fig, axes = plt.subplots(len(layers), n, figsize=(2.3 * n, 1.9 * len(layers)), squeeze=False)
-        base = r.get("analysis_accuracy", r["accuracy"])
-        for x in h:
-            ax = axes[x["layer"], x["head"]]
-            ax.bar(np.arange(-R, R + 1), x["offset_mass"], color="C0")
-            ax.set_ylim(0, 1)
-            ax.set_title(
-                f"L{x['layer']} H{x['head']}: H={x['entropy']:.1f}, drop {100 * (base - x['ablated_accuracy']):.1f}",
-                fontsize=7,
-            )
-            ax.tick_params(labelsize=6)
-        fig.suptitle(f"{task}: attention mass by offset s - t per head ({n} heads, seed {r['seed']})", fontsize=9)
-        common.save_figure(fig, folder / f"heads_{task}.png")
-
-    fig, ax = plt.subplots(figsize=(4.5, 3.2))
-    for task in ("shift", "pos"):
-        acc = common.summarize([r for r in dot if r["task"] == task], ("heads",), "accuracy")
-        if acc:
-            ns = sorted(acc)
-            ax.errorbar([n for (n,) in ns], [100 * acc[k][0] for k in ns], [100 * acc[k][1] for k in ns],
-                        marker="o", capsize=3, label=task)  # fmt: skip
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("heads (d_model fixed)")
-    ax.set_ylabel("accuracy (%)")
-    ax.legend()
-    common.save_figure(fig, folder / "heads_accuracy.png")
-
-    learned = next((r for r in results if "pca" in r), None)
-    if learned:
-        tags = sorted({p[1] for p in learned["pca"]})
-        fig, ax = plt.subplots(figsize=(7, 5.5))
-        for i, t in enumerate(tags):
-            pts = [p for p in learned["pca"] if p[1] == t]
-            ax.scatter([p[2] for p in pts], [p[3] for p in pts], s=10, color=f"C{i % 10}",
-                       marker="o" if i < 10 else "x", label=t)  # fmt: skip
-        for p in learned["pca"][:60]:
-            ax.annotate(p[0], (p[2], p[3]), fontsize=6)
-        ax.set_title(f"learned word embeddings: PCA of the {len(learned['pca'])} most frequent words")
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-        common.save_figure(fig, folder / "embedding_pca.png")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ an ``nn.Encoder`` with RoPE, d_model 32, 2 layers, 4 heads, trained 600 steps on
   accuracy with that head zero- and mean-ablated (``inspect.head_sweep``, one vmapped program each);
 * ``weights.npz``: the weights of the first eval sequence, ``[L, N, T, T]``;
 * ``attention_grid.png`` (layer x head) and ``head_importance.png`` (accuracy drop per head),
-  drawn from the two files above by ``report``.
+  drawn from the two files above by ``report``;
+* ``run.json``: the command, date, machine (``--machine``), wall and CPU time and load of the run, the
+  analysis time and the checkpoint's own command and training time (``experiments.provenance``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from flax import nnx
 
 from attnlab import inspect, nn
 from attnlab import train as train_lib
-from experiments import common, posenc
+from experiments import common, posenc, provenance
 from experiments.configs import posenc as posenc_config
 
 SCHEME, SEED, OFFSETS = "rope", 0, (-3, -2, -1, 0)
@@ -247,18 +249,23 @@ def main(argv) -> None:
     parser.add_argument("--out", default="results/inspect", help="folder for the checkpoint, results and figures")
     parser.add_argument("--report", default=None, help="only redraw the figures from this folder's results")
     parser.add_argument("--retrain", action="store_true", help="train again even if --out holds the checkpoint")
+    parser.add_argument("--machine", default=None, help="how run.json describes the machine (default: its CPU)")
     args = parser.parse_args(argv)
     if args.report:
         print(report(args.report))
         return
+    started = provenance.start()
     out = Path(args.out)
     cfg = config()
     if args.retrain or not (out / f"{NAME}.npz").exists():
         train_and_save(cfg, out)
-    model, _ = load_checkpoint(out)  # what the notebook gets
+    model, meta = load_checkpoint(out)  # what the notebook gets
     record, weights = analyse(model, eval_batch(cfg))
     (out / "heads.json").write_text(json.dumps(record, indent=1) + "\n")
     np.savez_compressed(out / "weights.npz", weights=weights.astype(np.float32))
+    checkpoint = {"command": meta["command"], "train_time_s": meta["train_time_s"]}
+    run = provenance.finish(started, command=provenance.command("experiments.inspect_demo", argv), machine=args.machine)
+    provenance.write(out, {**run, "analysis_s": record["analysis_s"], "checkpoint": checkpoint})
     print(report(out))
 
 

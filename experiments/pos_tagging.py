@@ -39,13 +39,13 @@ from pathlib import Path
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import logging
 from flax import nnx
 
 from attnlab import inspect, masks, nn, positional
 from attnlab import train as train_lib
 from attnlab.data import brown, pku
 from experiments import common
+from experiments.pos_tagging_report import report  # noqa: F401  (the CLI's)
 
 AMBIGUOUS_EXAMPLES = ("that", "like", "back", "can", "before", "down", "as")
 
@@ -247,6 +247,23 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> d
     ]
 
 
+def focus_record(model, data, word: str, test_preds) -> dict:
+    """Every occurrence of one word (and of words containing it) in dev + test, and how many were tagged right."""
+    dev_preds = predict(model, data["dev"], buckets=data["buckets"])
+    tags = data["tagmap"].tags
+    occ = focus_occurrences(data["dev"], data["raw"]["dev"], dev_preds, tags, word, "dev")
+    occ += focus_occurrences(data["test"], data["raw"]["test"], test_preds, tags, word, "test")
+    exact = [o for o in occ if o["exact"]]
+    return {
+        "focus_word": word,
+        "focus_tokens": len(exact),
+        "focus_correct": sum(o["gold"] == o["pred"] for o in exact),
+        "focus_substring_tokens": len(occ),
+        "focus_substring_correct": sum(o["gold"] == o["pred"] for o in occ),
+        "focus_occurrences": occ,
+    }
+
+
 def run_one(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> dict:
     workdir = out / cfg.variant
     workdir.mkdir(parents=True, exist_ok=True)
@@ -275,37 +292,15 @@ def run_one(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) 
     )  # fmt: skip
     t0 = time.perf_counter()
     model, records = train_lib.train(
-        model,
-        tx,
-        loss_fn,
-        batch_fn,
-        num_steps=t.num_steps,
-        seed=cfg.seed,
-        workdir=workdir,
-        eval_fn=eval_fn,
-        eval_every=t.eval_every,
-        checkpoint_every=t.checkpoint_every,
-        log_every=t.log_every,
-        verbose=verbose,
-    )
+        model, tx, loss_fn, batch_fn, num_steps=t.num_steps, seed=cfg.seed, workdir=workdir, eval_fn=eval_fn,
+        eval_every=t.eval_every, checkpoint_every=t.checkpoint_every, log_every=t.log_every, verbose=verbose,
+    )  # fmt: skip
     wall = time.perf_counter() - t0
     train_time = common.train_time(records, default=wall)
     test_preds = predict(model, data["test"], buckets=data["buckets"])
     test = evaluate(model, data["test"], data["raw"]["test"], data, preds=test_preds)
     dev = [r for r in records if r["split"] == "dev"]
-    extra = {}
-    if cfg.get("focus_word"):  # every occurrence of one word (and of words containing it) in dev + test
-        dev_preds = predict(model, data["dev"], buckets=data["buckets"])
-        tags = data["tagmap"].tags
-        occ = focus_occurrences(data["dev"], data["raw"]["dev"], dev_preds, tags, cfg.focus_word, "dev")
-        occ += focus_occurrences(data["test"], data["raw"]["test"], test_preds, tags, cfg.focus_word, "test")
-        exact = [o for o in occ if o["exact"]]
-        extra["focus_word"] = cfg.focus_word
-        extra["focus_tokens"] = len(exact)
-        extra["focus_correct"] = sum(o["gold"] == o["pred"] for o in exact)
-        extra["focus_substring_tokens"] = len(occ)
-        extra["focus_substring_correct"] = sum(o["gold"] == o["pred"] for o in occ)
-        extra["focus_occurrences"] = occ
+    extra = focus_record(model, data, cfg.focus_word, test_preds) if cfg.get("focus_word") else {}
     example_map = None
     if cfg.get("example"):
         words = cfg.example.split()
@@ -338,127 +333,6 @@ def run_one(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) 
         test["accuracy"], test["ambiguous_accuracy"], test["oov_accuracy"], train_time,
     )  # fmt: skip
     return result
-
-
-# ------------------------------------------------------------------------------------------
-# Report: figures and table from the JSON files alone
-
-
-def report(folder: Path) -> str:
-    plt = common.pyplot()
-
-    results = sorted(common.read_jsonl(folder / "results.jsonl"), key=lambda r: r["variant"])
-    if not results:
-        raise FileNotFoundError(f"no results.jsonl under {folder}: run the experiment first")
-    lines = [
-        "| model | test acc | ambiguous acc | OOV acc | train time (s) | steps | params |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r['variant']} | {100 * r['test_accuracy']:.2f} | "
-            f"{100 * r['test_ambiguous_accuracy']:.2f} | {100 * r['test_oov_accuracy']:.2f} | "
-            f"{r['train_time_s']:.0f} | {r['steps']} | {r['params']:,} |"
-        )
-    if any("focus_word" in r for r in results):  # Chinese runs: the note's word and sentence
-        word = next(r["focus_word"] for r in results if "focus_word" in r)
-        lines[0] += f" {word} in dev+test | words containing {word} | example sentence (predicted tags) |"
-        lines[1] += "---|---|---|"
-        for i, r in enumerate(results, start=2):
-            if "focus_word" in r:
-                ex = r["example"]
-                lines[i] += (
-                    f" {r['focus_correct']}/{r['focus_tokens']} | "
-                    f"{r['focus_substring_correct']}/{r['focus_substring_tokens']} | "
-                    f"{' '.join(f'{w}/{t}' for w, t in zip(ex['words'], ex['pred'], strict=True))} |"
-                )
-            else:
-                lines[i] += " | | |"
-        golds = {" ".join(r["example"]["gold"]) for r in results if r.get("example", {}).get("gold")}
-        if golds:
-            lines.append("")
-            lines.append(f"Example gold (the note's reading, PKU tags): {golds.pop()}")
-    table = "\n".join(lines)
-    (folder / "summary.md").write_text(table + "\n")
-
-    fig, ax = plt.subplots(figsize=(1.2 * len(results) + 2, 3.5))
-    x = np.arange(len(results))
-    bars = [("test_accuracy", "all tokens"), ("test_ambiguous_accuracy", "ambiguous"), ("test_oov_accuracy", "OOV")]
-    for i, (key, label) in enumerate(bars):
-        ax.bar(x + (i - 1) * 0.27, [100 * r[key] for r in results], 0.27, label=label)
-    ax.set_xticks(x, [r["variant"] for r in results], rotation=20)
-    ax.set_ylim(60, 100)
-    ax.set_ylabel("test accuracy (%)")
-    pku_run = any(r["tagset"] == "pku" for r in results)
-    ax.set_title("People's Daily POS tagging, 44 PKU tags" if pku_run else "Brown POS tagging, universal tags")
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
-    common.save_figure(fig, folder / "accuracy.png")
-
-    windowed = sorted(
-        (r["window"], r)
-        for r in results
-        if r["model"] == "attention" and r["posenc"] != "none" and r["window"] is not None
-    )
-    full = [r for r in results if r["variant"] == "attention"]
-    if windowed or full:
-        pts = [(str(w), r) for w, r in windowed] + [("full", r) for r in full]
-        fig, ax = plt.subplots(figsize=(4.5, 3.2))
-        for key, label in [("test_accuracy", "all tokens"), ("test_ambiguous_accuracy", "ambiguous")]:
-            ax.plot([p for p, _ in pts], [100 * r[key] for _, r in pts], "o-", label=label)
-        for r, style in [(r, ":" if r["model"] == "mlp" else "--") for r in results if r["model"] in ("mlp", "cnn")]:
-            ax.axhline(100 * r["test_accuracy"], color="gray", ls=style, lw=1)
-            ax.annotate(
-                f"{r['variant']} (all tokens)",
-                (0, 100 * r["test_accuracy"]),
-                fontsize=7,
-                color="gray",
-                xytext=(2, 2),
-                textcoords="offset points",
-            )
-        ax.set_xlabel("attention window (+- words)")
-        ax.set_ylabel("test accuracy (%)")
-        ax.legend()
-        common.save_figure(fig, folder / "window.png")
-
-    maps = sorted(folder.glob("*/attention_map.json"), key=lambda p: p.parent.name != "attention")
-    if maps:
-        amap_path = maps[0]  # the full-attention model's when there is one
-        amap = json.loads(amap_path.read_text())
-        layers = amap["weights"]
-        _use_cjk_font(plt, amap["words"])
-        fig, axes = plt.subplots(1, len(layers), figsize=(4.2 * len(layers), 4.4))
-        axes = np.atleast_1d(axes)
-        labels = [f"{w} ({p})" for w, p in zip(amap["words"], amap["pred"], strict=True)]
-        for li, (ax, w) in enumerate(zip(axes, layers, strict=True)):
-            ax.imshow(np.asarray(w), cmap="viridis")
-            rotation = 90 if all(w.isascii() for w in amap["words"]) else 0  # short Chinese words: upright
-            ax.set_xticks(range(len(labels)), amap["words"], rotation=rotation, fontsize=7)
-            ax.set_yticks(range(len(labels)), labels if li == 0 else amap["words"], fontsize=7)
-            ax.set_title(f"layer {li + 1} (mean over heads)")
-        what = f"a sentence with ambiguous '{amap['word']}'" if "word" in amap else "the example sentence"
-        fig.suptitle(f"model '{amap_path.parent.name}': attention for {what}; rows: query (predicted tag)")
-        common.save_figure(fig, folder / "attention_map.png")
-    return table
-
-
-def _use_cjk_font(plt, words):
-    """Prefer an installed CJK font (make zh-font) when the labels are not ASCII, so Chinese shows."""
-    if all(w.isascii() for w in words):
-        return
-    from matplotlib import font_manager
-
-    known = ("WenQuanYi Micro Hei", "Noto Sans CJK SC", "Noto Sans SC", "SimHei")
-    names = {f.name for f in font_manager.fontManager.ttflist}
-    if not names & set(known):  # installed after matplotlib built its font cache
-        for path in font_manager.findSystemFonts():
-            if any(k in path.lower() for k in ("wqy", "cjk", "simhei")):
-                font_manager.fontManager.addfont(path)
-        names = {f.name for f in font_manager.fontManager.ttflist}
-    cjk = [n for n in known if n in names]
-    if cjk:
-        plt.rcParams["font.sans-serif"] = cjk + list(plt.rcParams["font.sans-serif"])
-    else:
-        logging.warning("no CJK font found (run `make zh-font`): Chinese labels will show as boxes")
 
 
 if __name__ == "__main__":

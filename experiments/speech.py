@@ -39,6 +39,7 @@ from attnlab import train as train_lib
 from attnlab.data import speech
 from attnlab.nn import EncoderDecoder, subsampled_lengths
 from experiments import common
+from experiments.speech_report import monotonicity, report, window_label, window_order  # noqa: F401
 
 
 def _window(name) -> int | None:
@@ -315,130 +316,6 @@ def run(cfg: ml_collections.ConfigDict, out: Path, *, verbose: bool = True) -> l
         verbose=verbose,
         name="speech",
     )
-
-
-# ------------------------------------------------------------------------------------------
-# Report
-
-
-def monotonicity(cross: np.ndarray) -> float:
-    """Pearson correlation of decoder step and attention centroid (frame) of a ``[U, S]`` cross-attention map."""
-    cross = np.asarray(cross, np.float64)
-    centroid = (cross * np.arange(cross.shape[1])).sum(1) / np.maximum(cross.sum(1), 1e-12)
-    if len(centroid) < 2 or np.std(centroid) == 0:
-        return 0.0
-    return float(np.corrcoef(np.arange(len(centroid)), centroid)[0, 1])
-
-
-def window_order(w):
-    """Sort key of window names: full first, then the widest window first."""
-    return (0, 0) if w == "full" else (1, -int(w))
-
-
-def window_label(w) -> str:
-    """``"full"`` or ``"±w"``."""
-    return "full" if w == "full" else f"±{w}"
-
-
-def report(folder: Path) -> str:
-    plt = common.pyplot()
-    results = common.read_jsonl(folder / "results.jsonl")
-    if not results:
-        raise FileNotFoundError(f"no results in {folder / 'results.jsonl'}: run the experiment first")
-    windows = sorted({r["window"] for r in results}, key=window_order)
-    cols = [k for k in results[0] if k.endswith("_cer") or k.endswith("_wer")]
-    rows = []
-    for w in windows:
-        rs = [r for r in results if r["window"] == w]
-        cells = [common.mean_std(common.summarize(rs, ("window",), k)[(w,)], scale=100) for k in cols]
-        rows.append([window_label(w), *cells, str(len(rs)), f"{np.mean([r['train_time_s'] for r in rs]):.0f}"])
-    header = [
-        "encoder attention",
-        *(k.replace("_", " ").replace(" cer", " CER %").replace(" wer", " WER %") for k in cols),
-    ]
-    text = common.markdown_table([*header, "seeds", "train s"], rows)
-    dec = {r["method"]: r for r in common.read_jsonl(folder / "decoding.jsonl")}
-    if len(dec) == 2:
-        same = bool(np.array_equal(*(np.load(folder / f"decoding-{m}.npy") for m in ("cached", "recompute"))))
-        text += (
-            f"\n\nGreedy decoding of {dec['cached']['tokens']} tokens (batch {dec['cached']['batch']}): cached "
-            f"{dec['cached']['seconds']:.3f} s, recomputed {dec['recompute']['seconds']:.3f} s: "
-            f"{dec['recompute']['seconds'] / dec['cached']['seconds']:.1f}x faster; identical tokens: {same}."
-        )
-    scaling = common.read_jsonl(folder / "scaling.jsonl")
-    if scaling:
-        srows = [
-            [
-                r["window"],
-                r["frames"],
-                r["encoder_frames"],
-                f"{r['step_s']:.3f}",
-                f"{1e3 * r['step_s_per_frame']:.2f}",
-                f"{r['peak_bytes'] / 2**20:.1f}",
-            ]
-            for r in sorted(scaling, key=lambda r: (window_order(r["window"]), r["frames"]))
-        ]
-        text += "\n\n" + common.markdown_table(
-            ["encoder", "input frames", "encoder frames", "step s", "ms / encoder frame", "compiled MiB"], srows
-        )
-    maps = {w: np.load(folder / f"maps-{w}.npz") for w in windows if (folder / f"maps-{w}.npz").exists()}
-    mono = {w: monotonicity(z["cross"]) for w, z in maps.items()}
-    if mono:
-        text += "\n\nCross-attention of test utterance 0 (last decoder block, head mean): correlation of the decoder "
-        text += "step with the attended frame (centroid), 1 = a monotonic alignment: "
-        text += ", ".join(f"{window_label(w)} {m:.2f}" for w, m in mono.items()) + "."
-    with_alignment = [r for r in results if "test_alignment_mean" in r]
-    if with_alignment:
-        seeds = sorted({r["seed"] for r in with_alignment})
-        n_utt = sorted({r["test_alignment_utterances"] for r in with_alignment})
-        text += "\n\nThe same correlation over every test utterance (mean over utterances, then mean ± sd over "
-        text += f"seeds {', '.join(map(str, seeds))}; {'/'.join(map(str, n_utt))} utterances per model; "
-        text += "min: the lowest single utterance of any seed): "
-        means = common.summarize(with_alignment, ("window",), "test_alignment_mean")
-        lows = {w: min(r["test_alignment_min"] for r in with_alignment if r["window"] == w) for (w,) in means}
-        parts = [
-            f"{window_label(w)} {common.mean_std(means[(w,)], digits=3)} (min {lows[w]:.2f})"
-            for w in windows
-            if (w,) in means
-        ]
-        text += ", ".join(parts) + "."
-    (folder / "summary.md").write_text(text + "\n")
-    # figures
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    x = np.arange(len(windows))
-    for k in ("test_greedy_cer", "new_voice_greedy_cer"):
-        ax.plot(x, [100 * np.mean([r[k] for r in results if r["window"] == w]) for w in windows], "o-", label=k[:-4])
-    ax.set_xticks(x, [window_label(w) for w in windows])
-    ax.set(xlabel="encoder self-attention", ylabel="CER (%)")
-    ax.legend()
-    common.save_figure(fig, folder / "cer_vs_window.png")
-    if scaling:
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        for w in sorted({r["window"] for r in scaling}, key=window_order):
-            rs = sorted((r for r in scaling if r["window"] == w), key=lambda r: r["frames"])
-            ax.plot(
-                [r["frames"] for r in rs],
-                [1e3 * r["step_s_per_frame"] for r in rs],
-                "o-",
-                label=window_label(w),
-            )
-        ax.set(xlabel="input frames (10 ms)", ylabel="encoder step ms / frame")
-        ax.legend()
-        common.save_figure(fig, folder / "scaling.png")
-    if maps:
-        fig, axes = plt.subplots(1, len(maps), figsize=(3.2 * len(maps), 3), squeeze=False)
-        for a, (w, z) in zip(axes[0], maps.items(), strict=True):
-            a.imshow(z["cross"], aspect="auto", cmap="viridis")
-            a.set(xlabel="encoder frame", title=f"{window_label(w)}: r = {mono[w]:.2f}")
-        axes[0, 0].set_ylabel("decoder step")
-        fig.suptitle(f"cross-attention (last decoder block, head mean): {maps[next(iter(maps))]['text']}")
-        common.save_figure(fig, folder / "alignment.png")
-        fig, axes = plt.subplots(1, len(maps), figsize=(3 * len(maps), 3), squeeze=False)
-        for a, (w, z) in zip(axes[0], maps.items(), strict=True):
-            a.imshow(z["encoder"], cmap="viridis")
-            a.set_title(window_label(w) if w == "full" else f"window ±{w}")
-        common.save_figure(fig, folder / "encoder_maps.png")
-    return text
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ FLOPs (only the (t, s) pairs the mask allows) and GFLOP/s, steps/s, memory (``me
 whether it is XLA's memory analysis of the compiled program or the device's own peak), backend,
 device kind, jax/jaxlib versions and host CPU count. Running the same command again skips cells
 already done (resume); ``--force`` redoes them. A cell that fails is recorded and the sweep goes on.
+When it ends, the sweep writes ``<out>/run.json``: the command, date, machine (``--machine`` describes
+it), wall and CPU time and load (``experiments.provenance``).
 
 Faults (docs/harness.md): a line of results.jsonl that is not a JSON record stops the rerun with
 its file and line named; ``--skip_bad_lines`` sets such lines aside into ``results.jsonl.bad`` and
@@ -60,33 +62,44 @@ takes precedence when set):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from absl import flags
 
 import attnlab
-from attnlab import masks, parallel
-from experiments import common
+from attnlab import parallel
+from experiments import common, provenance
 from experiments.common import (
     CellWorker,
     OutLockedError,  # noqa: F401  (run_sweep raises it)
     failure_record,
     lock_out,
-    memory_record,
+    memory_record,  # noqa: F401  (re-exported)
     write_jsonl,
 )
 from experiments.plot import BadResultsLineError, describe_bad_lines, load_results, make_plots, read_results
+from experiments.sweep_cells import (  # noqa: F401  (re-exported: the sweep's cell, its mask and its timing)
+    ACCELERATORS,
+    DTYPES,
+    Cell,
+    build,
+    default_dtype,
+    for_implementation,
+    make_mask,
+    parse_mask,
+    resolve_dtypes,
+    time_cell,
+    useful_flops,
+    window_pairs,
+)
+from experiments.sweep_report import format_table
 
 _CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sweep.py")
 FLAGS = flags.FLAGS
@@ -127,51 +140,15 @@ def define_flags():
         "one reused until a cell is killed; the device's peak memory is then each cell's own.",
     )
     flags.DEFINE_string("mesh", None, "Device mesh, e.g. sp=8, heads=4 or heads=4,sp=2; overrides the config.")
+    flags.DEFINE_string(
+        "machine",
+        None,
+        "How run.json describes the machine, e.g. 'the 2-core development CPU, quiet' (default: its CPU).",
+    )
 
 
 PEERS = ("jax.nn",)
 MODES = ("fwd", "fwd_bwd")
-
-
-@dataclasses.dataclass(frozen=True)
-class Cell:
-    """One point of the sweep; its fields are the resume key."""
-
-    implementation: str
-    mask: str
-    seq_len: int
-    num_heads: int
-    head_dim: int
-    batch: int
-    mode: str
-    dtype: str
-    mesh: str = ""  # "" = one device; else an attnlab.parallel.make_mesh spec ("sp=8", "heads=4,sp=2")
-    score: str = "dot"  # an attnlab.scores.from_spec spec: dot, softcap:CAP, alibi, additive
-
-    def key(self) -> tuple:
-        return dataclasses.astuple(self)
-
-
-ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-def default_dtype(backend: str) -> str:
-    """The dtype a sweep or bench measures unless told: bfloat16 on GPU/TPU (what models train in
-    there, and what cuDNN and the TPU MXU run at speed), float32 on CPU (no fast bf16 matmul)."""
-    return "bfloat16" if backend in ACCELERATORS else "float32"
-
-
-def resolve_dtypes(dtypes, backend: str) -> list[str]:
-    """`dtypes` with "auto" replaced by `default_dtype(backend)`, duplicates dropped, each checked."""
-    out = []
-    for dt in dtypes:
-        dt = default_dtype(backend) if dt == "auto" else dt
-        if dt not in DTYPES:
-            raise ValueError(f"dtypes: unknown {dt!r}, expected 'auto' or one of {DTYPES}")
-        if dt not in out:
-            out.append(dt)
-    return out
 
 
 def mesh_advice(spec: str, backend: str, num_devices: int, cpus: int | None = None) -> str:
@@ -250,188 +227,6 @@ def expand(config, backend: str | None = None) -> list[Cell]:
 
 
 # ------------------------------------------------------------------------------------------
-# Masks and the work they allow
-
-
-def window_pairs(n: int, left: int | None, right: int | None) -> int:
-    """Number of (t, s) pairs in [0, n)^2 with t - left <= s <= t + right (None: unbounded)."""
-    t = np.arange(n)
-    lo = np.zeros(n, int) if left is None else np.maximum(0, t - left)
-    hi = np.full(n, n - 1) if right is None else np.minimum(n - 1, t + right)
-    return int((hi - lo + 1).clip(min=0).sum())
-
-
-def _allowed_pairs(mask, n: int, rows: int = 1024) -> int:
-    """Allowed (t, s) pairs of a mask on n x n (per example: a mask with leading dims, e.g. a
-    document mask's [1, 1, T, S], is averaged over them), counted a block of rows at a time."""
-    total = 0
-    for start in range(0, n, rows):
-        q_idx = jnp.arange(start, min(start + rows, n))
-        values = mask(q_idx, jnp.arange(n))
-        values = jnp.broadcast_to(values, values.shape[:-2] + (len(q_idx), n))
-        total += int(jnp.sum(values)) // max(1, int(np.prod(values.shape[:-2])))
-    return total
-
-
-@functools.lru_cache(maxsize=8)  # expand and then build each cell of a (spec, n) use one mask
-def make_mask(spec: str, n: int, batch: int, seed: int = 0):
-    """Mask spec -> attnlab mask: every spec of ``attnlab.masks.from_spec`` (``full``, ``causal``,
-    ``window:L:R``, ``graph:DENSITY``, ``chunks:C``, ``&`` / ``|`` ...), plus the sweep's own
-    ``padding:FRACTION`` (every sequence of the batch padded by that fraction: data, not structure).
-    Masks are immutable, so the last few are kept (a random graph of 16K nodes takes seconds)."""
-    name, *args = spec.split(":")
-    if name != "padding":
-        return masks.from_spec(spec, seq_len=n, seed=seed)  # ValueError naming the spec
-    try:
-        if len(args) != 1:
-            raise ValueError("expected padding:FRACTION")
-        length = max(1, round(n * (1 - float(args[0]))))
-    except ValueError as e:
-        raise ValueError(f"masks: bad spec {spec!r}: {e}") from e
-    lengths = jnp.full((batch,), length, jnp.int32)
-    return masks.padding(lengths, lengths)
-
-
-@functools.lru_cache(maxsize=8)  # the cells of one (spec, n) in a row count its pairs once
-def parse_mask(spec: str, n: int, batch: int, seed: int = 0):
-    """Mask spec (``make_mask``) -> (attnlab mask or None, allowed (t, s) pairs summed over the
-    batch, jax.nn kwargs).
-
-    jax.nn gets its native arguments where the mask says it has that form: per-example lengths for
-    padding, ``is_causal`` for the interval ``(None, 0)``, ``local_window_size`` for a finite one,
-    and a dense mask for the rest (``None`` here: ``build`` makes it only for a jax.nn cell; a
-    graph's dense mask is its adjacency).
-    """
-    mask = make_mask(spec, n, batch, seed)
-    if mask.is_full:
-        return None, batch * n * n, {}
-    pads, rest = mask.split_padding()
-    if pads:  # only padding:FRACTION has padding, and nothing beside it
-        (pad,) = pads
-        pairs = int(np.sum(np.asarray(pad.q_lengths) * np.asarray(pad.kv_lengths)))
-        return mask, pairs, {"query_seq_lengths": pad.q_lengths, "key_value_seq_lengths": pad.kv_lengths}
-    if mask.interval() is None:
-        return mask, batch * _allowed_pairs(mask, n), None
-    lo, hi = mask.interval()  # t + lo <= s <= t + hi
-    pairs = batch * window_pairs(n, None if lo is None else -lo, hi)
-    if (lo, hi) == (None, 0):
-        return mask, pairs, {"is_causal": True}
-    if lo is not None and hi is not None:
-        return mask, pairs, {"local_window_size": (-lo, hi)}
-    return mask, pairs, None
-
-
-def for_implementation(implementation: str, mask, n: int):
-    """The mask as ``implementation`` takes it: the edge-list kernel gets a graph as its edge list."""
-    if implementation == "sparse" and isinstance(mask, masks.Graph):
-        receivers, senders = np.nonzero(np.asarray(mask.dense(n, n)))
-        return masks.graph_edges(senders, receivers, n)
-    return mask
-
-
-def useful_flops(cell: Cell, pairs: int) -> int:
-    """FLOPs over allowed pairs: the score and the weighted sum forward, twice that more backward.
-
-    The dot product's score is 2H per pair and head (mul + add), the additive score's 3H (add, tanh
-    counted as one, mul + add); the weighted sum is 2H; the backward counts as twice the forward (no
-    recomputation); the per-element scores (softcap, alibi) count as the dot product.
-    """
-    score = 3 if cell.score == "additive" else 2
-    fwd = (score + 2) * cell.num_heads * cell.head_dim * pairs
-    return fwd if cell.mode == "fwd" else 3 * fwd
-
-
-# ------------------------------------------------------------------------------------------
-# One cell
-
-
-def build(cell: Cell, seed: int = 0):
-    """-> (function of (q, k, v, mask), its arguments, allowed pairs)."""
-    mask, pairs, jnn_kwargs = parse_mask(cell.mask, cell.seq_len, cell.batch, seed)
-    mask = for_implementation(cell.implementation, mask, cell.seq_len)
-    dtype = jnp.dtype(cell.dtype)
-    shape = (cell.batch, cell.seq_len, cell.num_heads, cell.head_dim)  # [B, T, N, H]
-    kq, kk, kv, kc = jax.random.split(jax.random.key(seed), 4)
-    q, k, v = (jax.random.normal(key, shape, jnp.float32).astype(dtype) for key in (kq, kk, kv))
-
-    if cell.implementation == "jax.nn":
-        if jnn_kwargs is None:  # no native jax.nn form: the dense mask
-            jnn_kwargs = {"mask": mask.dense(cell.seq_len, cell.seq_len)}
-
-        def attend(q, k, v, m):
-            del m  # jax.nn takes the mask as its own flags
-            return jax.nn.dot_product_attention(q, k, v, **jnn_kwargs)
-    elif cell.mesh:
-        mesh = parallel.make_mesh(cell.mesh)
-        axes = {
-            "seq_axis": "sp" if "sp" in mesh.shape else None,
-            "head_axis": "heads" if "heads" in mesh.shape else None,
-        }
-        q, k, v = (parallel.shard(x, mesh, **axes) for x in (q, k, v))
-
-        def attend(q, k, v, m):
-            return parallel.attention(q, k, v, mesh=mesh, mask=m, implementation=cell.implementation, **axes)
-    else:
-        score = attnlab.scores.from_spec(cell.score, num_heads=cell.num_heads, head_dim=cell.head_dim, seed=seed)
-
-        def attend(q, k, v, m):
-            return attnlab.attention(q, k, v, mask=m, score=score, implementation=cell.implementation)
-
-    if cell.mode == "fwd":
-        fn = attend
-    else:
-        cotangent = jax.random.normal(kc, shape, jnp.float32)
-
-        def fn(q, k, v, m):
-            loss = lambda q, k, v: jnp.sum(attend(q, k, v, m).astype(jnp.float32) * cotangent)  # noqa: E731
-            return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
-
-    return fn, (q, k, v, mask), pairs
-
-
-def time_cell(
-    cell: Cell, *, repeats: int, timeout_s: float = float("inf"), seed: int = 0, isolated: bool = False
-) -> dict:
-    """Compiles once, warms up once, times `repeats` calls of the compiled program.
-
-    `isolated`: this process runs this cell alone (a subprocess per cell), so the device's peak
-    memory is the cell's own (``common.memory_record``).
-    """
-    before = common.memory_stats()
-    fn, args, pairs = build(cell, seed)
-    t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(*args))  # warm-up
-    times = [time.perf_counter() - t0]
-    status = "ok"
-    if times[0] * (repeats + 1) > timeout_s:
-        status = "timeout"  # soft timeout: keep the warm-up time, skip the repeats
-    else:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            times.append(time.perf_counter() - t0)
-    flops = useful_flops(cell, pairs)
-    best = min(times)
-    return dict(
-        status=status,
-        error=None,
-        compile_s=compile_s,
-        repeats=len(times),
-        median_ms=1e3 * statistics.median(times),
-        min_ms=1e3 * best,
-        steps_per_s=1.0 / best,
-        allowed_pairs=pairs,
-        useful_flops=flops,
-        useful_gflops=flops / best / 1e9,
-        **memory_record(compiled, before, common.memory_stats(), isolated=isolated),
-    )
-
-
-# ------------------------------------------------------------------------------------------
 # The sweep
 
 
@@ -466,12 +261,22 @@ def _host_devices(cell: Cell) -> int:
     return 1
 
 
-def run_sweep(config, out: str, *, force: bool = False, plot: bool = True, skip_bad_lines: bool = False) -> list[dict]:
+def run_sweep(
+    config,
+    out: str,
+    *,
+    force: bool = False,
+    plot: bool = True,
+    skip_bad_lines: bool = False,
+    run_info: dict | None = None,
+) -> list[dict]:
     """Runs every cell of `config` not already done in `<out>/results.jsonl`; returns this sweep's records.
 
     The sweep holds a lock on `<out>` (``common.lock_out``) while it runs; cells run in this
     process, or each in a subprocess (``common.CellWorker``) killed after
     ``config.cell_hard_timeout_s`` seconds when that is > 0. ``plot``: draw the figures after.
+    ``run_info``: fields of ``<out>/run.json`` (``command``, ``machine``; ``experiments.provenance``),
+    written with the run's wall and CPU time, date and load when the sweep ends.
 
     Raises:
         OutLockedError: another sweep is writing into `<out>` (the message names its process).
@@ -479,9 +284,12 @@ def run_sweep(config, out: str, *, force: bool = False, plot: bool = True, skip_
             names the file and line) and neither `skip_bad_lines` nor `force` is set.
     """
     os.makedirs(out, exist_ok=True)
+    started = provenance.start()
     cells = expand(config)
     with lock_out(out):
-        records = _run_locked(config, cells, out, force=force, skip_bad_lines=skip_bad_lines)
+        records, ran = _run_locked(config, cells, out, force=force, skip_bad_lines=skip_bad_lines)
+    info = {"command": "experiments.sweep.run_sweep", **(run_info or {})}
+    provenance.write(out, provenance.finish(started, **info, cells=len(cells), cells_run=ran))
     if plot:
         files = make_plots(os.path.join(out, "results.jsonl"), out)
         print("wrote " + ", ".join([os.path.join(out, "results.jsonl")] + files))
@@ -538,29 +346,7 @@ def _run_locked(config, cells, out, *, force, skip_bad_lines):
     finally:
         if worker is not None:
             worker.close()
-    return [by_key[c.key()] for c in cells]
-
-
-_COLUMNS = [  # (field, header, width, format)
-    ("implementation", "impl", 10, "s"),
-    ("mask", "mask", 14, "s"),
-    ("mode", "mode", 7, "s"),
-    ("seq_len", "N", 6, "d"),
-    ("num_heads", "heads", 5, "d"),
-    ("min_ms", "min ms", 9, ".2f"),
-    ("median_ms", "med ms", 9, ".2f"),
-    ("useful_gflops", "GF/s", 7, ".1f"),
-    ("compile_s", "compile", 7, ".2f"),
-]
-
-
-def format_table(records: list[dict]) -> str:
-    """The sweep's console table: one line per record."""
-    lines = [" ".join(f"{name:>{w}s}" for _, name, w, _ in _COLUMNS) + "  status"]
-    for r in records:
-        cells = [f"{r[c]:>{w}{fmt}}" if r.get(c) is not None else f"{'-':>{w}s}" for c, _, w, fmt in _COLUMNS]
-        lines.append(" ".join(cells) + f"  {r['status']}")
-    return "\n" + "\n".join(lines)
+    return [by_key[c.key()] for c in cells], len(todo)
 
 
 def report(folder, *, plot: bool = True) -> str:
@@ -596,7 +382,8 @@ def configure(c) -> None:
 
 
 def _run(config, out: Path) -> None:
-    run_sweep(config, str(out), force=FLAGS.force, plot=False, skip_bad_lines=FLAGS.skip_bad_lines)
+    info = {"command": provenance.command("experiments.sweep"), "machine": FLAGS.machine}
+    run_sweep(config, str(out), force=FLAGS.force, plot=False, skip_bad_lines=FLAGS.skip_bad_lines, run_info=info)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import time
 import pytest
 from absl import app
 
-from benchmarks import bench_attention
+from benchmarks import bench_attention, harness
 from experiments import common
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -30,20 +30,20 @@ def test_side_by_side_times_the_second_of_each_pair():
     out = bench_attention.time_side_by_side({"a": make("a"), "b": make("b")}, repeats=3)
     assert calls == {"a": 7, "b": 7}  # 1 warm-up + 3 rounds x (untimed + timed)
     for name in ("a", "b"):
-        best_ms, first_ms = out[name]
-        assert 2.0 <= best_ms < 15.0, out  # the 30 ms untimed calls are never the ones timed
-        assert first_ms >= 2.0
+        assert 0.002 <= out[name].best_s < 0.015, out  # the 30 ms untimed calls are never the ones timed
+        assert out[name].first_s >= 0.002
 
 
-def test_host_devices_auto_is_the_largest_divisor_of_heads_within_the_cores():
-    pick = bench_attention.host_devices
-    assert pick(-1, cpus=2, heads=8) == 2
-    assert pick(-1, cpus=16, heads=8) == 8
-    assert pick(-1, cpus=6, heads=8) == 4  # 5 and 6 do not divide 8
-    assert pick(-1, cpus=4, heads=6) == 3
-    assert pick(-1, cpus=1, heads=8) == 1
-    assert pick(0, cpus=2, heads=8) == 1 and pick(1, cpus=2, heads=8) == 1
-    assert pick(4, cpus=2, heads=8) == 4  # explicit: taken as given (more devices than cores is allowed)
+def test_records_give_ratios_peer_over_ours():
+    """``x_vs_<peer>`` is the peer's best ms over ours (> 1: ours faster); compile time is first call minus best."""
+    timed = {
+        "attnlab.blockwise": harness.Timing(0.5, (0.010, 0.012)),
+        "torch.sdpa": harness.Timing(0.02, (0.030, 0.025)),
+    }
+    ours, peer = bench_attention._records("full fwd", 1024, timed, 1e9, {"attnlab.blockwise": ["torch.sdpa", "jax.nn"]})
+    assert ours["ms"] == 10.0 and ours["x_vs_torch.sdpa"] == 2.5 and "x_vs_jax.nn" not in ours
+    assert ours["compile_ms"] == 490.0 and ours["gflops"] == 100.0  # 1e9 FLOPs in 10 ms
+    assert peer["ms"] == 25.0 and not any(k.startswith("x_vs_") for k in peer)
 
 
 def test_host_devices_must_divide_heads():

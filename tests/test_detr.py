@@ -301,7 +301,7 @@ def test_smoke_run_and_report(tmp_path):
 
 
 def test_seed_spread_and_run_names():
-    from experiments import detr as exp
+    from experiments import detr_report as exp
 
     assert exp.run_name("1-2", 0) == "items1-2" and exp.run_name("1-2", 2) == "items1-2_seed2"
     rows = [

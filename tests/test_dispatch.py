@@ -261,21 +261,27 @@ def test_dense_layout_evaluation_equals_row_by_row(mask):
 
 
 # ------------------------------------------------------------------------------------------
-# Tiles and compute dtype per lowering platform, not per trace-time backend
+# Tiles and compute dtype for the backend the trace is for (attnlab.platform.target)
 
 
-def test_blockwise_compute_dtype_follows_the_lowering_platform():
+def test_blockwise_plans_for_the_target_backend_alone():
     q, k, v = (x.astype(jnp.bfloat16) for x in qkv((256, 2, 16)))
     f = jax.jit(lambda q, k, v: bw.blockwise_attention(q, k, v, mask=masks.window(32, 0)))
     bf16_dot = re.compile(r"dot_general[^\n]*tensor<[^>]*bf16>, tensor<[^>]*bf16>")
-    cuda = jax.export.export(f, platforms=["cuda"])(q, k, v).mlir_module()
+    with attnlab.lowering_for("cuda"):
+        assert attnlab.platform.target() == "gpu"
+        cuda = jax.export.export(f, platforms=["cuda"])(q, k, v).mlir_module()
+    assert attnlab.platform.target() == "cpu"
     cpu = jax.export.export(f, platforms=["cpu"])(q, k, v).mlir_module()
     assert bf16_dot.search(cuda)  # bf16 tiles with fp32 accumulation on a GPU
     assert not bf16_dot.search(cpu)  # fp32 tiles on XLA:CPU
     # the GPU plan uses 128-row tiles, the CPU plan 64-row ones: the window's forward moves each step's query
-    # rows to a tile [B*K, G*bq, H] = [2, 128, 16] (GPU, bf16) or [2, 64, 16] (CPU, fp32)
-    assert "tensor<2x128x16xbf16>" in cuda and "tensor<2x64x16xbf16>" not in cuda
-    assert "tensor<2x64x16xf32>" in cpu and "tensor<2x64x16xbf16>" not in cpu
+    # rows to a tile [B*K, G*bq, H] = [2, 128, 16] (GPU, bf16) or [2, 64, 16] (CPU, fp32); each program holds
+    # one plan only (no platform_dependent branch for the others)
+    assert "tensor<2x128x16xbf16>" in cuda and "tensor<2x64x16x" not in cuda
+    assert "tensor<2x64x16xf32>" in cpu and "tensor<2x128x16xbf16>" not in cpu
+    with pytest.raises(ValueError, match="backend must be"), attnlab.lowering_for("metal"):
+        pass
     np.testing.assert_allclose(
         np.asarray(f(q, k, v), np.float32),
         np.asarray(attnlab.attention_reference(q, k, v, mask=masks.window(32, 0)), np.float32),

@@ -1,10 +1,11 @@
 """From this CPU host, ``jax.export`` lowers the kernels for the accelerator they are written for.
 
-The kernel-vs-interpreter choice is made per lowering platform (``lax.platform_dependent``), not by
-``jax.default_backend()`` at trace time: exported for ``cuda`` the Pallas kernel is the Triton
-custom call (forward, dq and dk/dv kernels) with no interpreter loop left in the module; exported
-for ``tpu`` splash is Mosaic's ``tpu_custom_call``; exported for ``cpu`` the same code is the
-interpreter (loops, no custom call). Nothing here runs a kernel, so it is fast.
+The kernels plan for the backend the trace is for (``attnlab.platform.target()``), which
+``attnlab.lowering_for`` sets around an export to a platform this process lacks: exported for
+``cuda`` the Pallas kernel is the Triton custom call (forward, dq and dk/dv kernels) with no
+interpreter loop left in the module; exported for ``tpu`` splash is Mosaic's ``tpu_custom_call``;
+exported for ``cpu`` the same code is the interpreter (loops, no custom call). Nothing here runs a
+kernel, so it is fast.
 """
 
 import functools
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from jax import export
 
+import attnlab
 from attnlab import masks, scores
 from attnlab.kernels import pallas_flash, splash
 
@@ -27,6 +29,12 @@ PALLAS_MASKS = {
     "graph_traced_kv_padding": lambda lens: masks.graph(_ADJ) & masks.padding(kv_lengths=lens),
     "chunks_or_window": lambda lens: masks.chunks(32) | masks.window(8, 8),
 }
+
+
+def _export(fn, platform, *specs, checks=()):
+    """The StableHLO text of ``jit(fn)`` exported for ``platform``, planned for it (``attnlab.lowering_for``)."""
+    with attnlab.lowering_for(platform):
+        return export.export(jax.jit(fn), platforms=[platform], disabled_checks=list(checks))(*specs).mlir_module()
 
 
 def _fwd_and_grad(attn, make_mask):
@@ -58,7 +66,7 @@ def test_pallas_exports_the_triton_kernel_for_cuda(mask_name, dtype):
         (fwd, ["attnlab_flash_fwd"]),
         (grad, ["attnlab_flash_fwd", "attnlab_flash_dq", "attnlab_flash_dkv"]),
     ):
-        text = export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=no_check)(*specs).mlir_module()
+        text = _export(fn, "cuda", *specs, checks=no_check)
         assert text.count(f"@{TRITON}(") == len(kernels)
         assert re.findall(r'name = "(attnlab_flash_[a-z]+)"', text) == kernels
         assert "stablehlo.while" not in text  # no interpreter loop: the grid runs on the GPU
@@ -67,7 +75,7 @@ def test_pallas_exports_the_triton_kernel_for_cuda(mask_name, dtype):
 def _assert_three_triton_kernels(grad, specs):
     """The gradient exported for cuda is the forward, dq and dk/dv Triton kernels, with no interpreter loop."""
     no_check = [export.DisabledSafetyCheck.custom_call(TRITON)]
-    text = export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=no_check)(*specs).mlir_module()
+    text = _export(grad, "cuda", *specs, checks=no_check)
     assert re.findall(r'name = "(attnlab_flash_[a-z]+)"', text) == [
         "attnlab_flash_fwd",
         "attnlab_flash_dq",
@@ -81,9 +89,7 @@ def test_pallas_exports_gqa_with_per_head_bitmaps_for_cuda():
     per_head = np.random.default_rng(1).random((6, 100, 90)) < 0.5
     fwd, grad = _fwd_and_grad(pallas_flash.pallas_attention, lambda lens: masks.as_mask(per_head))
     no_check = [export.DisabledSafetyCheck.custom_call(TRITON)]
-    text = export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=no_check)(
-        *_specs(2, 100, 90, 6, 2, 32, jnp.bfloat16)
-    ).mlir_module()
+    text = _export(grad, "cuda", *_specs(2, 100, 90, 6, 2, 32, jnp.bfloat16), checks=no_check)
     assert text.count(f"@{TRITON}(") == 3 and "stablehlo.while" not in text
 
 
@@ -129,7 +135,7 @@ def test_pallas_exports_additive_scores_for_cuda(w_shape):
 
 def test_pallas_exports_the_interpreter_for_cpu():
     fwd, _ = _fwd_and_grad(pallas_flash.pallas_attention, PALLAS_MASKS["causal_traced_padding"])
-    text = export.export(jax.jit(fwd), platforms=["cpu"])(*_specs(1, 40, 40, 2, 1, 16, jnp.float32)).mlir_module()
+    text = _export(fwd, "cpu", *_specs(1, 40, 40, 2, 1, 16, jnp.float32))
     assert TRITON not in text and "stablehlo.while" in text
 
 
@@ -138,11 +144,9 @@ def test_attention_dispatch_exports_the_pallas_kernel_for_cuda():
 
     q = jnp.zeros((1, 64, 2, 16), jnp.bfloat16)
     no_check = [export.DisabledSafetyCheck.custom_call(TRITON)]
-    text = export.export(
-        jax.jit(lambda q: attention(q, q, q, mask=masks.causal(), implementation="pallas")),
-        platforms=["cuda"],
-        disabled_checks=no_check,
-    )(q).mlir_module()
+    text = _export(
+        lambda q: attention(q, q, q, mask=masks.causal(), implementation="pallas"), "cuda", q, checks=no_check
+    )
     assert f"@{TRITON}(" in text
 
 
@@ -157,8 +161,8 @@ SPLASH_MASKS = {
 def test_splash_exports_mosaic_for_tpu(mask_name):
     fwd, grad = _fwd_and_grad(splash.splash_attention, SPLASH_MASKS[mask_name])
     specs = _specs(2, 256, 256, 4, 2, 128, jnp.bfloat16)
-    text = export.export(jax.jit(fwd), platforms=["tpu"])(*specs).mlir_module()
+    text = _export(fwd, "tpu", *specs)
     assert text.count("@tpu_custom_call(") == 1 and "stablehlo.while" not in text
-    text = export.export(jax.jit(grad), platforms=["tpu"])(*specs).mlir_module()
+    text = _export(grad, "tpu", *specs)
     assert text.count("@tpu_custom_call(") == 3  # forward, dq and dk/dv kernels
     assert "stablehlo.while" not in text

@@ -322,6 +322,52 @@ def test_summarise_against_numpy_loops(rows):
     np.testing.assert_allclose(got["offset_mass"], off, atol=1e-5)
 
 
+def np_offset_profile(w, lengths, rows):
+    """Loops over (example, head, row, key): the statistics of inspect.offset_profile and summarise's
+    uniform_entropy. Counted rows: real queries with a nonzero weight; pairs: those rows' real keys."""
+    b_, n_, t_, s_ = w.shape
+    out = {k: np.zeros(n_) for k in ("top_offset", "top_offset_mass", "r2_offset", "uniform_entropy")}
+    for n in range(n_):
+        mass, pairs, counted = {}, {}, 0
+        for b in range(b_):
+            for i in range(t_):
+                if rows[i] >= lengths[b] or not np.any(w[b, n, i] != 0):
+                    continue
+                counted += 1
+                out["uniform_entropy"][n] += np.log(lengths[b])
+                for s in range(lengths[b]):
+                    d = s - rows[i]
+                    mass[d] = mass.get(d, 0.0) + w[b, n, i, s]
+                    pairs.setdefault(d, []).append(w[b, n, i, s])
+        top = max(sorted(mass), key=lambda d: mass[d])
+        everything = np.concatenate([np.asarray(v) for v in pairs.values()])
+        resid = sum(((np.asarray(v) - np.mean(v)) ** 2).sum() for v in pairs.values())
+        out["top_offset"][n], out["top_offset_mass"][n] = top, mass[top] / counted
+        out["r2_offset"][n] = 1 - resid / ((everything - everything.mean()) ** 2).sum()
+        out["uniform_entropy"][n] /= counted
+    return out
+
+
+@pytest.mark.parametrize("rows", [None, (1, 4, 6)])
+def test_offset_profile_against_numpy_loops(rows):
+    rng = np.random.default_rng(1)
+    t_rows = 7 if rows is None else len(rows)
+    w = (rng.dirichlet(np.ones(7), size=(2, 3, t_rows)) ** 3).astype(np.float32)  # [B, N, T, S], peaked rows
+    lengths = np.array([7, 5])
+    w[1, ..., 5:] = 0.0  # keys past the length carry nothing
+    w[0, 1, 2] = 0.0  # an empty row: not counted
+    positions = range(7) if rows is None else rows
+    got = inspect.offset_profile(jnp.asarray(w), rows=rows, lengths=lengths)
+    expect = np_offset_profile(w, lengths, positions)
+    assert got["top_offset"].tolist() == expect["top_offset"].tolist()
+    for k in ("top_offset_mass", "r2_offset"):
+        np.testing.assert_allclose(got[k], expect[k], atol=1e-5, err_msg=k)
+    uniform = inspect.summarise(jnp.asarray(w), rows=rows, lengths=lengths)["uniform_entropy"]
+    np.testing.assert_allclose(uniform, expect["uniform_entropy"], atol=1e-5)
+    with pytest.raises(ValueError, match="rows must be concrete"):
+        jax.jit(lambda r: inspect.offset_profile(jnp.asarray(w), rows=r))(jnp.arange(t_rows))
+
+
 def test_bad_arguments_raise_value_errors_naming_them():
     model = make_model()
     x, lengths = batch()

@@ -13,10 +13,20 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "docs/results/inspect"
 
 
-def test_committed_checkpoint_reproduces_its_analysis():
-    model, meta = inspect_demo.load_checkpoint(FOLDER)
+def test_committed_checkpoint_reproduces_its_analysis(tmp_path, capsys):
+    # the program itself (python -m experiments.inspect_demo --out DIR) on a copy of the committed checkpoint:
+    # it reuses the checkpoint, writes heads.json, weights.npz, the figures and run.json
+    for name in ("shift_rope.npz", "shift_rope.json"):
+        shutil.copy(FOLDER / name, tmp_path)
+    _, meta = inspect_demo.load_checkpoint(FOLDER)
     committed = json.loads((FOLDER / "heads.json").read_text())
-    record, weights = inspect_demo.analyse(model, inspect_demo.eval_batch())
+    inspect_demo.main(["--out", str(tmp_path), "--machine", "a test"])
+    assert "Accuracy 100.0%" in capsys.readouterr().out
+    record, weights = json.loads((tmp_path / "heads.json").read_text()), np.load(tmp_path / "weights.npz")["weights"]
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["command"] == f"python -m experiments.inspect_demo --out {tmp_path} --machine 'a test'"
+    assert run["machine"] == "a test" and run["analysis_s"] == record["analysis_s"] and run["wall_s"] > 0
+    assert run["checkpoint"] == {"command": meta["command"], "train_time_s": meta["train_time_s"]}
     assert record["accuracy"] == committed["accuracy"] == round(meta["accuracy"]["acc@32"], 4)
     # the tests run XLA at optimisation level 0 (conftest.py): the last float digits may differ
     for got, want in zip(record["heads"], committed["heads"], strict=True):

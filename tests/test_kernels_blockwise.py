@@ -14,6 +14,7 @@ from conftest import compare, fwd_and_grads, grad_tol, qkv, tol
 
 import attnlab
 from attnlab import kernels, masks
+from attnlab.testing import assert_close
 
 # Odd lengths, not multiples of the (small) tiles, so short last blocks are exercised.
 T, S = 37, 45
@@ -80,7 +81,7 @@ def test_window_spans_read_in_place_match_the_reference(dtype, monkeypatch):
 
     calls = []
     wide = bw._flash_wide
-    monkeypatch.setattr(bw, "_flash_wide", lambda *a: calls.append(a[6].wide) or wide(*a))
+    monkeypatch.setattr(bw, "_flash_wide", lambda *a: calls.append(a[7].wide) or wide(*a))
     q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, dtype=dtype, seed=9)
     mask = masks.window(7, 2) & masks.padding(q_lengths=np.array([30, 37]), kv_lengths=np.array([45, 0]))
     fast = functools.partial(kernels.blockwise_attention, mask=mask, block_sizes=SMALL)
@@ -153,12 +154,20 @@ def test_padding_lengths_change_without_recompiling():
 
 def test_schedule_visits_only_nonempty_blocks():
     layout = masks.window(128, 128).block_layout(4096, 4096, 128, 128)
-    index, kind = kernels.block_schedule(layout, 4096, 128)
-    assert index.shape == (32, 3)  # 3 key blocks per query block (1.5x the useful pairs), not 32
-    assert (kind[:, 0] == 0).sum() == 0 and (kind == masks.FULL).sum() == 32  # the diagonal is FULL
+    sc = kernels.Schedule(layout, 4096, 128)
+    assert sc.index.shape == (32, 3)  # 3 key blocks per query block (1.5x the useful pairs), not 32
+    # with 128-wide tiles the diagonal tile is FULL (|t - s| <= 127), its two neighbours PARTIAL (|t - s| from 1
+    # to 255), the next ones EMPTY (|t - s| >= 129); the first and last rows have one neighbour
+    n_full, n_partial = sc.counts[:, 0], sc.counts[:, 1]
+    assert (n_full == 1).all() and n_partial[0] == 1 and n_partial[-1] == 1 and (n_partial[1:-1] == 2).all()
+    for i in range(32):  # FULL tiles first, then PARTIAL ones, each in column order
+        full, part = sc.index[i, : n_full[i]], sc.index[i, n_full[i] : n_full[i] + n_partial[i]]
+        assert full.tolist() == np.nonzero(layout[i] == masks.FULL)[0].tolist()
+        assert part.tolist() == np.nonzero(layout[i] == masks.PARTIAL)[0].tolist()
     # a short last key block is never FULL (its padding must be masked)
-    _, kind = kernels.block_schedule(np.full((2, 3), masks.FULL, np.int8), S=40, bk=16)
-    assert (kind[:, 2] == masks.PARTIAL).all() and (kind[:, :2] == masks.FULL).all()
+    sc = kernels.Schedule(np.full((2, 3), masks.FULL, np.int8), S=40, bk=16)
+    np.testing.assert_array_equal(sc.counts, [[2, 1], [2, 1]])
+    np.testing.assert_array_equal(sc.index, [[0, 1, 2], [0, 1, 2]])
 
 
 def test_dispatch_rule():
@@ -289,10 +298,29 @@ def test_traced_document_ids_skip_tiles_at_run_time_without_retracing():
     static = np.full((nq, nk), masks.PARTIAL, np.int32)
     static = np.where(masks.causal().block_layout(T, T, 16, 32) == masks.EMPTY, masks.EMPTY, static)
     runtime = jax.jit(lambda i, ln: mask(i, ln).runtime_layout(T, T, 16, 32))(ids, lengths)
-    index, kind, count = kernels.blockwise.runtime_schedule(static, runtime, T, 32, nk)
+    sc = kernels.Schedule(static, T, 32, runtime=runtime)
+    index, count = np.asarray(sc.index), np.asarray(sc.counts).sum(1)
     exact = mask(ids, lengths).block_layout(T, T, 16, 32)
     for i in range(nq):
-        listed = set(np.asarray(index[i, : int(count[i])]).tolist())
+        listed = set(index[i, : int(count[i])].tolist())
         assert set(np.nonzero(exact[i])[0].tolist()) <= listed <= set(np.nonzero(static[i])[0].tolist())
     visited, nonempty, scheduled = int(count.sum()), int((exact != masks.EMPTY).sum()), int((static != 0).sum())
     assert visited <= nonempty + nq < scheduled  # at most one extra tile per row (the AND of safe layouts)
+
+
+@pytest.mark.parametrize("T", [33, 64, 100])
+def test_graph_and_padding_closed_over_under_jit(T):
+    # issue 41: with adj and lens closed over (constants) under jit, the graph built inside the trace is traced
+    # while the padding lengths stay concrete; the plan asked the abstract (all-traced) copy of the mask for a
+    # runtime layout that the mask itself does not give ('NoneType' object has no attribute 'astype').
+    rng = np.random.default_rng(T)
+    adj = jnp.asarray(rng.random((T, T)) < 0.2)
+    lens = jnp.asarray([T - 3])
+    q = jnp.asarray(rng.normal(size=(1, T, 2, 8)), jnp.float32)
+
+    def run(impl, q):
+        m = masks.graph(adj, self_loops=True) & masks.padding(kv_lengths=lens)
+        return attnlab.attention(q, q, q, mask=m, implementation=impl)
+
+    out = jax.jit(lambda q: run("blockwise", q))(q)
+    assert_close(out, run("reference", q), jnp.float32)

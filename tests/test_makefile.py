@@ -137,6 +137,7 @@ def test_default_installs_on_a_fresh_machine(tmp_path):
     assert "-m venv .venv" in dry
     assert re.search(r'pip install .*-e "\.\[dev,experiments,zh,speech\]"', dry)
     assert re.search(r'pip install .*-e "\.\[molecules\]"', dry)
+    assert re.search(r'pip install .*-e "\.\[docs\]"', dry)  # the docs site's builder, for its test
     assert "npm install --prefix data" in dry
     assert "pytest -q" in dry
 

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab import masks, scores
+from attnlab import kernels, masks, scores
 from attnlab.attention import attention_reference
+from attnlab.impls.pallas import PALLAS
 from attnlab.kernels import pallas_flash, pallas_mask_info, splash
 from attnlab.testing import assert_close, tolerance
 
@@ -46,11 +47,14 @@ def test_pallas_empty_tiles_are_never_loaded():
 
 def test_pallas_schedule_lists_only_non_empty_tiles():
     layout = masks.window(16, 0).block_layout(64, 64, 16, 16)
-    sched = pallas_mask_info.mask_info(masks.window(16, 0), (1,), 64, 64, 16, 16).sched
+    sc = kernels.Schedule(
+        pallas_mask_info.mask_info(masks.window(16, 0), (1,), 64, 64, 16, 16).layout, 64, 16, pow2=True
+    )
+    assert sc.index.shape[1] == 2  # the widest row visits 2 tiles (a power of two: Triton)
     for i in range(layout.shape[0]):
-        listed = {int(j) for j, kd in zip(sched[i, 0], sched[i, 1], strict=True) if kd}
-        assert listed == set(np.nonzero(layout[i])[0].tolist())
-        assert (sched[i, 1][sched[i, 1] != 0] == layout[i][sorted(listed)]).all()
+        n_full, n_partial = sc.counts[i]
+        assert sc.index[i, :n_full].tolist() == np.nonzero(layout[i] == masks.FULL)[0].tolist()
+        assert sc.index[i, n_full : n_full + n_partial].tolist() == np.nonzero(layout[i] == masks.PARTIAL)[0].tolist()
 
 
 def test_pallas_supports_and_errors():
@@ -136,13 +140,15 @@ def test_pallas_traced_document_ids_schedule_on_device():
     def schedule(ids):  # traced ids: the static layout is all PARTIAL, the runtime one exact
         m = masks.document(ids)
         info = pallas_mask_info.mask_info(m, (2,), T, T, 16, 16)
-        return pallas_mask_info.runtime_schedules(info, m.runtime_layout(T, T, 16, 16), T, 16)[0]
+        sc = kernels.Schedule(info.layout, T, 16, runtime=m.runtime_layout(T, T, 16, 16), pow2=True)
+        return sc.index, sc.counts
 
-    sched = jax.jit(schedule)(ids)
+    index, counts = jax.jit(schedule)(ids)
     exact = masks.document(ids).block_layout(T, T, 16, 16)
-    for i in range(exact.shape[0]):  # each row lists exactly the tiles the ids make non-empty
-        listed = sorted(int(j) for j, kd in zip(*np.asarray(sched[i]), strict=True) if kd)
-        assert listed == np.nonzero(exact[i])[0].tolist()
+    for i in range(exact.shape[0]):  # each row lists exactly the tiles the ids make non-empty, FULL ones first
+        n_full, n_partial = np.asarray(counts[i])
+        assert sorted(np.asarray(index[i, : n_full + n_partial]).tolist()) == np.nonzero(exact[i])[0].tolist()
+        assert (exact[i][np.asarray(index[i, :n_full])] == masks.FULL).all()
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -175,7 +181,7 @@ def test_pallas_additive_reasons():
     def reason(w, backend, head_dim=16):
         qq = jax.ShapeDtypeStruct(q.shape[:-1] + (head_dim,), q.dtype)
         kk = jax.ShapeDtypeStruct(kv.shape[:-1] + (head_dim,), kv.dtype)
-        return pallas_flash.call_reason(attnlab.call.bind(qq, kk, kk, score=scores.Additive(w)), backend)
+        return PALLAS.supports(attnlab.call.bind(qq, kk, kk, score=scores.Additive(w)), backend)
 
     for w in (jnp.ones((4, 16)), jnp.ones(16), jax.ShapeDtypeStruct((4, 16), jnp.float32)):
         assert reason(w, "gpu") is None and reason(w, "cpu") is None
@@ -222,7 +228,7 @@ def test_pallas_score_mod_reasons():
     kv = jax.ShapeDtypeStruct((2, 64, 2, 16), jnp.float32)
 
     def reason(score, backend="cpu"):
-        return pallas_flash.call_reason(attnlab.call.bind(q, kv, kv, score=score), backend)
+        return PALLAS.supports(attnlab.call.bind(q, kv, kv, score=score), backend)
 
     def table(s, q_idx, k_idx, t):
         return s + t[jnp.clip(q_idx - k_idx, -4, 4) + 4]  # a gather, and a scatter-add in its gradient

@@ -284,12 +284,12 @@ def test_irregular_mask_compiles_few_pair_classes_and_drops_no_tile():
                 assert not exact[d, s].any()
                 continue
             # rebuild the class's tile layout from its schedule: visited tiles must cover the exact ones
-            index, kind = np.array(rs.classes[c - 1].index), np.array(rs.classes[c - 1].kind)
+            index, counts = np.array(rs.classes[c - 1].index), np.array(rs.classes[c - 1].counts)
             visited = np.zeros_like(exact[d, s], bool)
-            for i in range(index.shape[0]):
-                visited[i, index[i][kind[i] > 0]] = True
-            assert (visited | (exact[d, s] == masks.EMPTY)).all()
             full_tiles = np.zeros_like(visited)
             for i in range(index.shape[0]):
-                full_tiles[i, index[i][kind[i] == masks.FULL]] = True
+                n_full, n_partial = counts[i]
+                visited[i, index[i][: n_full + n_partial]] = True
+                full_tiles[i, index[i][:n_full]] = True  # a schedule row lists its FULL tiles first
+            assert (visited | (exact[d, s] == masks.EMPTY)).all()
             assert (exact[d, s][full_tiles] == masks.FULL).all()  # FULL only where every pair attends

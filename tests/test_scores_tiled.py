@@ -85,26 +85,24 @@ def test_additive_tiled_by_hand():
 
 @pytest.mark.parametrize("w_shape", [(1, 6), (6,)])
 def test_additive_one_head_form_and_its_backward_by_hand(w_shape):
-    """``head_pair_vjp`` (the Pallas kernel's loop over the head dim) against numpy: logits, and the
-    hand-derived gradients dq = sum_s ds w (1 - t^2), dk = sum_t ds w (1 - t^2), dw = sum ds t; the
-    two zero columns that pad the head dim get zero gradient."""
+    """The one-head pair form ``PairTile.head_pair_vjp`` (the Pallas kernel's loop over the head dim) against
+    numpy: logits, and the hand-derived gradients dq = sum_s ds w (1 - t^2), dk = sum_t ds w (1 - t^2),
+    dw = sum ds t; the two zero columns that pad the head dim get zero gradient."""
     r = np.random.default_rng(0)
     q, k = np.zeros((5, 8)), np.zeros((7, 8))
     q[:, :6], k[:, :6] = r.normal(size=(5, 6)), r.normal(size=(7, 6))
     w, ds = r.normal(size=w_shape), r.normal(size=(5, 7))
     t = np.tanh(q[:, None, :6] + k[None, :, :6])  # [5, 7, 6]
     g = ds[:, :, None] * w.reshape(-1) * (1 - t**2)
-    s, back = scores.Additive(jnp.asarray(w, jnp.float32)).head_pair_vjp(
-        jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32)
-    )
+    form = scores.Additive(jnp.asarray(w, jnp.float32)).tile_form()
+    assert isinstance(form, scores.PairTile) and form.head_axes == ((0,) if len(w_shape) == 2 else (None,))
+    s, back = form.head_pair_vjp(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32))
     dq, dk, (dw,) = back(jnp.asarray(ds, jnp.float32))
     np.testing.assert_allclose(s, t @ w.reshape(-1), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dq, np.pad(g.sum(1), ((0, 0), (0, 2))), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dk, np.pad(g.sum(0), ((0, 0), (0, 2))), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dw, (ds[:, :, None] * t).sum((0, 1)).reshape(w_shape), rtol=1e-5, atol=1e-5)
-    _, only_k = scores.Additive(jnp.asarray(w, jnp.float32)).head_pair_vjp(
-        jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), dq=False, leaf_grads=False
-    )
+    _, only_k = form.head_pair_vjp(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), dq=False, leaf_grads=False)
     gq, gk, gl = only_k(jnp.asarray(ds, jnp.float32))
     assert gq is None and gl == () and np.allclose(gk, dk)
 
@@ -150,7 +148,8 @@ def test_score_mod_head_axes():
     assert scores.ScoreMod(scores.alibi_mod, slopes).head_axes == (0,)  # alibi_mod declares its own
     assert scores.ScoreMod(lambda s, qi, ki, w: s, slopes).head_axes is None  # unknown: per-head kernels decline
     assert scores.ScoreMod(lambda s, qi, ki, a, b: s, slopes, table, head_axes=(0, -1)).head_axes == (0, 1)
-    assert scores.ScoreMod(lambda s, qi, ki: s, head_axes=()).per_head_mod
+    assert scores.ScoreMod(lambda s, qi, ki: s, head_axes=()).tile_form().head_axes == ()  # known: none per head
+    assert scores.ScoreMod(lambda s, qi, ki, w: s, slopes).tile_form().head_axes is None
     for bad, match in (
         ((0,), "one int axis"),
         ((0, 2), "out of range"),

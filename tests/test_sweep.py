@@ -6,11 +6,13 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import attnlab
 from attnlab import masks
+from attnlab.testing import tolerance
 from experiments import plot, sweep
 from experiments.configs import sweep as sweep_configs
 
@@ -97,6 +99,9 @@ def test_schema_resume_and_fault_isolation(tmp_path, monkeypatch, capsys):
             assert r["useful_gflops"] > 0 and r["memory_bytes"] > 0
             assert r["memory_source"] == "xla_memory_analysis"
     assert "ETA" in capsys.readouterr().out
+    run = json.loads((tmp_path / "run.json").read_text())  # what made the folder (experiments.provenance)
+    assert run["command"] == "experiments.sweep.run_sweep" and run["cells"] == run["cells_run"] == len(records)
+    assert run["wall_s"] > 0 and run["cpu_s"] > 0 and "at the start" in run["load"]
 
     # Rerun: only the failed cell runs again.
     ran = []
@@ -129,9 +134,15 @@ def test_sparse_cells_take_the_graph_as_edges():
 
 
 def test_forward_backward_cells_compute_gradients():
-    fn, args, _ = sweep.build(sweep.Cell("reference", "causal", 8, 2, 4, 1, "fwd_bwd", "float32"))
-    grads = fn(*args)
-    assert len(grads) == 3 and all(g.shape == (1, 8, 2, 4) for g in grads)
+    # the cell's program is the gradient of <attention(q, k, v), cotangent> in q, k and v: against jax.vjp of
+    # the reference with the same cotangent (the cell's own key split: q, k, v, then the cotangent)
+    fn, (q, k, v, mask), _ = sweep.build(sweep.Cell("xla", "causal", 8, 2, 4, 1, "fwd_bwd", "float32"))
+    grads = fn(q, k, v, mask)
+    cotangent = jax.random.normal(jax.random.split(jax.random.key(0), 4)[3], q.shape, jnp.float32)
+    out, vjp = jax.vjp(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=mask), q, k, v)
+    assert out.shape == (1, 8, 2, 4) and len(grads) == 3
+    for got, want in zip(grads, vjp(cotangent), strict=True):
+        np.testing.assert_allclose(got, want, **tolerance("float32", "grad"))
 
 
 def test_no_recompilation_across_repeats(monkeypatch):

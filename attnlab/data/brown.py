@@ -9,6 +9,7 @@ starting with a tab, tokens separated by spaces, the tag after the last ``/``:
 ``The/at jury/nn further/rbr said/vbd ./.``
 
 Tags:
+
 * ``base_tag``: the Brown tag without the headline/title/cited/foreign markers (``-hl``, ``-tl``,
   ``-nc``, ``fw-``) and the negation ``*``: ``nn-tl`` -> ``nn``, ``fw-in`` -> ``in``,
   ``bez*`` -> ``bez``. Contractions keep their ``+``: ``ppss+md``.

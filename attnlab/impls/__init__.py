@@ -6,6 +6,7 @@
 ``blockwise``           flash-style, skips the mask's EMPTY tiles, O(T + S) memory, dropout, lse
 ``sparse``              segment softmax along a ``masks.graph_edges`` edge list, O(E)
 ``cudnn``               cuDNN's fused kernel through jax.nn (GPU; causal, left windows, padding)
+``mosaic``              a Hopper forward in Mosaic GPU (TMA, wgmma) + the Triton backward, loaded lazily
 ``pallas``              block-sparse flash attention in Triton (GPU), loaded lazily
 ``splash``              jax's TPU splash kernel, loaded lazily
 ======================  =====================================================================
@@ -17,13 +18,14 @@ Ring attention (``attnlab.kernels.ring``) runs across devices and is reached thr
 from attnlab.impls.base import Implementation, LazyImplementation, LazyKernel
 from attnlab.impls.blockwise import BLOCKWISE, BLOCKWISE_MIN_PAIRS
 from attnlab.impls.cudnn import CUDNN
+from attnlab.impls.mosaic import MOSAIC
 from attnlab.impls.pallas import PALLAS
 from attnlab.impls.reference import REFERENCE
 from attnlab.impls.sparse import SPARSE
 from attnlab.impls.splash import SPLASH
 from attnlab.impls.xla import XLA, XLA_MAX_LOGITS_BYTES
 
-ALL: tuple[Implementation, ...] = (REFERENCE, XLA, BLOCKWISE, SPARSE, CUDNN, PALLAS, SPLASH)
+ALL: tuple[Implementation, ...] = (REFERENCE, XLA, BLOCKWISE, SPARSE, CUDNN, MOSAIC, PALLAS, SPLASH)
 
 __all__ = [
     "ALL",
@@ -33,6 +35,7 @@ __all__ = [
     "Implementation",
     "LazyImplementation",
     "LazyKernel",
+    "MOSAIC",
     "PALLAS",
     "REFERENCE",
     "SPARSE",

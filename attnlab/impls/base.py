@@ -69,23 +69,27 @@ class LazyKernel:
 
 
 class LazyImplementation(Implementation):
-    """An implementation whose kernel module is imported on first use (the Pallas kernels).
+    """An implementation whose kernel module is imported on first ``run`` (the Pallas kernels).
 
-    The module provides ``call_reason(call, backend) -> None | reason`` and ``attend(call)``, and may
-    provide ``pays_off(call, backend)``; when it cannot be imported, ``supports`` gives that as the
-    reason and ``run`` raises it.
+    ``supports`` answers without importing heavy code where it can: when the module cannot be imported
+    it gives that as the reason, else ``check(call, backend)``, which a subclass overrides with its
+    own rules (attnlab's own kernels keep their whole protocol in their ``attnlab/impls/<name>.py``).
+    By default ``check`` asks the module's ``call_reason(call, backend)`` when it has one (a kernel
+    registered from outside attnlab), and ``pays_off`` its ``pays_off``; ``run`` calls ``attend(call)``.
     """
 
     def __init__(self, name: str, module: str, features: frozenset[str] = frozenset()):
         self.name, self.features, self.kernel = name, features, LazyKernel(module)
 
     def supports(self, call, backend):
-        mod = self.kernel.load()
-        return self.kernel.why if mod is None else mod.call_reason(call, backend)
+        return self.kernel.why if self.kernel.load() is None else self.check(call, backend)
+
+    def check(self, call, backend):
+        rule = getattr(self.kernel.load(), "call_reason", None)
+        return None if rule is None else rule(call, backend)
 
     def pays_off(self, call, backend):
-        mod = self.kernel.load()
-        rule = getattr(mod, "pays_off", None)
+        rule = getattr(self.kernel.load(), "pays_off", None)
         return None if rule is None else rule(call, backend)
 
     def run(self, call):

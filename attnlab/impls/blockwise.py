@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from attnlab import masks as masks_lib
+from attnlab import scores as scores_lib
+from attnlab import tuning
 from attnlab.impls.base import Implementation
 from attnlab.kernels import blockwise as kernel
 
@@ -25,7 +27,14 @@ class Blockwise(Implementation):
     features = frozenset({"dropout", "lse"})
 
     def supports(self, call, backend):
-        return kernel.call_reason(call)
+        """None when the kernel computes the bound call's score in its tiles (``score.tile_form()``), else why
+        not. Any bias: None, a callable of positions, or an array (sliced per tile)."""
+        if call.score.tile_form() is None:
+            return (
+                f"computes scores with a tile form only (Dot, SoftCap, ScoreMod, Additive; got "
+                f"{type(call.score).__name__}, dense only: write a per-element change as scores.ScoreMod)"
+            )
+        return None
 
     def pays_off(self, call, backend):
         if call.bias_kind == "array":
@@ -37,7 +46,10 @@ class Blockwise(Implementation):
         T, S = call.T, call.S
         if T * S >= BLOCKWISE_MIN_PAIRS:
             return None
-        if call.score.pair_form and 4 * call.batch * T * S * call.N * call.H > PAIR_FORM_DENSE_BYTES:
+        if (
+            isinstance(call.score.tile_form(), scores_lib.PairTile)
+            and 4 * call.batch * T * S * call.N * call.H > PAIR_FORM_DENSE_BYTES
+        ):
             return None
         bs = kernel.default_block_sizes(backend, sparse=True)
         bq, bk = min(bs.block_q, T), min(bs.block_k, S)
@@ -52,7 +64,29 @@ class Blockwise(Implementation):
         )
 
     def run(self, call):
-        return kernel.attend(call)
+        return kernel.attend(call, block_sizes=tuning.lookup(self.name, call))
+
+    tunable = None  # set below
 
 
+class BlockwiseTuning:
+    """The blockwise kernel's tunable parameters: its tile sizes (``kernels.BlockSizes``)."""
+
+    def space(self, call, backend):
+        """Tile rows 64..1024 by columns 64..512 (powers of two, at most the next power of two of T / S)."""
+        cap_q, cap_k = 1 << max(0, call.T - 1).bit_length(), 1 << max(0, call.S - 1).bit_length()
+        sizes = {(min(bq, cap_q), min(bk, cap_k)) for bq in (64, 128, 256, 512, 1024) for bk in (64, 128, 256, 512)}
+        return [kernel.BlockSizes(bq, bk) for bq, bk in sorted(sizes)]
+
+    def run(self, call, config):
+        return kernel.attend(call, block_sizes=config)
+
+    def to_json(self, config):
+        return {"block_q": config.block_q, "block_k": config.block_k}
+
+    def from_json(self, d):
+        return kernel.BlockSizes(int(d["block_q"]), int(d["block_k"]))
+
+
+Blockwise.tunable = BlockwiseTuning()
 BLOCKWISE = Blockwise()

@@ -8,7 +8,8 @@
   travel with ``lax.ppermute``); called through ``attnlab.parallel.attention(..., seq_axis=...)``.
 """
 
-from attnlab.kernels.blockwise import BlockSizes, block_schedule, blockwise_attention, default_block_sizes
+from attnlab.kernels.blockwise import BlockSizes, blockwise_attention, default_block_sizes
+from attnlab.kernels.schedule import Schedule
 from attnlab.kernels.sparse import sparse_attention
 
-__all__ = ["BlockSizes", "block_schedule", "blockwise_attention", "default_block_sizes", "sparse_attention"]
+__all__ = ["BlockSizes", "Schedule", "blockwise_attention", "default_block_sizes", "sparse_attention"]

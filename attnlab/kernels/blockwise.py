@@ -21,7 +21,7 @@ to ``[nq, B*K, G*bq, H]`` (the G query heads that share a key head are stacked a
 one tile, so each tile product is one plain batched matmul over B*K) and back once at the end.
 Keys and values become ``[nk, B*K, bk, H]``. (A five-dimensional ``[B, K, G, bq, bk]`` tile costs
 XLA:CPU a relayout copy of every logit tile; the flat tile ran full attention 10-25% faster.)
-A band (one key span per query block, ``_tiles.wide_spans``) is the exception in its forward: each
+A band (one key span per query block, ``xla_loops.wide_spans``) is the exception in its forward: each
 step moves only its own query rows and key span to that layout (``_flash_wide``), since the whole-array
 moves were a large share of a window's forward (docs/kernels.md, "Against FlexAttention").
 """
@@ -38,28 +38,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
+from attnlab import platform
+from attnlab import scores as scores_lib
 from attnlab.call import Call, bind
-from attnlab.kernels._tiles import (  # the shared tile machinery (also used by ring and pallas_flash)
-    Static,
-    adjust_layout,
+from attnlab.kernels import schedule
+from attnlab.kernels import tile_core as core
+from attnlab.kernels.xla_loops import (  # the lax loops on the tile core (also used by ring)
+    LoopSpec,
     backward,
     backward_wide,
-    block_schedule,
-    compute_dtype,
-    default_scale,
-    dropout_keep,
     forward,
     forward_wide,
-    layout_rows,
-    lse_value,
     row_tiles,
-    runtime_schedule,
     tile_kv,
     tile_q,
     untile,
     wide_spans,
     zero_cotangents,
 )
+from attnlab.numerics import compute_dtype, dropout_keep
 
 __all__ = [
     "BlockSizes",
@@ -67,9 +64,6 @@ __all__ = [
     "pick_block_sizes",
     "blockwise_attention",
     "attend",
-    "call_reason",
-    "block_schedule",
-    "runtime_schedule",
     "dropout_keep",
 ]
 
@@ -115,21 +109,21 @@ _DEFAULTS = {
 
 
 def default_block_sizes(backend: str | None = None, *, sparse: bool = False) -> BlockSizes:
-    """Default tile sizes for ``backend`` (default: ``jax.default_backend()``).
+    """Default tile sizes for ``backend`` (default: ``attnlab.platform.target()``).
 
     Args:
-        backend: ``"cpu"``, ``"gpu"``, ``"tpu"``, or None for the current default backend.
+        backend: ``"cpu"``, ``"gpu"``, ``"tpu"``, or None for the backend the trace is for.
         sparse: True for masks with many empty blocks (windows, block-sparse graphs): smaller tiles.
     """
-    backend = jax.default_backend() if backend is None else backend
-    dense, sparse_ = _DEFAULTS.get(backend, _DEFAULTS["gpu"])
+    backend = platform.normalize(backend)
+    dense, sparse_ = _DEFAULTS[backend]
     return sparse_ if sparse else dense
 
 
 # A tile's fixed cost (loop step, mask and softmax bookkeeping) counted in (query, key) pairs.
 _TILE_OVERHEAD_PAIRS = 64 * 64
 
-# One key span per query block instead of a tile list (``_tiles.wide_spans``) when every row's non-empty
+# One key span per query block instead of a tile list (``xla_loops.wide_spans``) when every row's non-empty
 # key blocks are contiguous, span at most WIDE_MAX_KEYS keys and bq * span <= WIDE_MAX_PAIRS (so the
 # sparse 64 x 64 tiles of a window qualify, the dense 512 x 256 tiles do not).
 WIDE_MAX_KEYS = 512
@@ -156,68 +150,75 @@ def pick_block_sizes(m, T: int, S: int, backend: str | None = None, layout_fn=No
     return sparse if cost(sparse) < cost(dense) else dense
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
-def _flash(q, k, v, mask, consts, seed, sched, st, bias_fn):
-    """sched = (index, kind, count): the schedule, int32 arrays (count [nq] or None: see ``_tiles.forward``);
-    with ``st.wide``, (starts [nq], None, None): one key span per query block (``_tiles.wide_spans``).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
+def _flash(q, k, v, mask, leaves, consts, seed, sched, ls, bias_fn):
+    """sched = (index, counts): the schedule (``attnlab.kernels.schedule``), int32 arrays.
 
-    seed: uint32 [2], the dropout seed (unused when ``st.dropout_rate == 0``).
-    Returns (out [nq, B*K, G*bq, Hv], lse [nq, B*K, G*bq] fp32, -inf on empty rows).
+    seed: uint32 [2], the dropout seed (unused when ``ls.dropout_rate == 0``).
+    Returns (out [nq, B*K, G*bq, Hv] fp32, lse [nq, B*K, G*bq] fp32 natural, -inf on empty rows).
     """
-    out, lse = _forward(q, k, v, mask, consts, seed, sched, st, bias_fn)
-    return out, lse_value(lse)
+    out, lse = forward(q, k, v, mask, leaves, consts, *sched, ls=ls, bias_fn=bias_fn, seed=seed)
+    return out, core.lse_natural(*lse, base2=ls.core.base2)
 
 
-def _forward(q, k, v, mask, consts, seed, sched, st, bias_fn):
-    return forward(q, k, v, mask, consts, sched[0], sched[1], st=st, bias_fn=bias_fn, seed=seed, count=sched[2])
+def _flash_fwd(q, k, v, mask, leaves, consts, seed, sched, ls, bias_fn):
+    out, lse = forward(q, k, v, mask, leaves, consts, *sched, ls=ls, bias_fn=bias_fn, seed=seed)
+    return (out, core.lse_natural(*lse, base2=ls.core.base2)), (q, k, v, mask, leaves, consts, seed, sched, out, lse)
 
 
-def _flash_fwd(q, k, v, mask, consts, seed, sched, st, bias_fn):
-    out, lse = _forward(q, k, v, mask, consts, seed, sched, st, bias_fn)
-    return (out, lse_value(lse)), (q, k, v, mask, consts, seed, sched, out, lse)
-
-
-def _flash_bwd(st, bias_fn, res, cts):
-    q, k, v, mask, consts, seed, sched, out, lse = res
+def _flash_bwd(ls, bias_fn, res, cts):
+    q, k, v, mask, leaves, consts, seed, sched, out, lse = res
     dout, dlse = cts
-    dq, dk, dv, dconsts = backward(
-        q, k, v, mask, consts, sched[0], sched[1], out, lse, dout, st=st, bias_fn=bias_fn, seed=seed,
-        dlse=dlse, count=sched[2],
-    )  # fmt: skip
+    dq, dk, dv, dls, dcs = backward(
+        q, k, v, mask, leaves, consts, *sched, out, lse, dout, ls=ls, bias_fn=bias_fn, seed=seed, dlse=dlse
+    )
     grads = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
-    return (*grads, zero_cotangents(mask), dconsts, zero_cotangents(seed), zero_cotangents(sched))
+    return (
+        *grads,
+        zero_cotangents(mask),
+        core.cast_cotangents(dls, leaves),
+        core.cast_cotangents(dcs, consts),
+        zero_cotangents(seed),
+        zero_cotangents(sched),
+    )
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _flash_wide(q, k, v, mask, consts, starts, st, bias_fn):
-    """One key span per query block (``st.wide``) on the ``[B, T, N, H]`` layout, T and S padded to whole
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _flash_wide(q, k, v, mask, leaves, consts, starts, ls, bias_fn):
+    """One key span per query block (``ls.wide``) on the ``[B, T, N, H]`` layout, T and S padded to whole
     blocks: (out [B, T, N, Hv] fp32, lse [B, T, N] fp32, -inf on empty rows). The forward alone reads its
     tiles from that layout in place (``forward_wide(rows=True)``); under differentiation the arrays are tiled
     once and shared by the forward and ``backward_wide``."""
-    out, lse = forward_wide(q, k, v, mask, consts, starts, st=st, bias_fn=bias_fn, rows=True)
-    return out, lse_value(lse)
+    out, lse = forward_wide(q, k, v, mask, leaves, consts, starts, ls=ls, bias_fn=bias_fn, rows=True)
+    return out, core.lse_natural(*lse, base2=ls.core.base2)
 
 
-def _flash_wide_fwd(q, k, v, mask, consts, starts, st, bias_fn):
-    (qs, ks, vs), untile_vjp = jax.vjp(lambda q, k, v: (tile_q(q, st), tile_kv(k, st), tile_kv(v, st)), q, k, v)
-    out, lse = forward_wide(qs, ks, vs, mask, consts, starts, st=st, bias_fn=bias_fn)
+def _flash_wide_fwd(q, k, v, mask, leaves, consts, starts, ls, bias_fn):
+    (qs, ks, vs), untile_vjp = jax.vjp(lambda q, k, v: (tile_q(q, ls), tile_kv(k, ls), tile_kv(v, ls)), q, k, v)
+    out, lse = forward_wide(qs, ks, vs, mask, leaves, consts, starts, ls=ls, bias_fn=bias_fn)
     T = q.shape[1]
-    rows = (untile(out, st, T), untile(lse_value(lse)[..., None], st, T)[..., 0])  # back to [B, T, N, ...]
-    return rows, (qs, ks, vs, untile_vjp, mask, consts, starts, out, lse)
+    rows = (
+        untile(out, ls, T),
+        untile(core.lse_natural(*lse, base2=ls.core.base2)[..., None], ls, T)[..., 0],
+    )  # back to [B, T, N, ...]
+    return rows, (qs, ks, vs, untile_vjp, mask, leaves, consts, starts, out, lse)
 
 
-def _flash_wide_bwd(st, bias_fn, res, cts):
-    qs, ks, vs, untile_vjp, mask, consts, starts, out, lse = res
+def _flash_wide_bwd(ls, bias_fn, res, cts):
+    qs, ks, vs, untile_vjp, mask, leaves, consts, starts, out, lse = res
     dout, dlse = cts
-    dq, dk, dv, dconsts = backward_wide(
-        qs, ks, vs, mask, consts, starts, out, lse, row_tiles(dout, st), st=st, bias_fn=bias_fn,
-        dlse=row_tiles(dlse[..., None], st)[..., 0],
+    dq, dk, dv, dls, dcs = backward_wide(
+        qs, ks, vs, mask, leaves, consts, starts, out, lse, row_tiles(dout, ls), ls=ls, bias_fn=bias_fn,
+        dlse=row_tiles(dlse[..., None], ls)[..., 0],
     )  # fmt: skip
     dq, dk, dv = untile_vjp((dq.astype(qs.dtype), dk.astype(ks.dtype), dv.astype(vs.dtype)))
-    return dq, dk, dv, zero_cotangents(mask), dconsts, zero_cotangents(starts)
+    return (
+        dq, dk, dv, zero_cotangents(mask), core.cast_cotangents(dls, leaves), core.cast_cotangents(dcs, consts),
+        zero_cotangents(starts),
+    )  # fmt: skip
 
 
 _flash_wide.defvjp(_flash_wide_fwd, _flash_wide_bwd)
@@ -307,33 +308,22 @@ def blockwise_attention(
         q, k, v, mask=mask, bias=bias, score=score, scale=scale, dropout_rate=dropout_rate,
         dropout_key=dropout_key, return_lse=return_lse, fn="blockwise_attention",
     )  # fmt: skip
-    if (why := call_reason(call)) is not None:
+    from attnlab.impls.blockwise import BLOCKWISE  # noqa: PLC0415 (the protocol lives with the implementation)
+
+    if (why := BLOCKWISE.supports(call, platform.target())) is not None:
         raise ValueError(f"blockwise_attention: {why}")
     return attend(call, block_sizes=block_sizes)
 
 
-def call_reason(call: Call) -> str | None:
-    """None when the kernel computes the bound call's score in its tiles (``score.tiled``), else why not."""
-    if not call.score.tiled:
-        return (
-            f"computes scores with a tile form only (Dot, SoftCap, ScoreMod, Additive; got "
-            f"{type(call.score).__name__}, dense only: write a per-element change as scores.ScoreMod)"
-        )
-    return None  # bias: None, a callable of positions, or an array (sliced per tile)
-
-
 def attend(call: Call, *, block_sizes: BlockSizes | None = None):
-    """The blockwise kernel on a bound call (``attnlab.call.bind``; a score ``call_reason`` accepts): see
-    ``blockwise_attention``."""
+    """The blockwise kernel on a bound call (``attnlab.call.bind``) that the implementation supports: see
+    ``blockwise_attention``. Plans for the backend the trace is for (``attnlab.platform.target()``)."""
     if block_sizes is not None and not isinstance(block_sizes, BlockSizes):
         raise ValueError(f"block_sizes must be an attnlab.kernels.BlockSizes, got {block_sizes!r}")
     if call.empty:
         return call.zeros()
     T, S, m = call.T, call.S, call.tile_mask
-
-    # Tiles and compute dtype depend on the platform the computation is *lowered* for (not on
-    # jax.default_backend() at trace time): one plan per platform, joined when equal, picked by
-    # lax.platform_dependent (only the lowering platform's branch is lowered; eagerly, only it runs).
+    backend = platform.target()
     layouts = {}  # (bq, bk) -> the mask's layout, computed once per tile size
 
     def layout_fn(bq, bk):
@@ -343,136 +333,102 @@ def attend(call: Call, *, block_sizes: BlockSizes | None = None):
                 layouts[bq, bk] = m.block_layout(T, S, bq, bk)
         return layouts[bq, bk]
 
-    plans = {}
-    for platform in _PLATFORMS:
-        if block_sizes is not None:
-            bs = block_sizes
-        elif call.score.pair_form:  # a pair form holds [B*N, bq, bk, H] per tile: the small tiles
-            bs = default_block_sizes(platform, sparse=True)
-        else:
-            bs = pick_block_sizes(m, T, S, platform, layout_fn)
-        plans[platform] = _plan(layout_fn, call, m, bs, platform)
-    branches = {}
-    for platform, plan in plans.items():
-        same = next((p for p in branches if plans[p] == plan), None)
-        branches[platform] = branches[same] if same is not None else plan.branch()
-    seed = jnp.zeros((2,), jnp.uint32) if call.dropout_seed is None else call.dropout_seed
-    args = (call.q, call.k, call.v, m, seed)
-    if len({id(b) for b in branches.values()}) == 1:
-        out, lse = branches["cpu"](*args)
+    if block_sizes is not None:
+        bs = block_sizes
+    elif isinstance(call.score.tile_form(), scores_lib.PairTile):  # a pair form holds [B*N, bq, bk, H] per tile
+        bs = default_block_sizes(backend, sparse=True)
     else:
-        out, lse = jax.lax.platform_dependent(
-            *args, cpu=branches["cpu"], cuda=branches["gpu"], rocm=branches["gpu"], tpu=branches["tpu"]
-        )
+        bs = pick_block_sizes(m, T, S, backend, layout_fn)
+    plan = _plan(layout_fn, call, m, bs, backend)
+    seed = jnp.zeros((2,), jnp.uint32) if call.dropout_seed is None else call.dropout_seed
+    out, lse = plan.run(call.q, call.k, call.v, m, seed)
     return (out, lse) if call.return_lse else out
 
 
-_PLATFORMS = ("cpu", "gpu", "tpu")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True)
 class _Plan:
-    """One platform's static plan: tiles, schedule and the bias function (compared by value)."""
+    """The static plan of one call: the loops' spec, the adjusted layout, the bias and the score's leaves."""
 
-    st: Static
-    sched: tuple  # numpy (index, kind, layout): the static schedule and the adjusted layout it came from
+    ls: LoopSpec
+    layout: np.ndarray  # int32 [nq, nk], adjusted (schedule.adjust_layout)
+    runtime: bool  # refine the schedule on device from the mask's runtime layout (traced data)
+    starts: np.ndarray | None  # a band: the span starts (wide_spans)
     bias_fn: object
-    consts: tuple
+    consts: tuple  # the bias's arrays
+    leaves: tuple  # the score's arrays
 
-    def __eq__(self, other):  # equal tiles and dtype: the same computation (bias_fn differs by identity only)
-        return self.st == other.st and all(np.array_equal(a, b) for a, b in zip(self.sched, other.sched, strict=True))
-
-    __hash__ = None
-
-    def branch(self):
-        def run(q, k, v, m, seed):
-            index, kind, layout = self.sched
-            if self.st.wide:  # index holds the span starts
-                sched = (jnp.asarray(index), None, None)
-            elif self.st.runtime_schedule:  # refined on device from the mask's (traced) data
-                st = self.st
-                runtime = m.runtime_layout(st.T, st.S, st.bq, st.bk)
-                sched = runtime_schedule(layout, runtime, st.S, st.bk, index.shape[1])
-            else:
-                sched = (jnp.asarray(index), jnp.asarray(kind), None)
-            return _blockwise(q, k, v, m, self.consts, seed, sched, self.st, self.bias_fn)
-
-        return run
+    def run(self, q, k, v, m, seed):
+        ls = self.ls
+        if self.starts is not None:
+            sched = (jnp.asarray(self.starts),)
+        else:
+            runtime = m.runtime_layout(ls.T, ls.S, ls.bq, ls.bk) if self.runtime else None
+            sc = schedule.Schedule(self.layout, ls.S, ls.bk, runtime=runtime)
+            sched = (jnp.asarray(sc.index), jnp.asarray(sc.counts))
+        return _blockwise(q, k, v, m, self.leaves, self.consts, seed, sched, ls, self.bias_fn)
 
 
-def _plan(layout_fn, call: Call, m, block_sizes: BlockSizes, platform: str) -> _Plan:
-    """One platform's plan; ``m`` is the call's tile mask (``call.tile_mask``, formed once by ``attend``)."""
+def _plan(layout_fn, call: Call, m, block_sizes: BlockSizes, backend: str) -> _Plan:
+    """The plan for ``backend``; ``m`` is the call's tile mask (``call.tile_mask``, formed once by ``attend``)."""
     T, S = call.T, call.S
     bq, bk = min(block_sizes.block_q, T), min(block_sizes.block_k, S)
-    layout = adjust_layout(layout_fn(bq, bk), S, bk)
-    index, kind = layout_rows(layout)
-    kinds = set(np.unique(kind).tolist())
-    # a mask whose data is traced refines the static layout on device (EMPTY tiles skipped, FULL
-    # tiles unmasked), with no recompile when the data changes
+    layout = schedule.adjust_layout(layout_fn(bq, bk), S, bk)
+    kinds = set(np.unique(layout).tolist()) - {masks_lib.EMPTY}
+    # a mask whose data is traced refines the static layout on device (EMPTY tiles skipped, FULL tiles
+    # unmasked), with no recompile when the data changes. (Asked of the mask itself, not of its abstract
+    # shape: a mask whose data is partly concrete, e.g. a graph built under jit & padding lengths closed
+    # over as constants, has no runtime layout though eval_shape's all-traced copy would have one.)
     runtime = (
-        m is not None
-        and not m.is_static
-        and masks_lib.PARTIAL in kinds
-        and jax.eval_shape(lambda mm: mm.runtime_layout(T, S, bq, bk), m) is not None
+        m is not None and not m.is_static and masks_lib.PARTIAL in kinds and m.runtime_layout(T, S, bq, bk) is not None
     )
     if runtime:
         kinds |= {masks_lib.FULL}
     # a band (window): one contiguous key span per query block, one step each (CPU-measured: see WIDE_*)
     # (not for a pair-form score: its tile holds H values per pair)
+    pair = isinstance(call.score.tile_form(), scores_lib.PairTile)
     wide = None
-    if not runtime and not call.dropout_rate and not call.score.pair_form:
+    if not runtime and not call.dropout_rate and not pair:
         wide = wide_spans(layout, S, bk, WIDE_MAX_KEYS, WIDE_MAX_PAIRS, bq)
     bias_fn, consts = _bias_fn(call, bq, bk if wide is None else wide[1])  # traced at the tile's key width
-    n_bias, score_def = len(consts), ()
-    if not call.score.is_dot:  # the score's tile form: its treedef is static, its leaves are kernel inputs
-        leaves, treedef = jax.tree_util.tree_flatten(call.score)
-        consts, score_def = consts + tuple(jnp.asarray(x) for x in leaves), (treedef,)
-    st = Static(
-        T=T,
-        S=S,
+    leaves = () if call.score.is_dot else tuple(jnp.asarray(x) for x in jax.tree_util.tree_leaves(call.score))
+    ls = LoopSpec(
+        core=core.tile_spec(call.score, call.H, T, S, has_bias=bias_fn is not None),
         bq=bq,
         bk=bk,
         lead=call.lead,
         N=call.N,
         K=call.K,
-        scale=default_scale(call.H, call.score.tile_scale(call.H)),
-        score=score_def,
-        n_bias=n_bias,
-        has_bias=bias_fn is not None,
-        kinds_used=tuple(sorted(kinds)),
-        kinds_used_t=(),
-        compute_dtype=compute_dtype(call.dtype, platform).name,
+        compute_dtype=compute_dtype(call.dtype, backend).name,
+        kinds=frozenset(kinds),
         dropout_rate=call.dropout_rate,
-        runtime_schedule=runtime,
         wide=0 if wide is None else wide[1],
     )
-    if wide is not None:
-        return _Plan(st, (wide[0], np.zeros((0,), np.int32), layout), bias_fn, consts)
-    return _Plan(st, (index, kind, layout), bias_fn, consts)
+    return _Plan(ls, layout, runtime, None if wide is None else wide[0], bias_fn, consts, leaves)
 
 
-@functools.partial(jax.jit, static_argnums=(7, 8))
-def _blockwise(q, k, v, m, consts, seed, sched, st: Static, bias_fn):
+@functools.partial(jax.jit, static_argnums=(8, 9))
+def _blockwise(q, k, v, m, leaves, consts, seed, sched, ls: LoopSpec, bias_fn):
     """Layout in, layout out: [..., T, N, H] -> heads-first tiles -> kernel -> [..., T, N, Hv] (a band's
     forward: the tiles of one step at a time, ``_flash_wide``).
 
-    Also returns the log-sum-exp [..., T, N] (fp32; dead code for XLA when the caller drops it).
+    Also returns the log-sum-exp [..., T, N] (fp32, natural; dead code for XLA when the caller drops it).
     """
-    lead, T, N, Hv = st.lead, st.T, st.N, v.shape[-1]
-    B = st.lead_size
-    if st.wide:  # the forward reads its tiles from this layout in place (``_flash_wide``)
+    lead, T, N, Hv = ls.lead, ls.T, ls.N, v.shape[-1]
+    B = ls.lead_size
+    if ls.wide:  # the forward reads its tiles from this layout in place (``_flash_wide``)
 
         def padded(x, n):  # [..., L, heads, D] -> [B, n, heads, D], zeros past L (padded rows are discarded)
             x = x.reshape(B, *x.shape[-3:])
             return jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
 
-        nq, nk = -(-T // st.bq), -(-st.S // st.bk)
+        nq, nk = -(-T // ls.bq), -(-ls.S // ls.bk)
         out, lse = _flash_wide(
-            padded(q, nq * st.bq), padded(k, nk * st.bk), padded(v, nk * st.bk), m, consts, sched[0], st, bias_fn
-        )
+            padded(q, nq * ls.bq), padded(k, nk * ls.bk), padded(v, nk * ls.bk), m, leaves, consts, sched[0], ls,
+            bias_fn,
+        )  # fmt: skip
         return out[:, :T].reshape(*lead, T, N, Hv).astype(q.dtype), lse[:, :T].reshape(*lead, T, N)
-    qs = tile_q(q.reshape(B, T, N, -1), st)
-    ks, vs = tile_kv(k.reshape(B, st.S, st.K, -1), st), tile_kv(v.reshape(B, st.S, st.K, Hv), st)
-    out, lse = _flash(qs, ks, vs, m, consts, seed, sched, st, bias_fn)
-    out = untile(out, st, T).reshape(*lead, T, N, Hv).astype(q.dtype)
-    return out, untile(lse[..., None], st, T).reshape(*lead, T, N)  # [nq, B*K, G*bq] -> [..., T, N]
+    qs = tile_q(q.reshape(B, T, N, -1), ls)
+    ks, vs = tile_kv(k.reshape(B, ls.S, ls.K, -1), ls), tile_kv(v.reshape(B, ls.S, ls.K, Hv), ls)
+    out, lse = _flash(qs, ks, vs, m, leaves, consts, seed, sched, ls, bias_fn)
+    out = untile(out, ls, T).reshape(*lead, T, N, Hv).astype(q.dtype)
+    return out, untile(lse[..., None], ls, T).reshape(*lead, T, N)  # [nq, B*K, G*bq] -> [..., T, N]

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from attnlab import masks as masks_lib
 from attnlab.call import Call, bind
 
-__all__ = ["CudnnFlags", "cudnn_flags", "cudnn_attention", "attend", "supports_call"]
+__all__ = ["CudnnFlags", "cudnn_flags", "cudnn_attention", "attend", "CUDNN_DTYPES", "CUDNN_MAX_HEAD_DIM"]
 
 # cuDNN's flash attention: bf16/fp16, H a multiple of 8 up to 256 (128 before Hopper), Hv == H.
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -83,25 +83,6 @@ def cudnn_flags(mask) -> CudnnFlags | str:
         right = "any" if hi is None else hi
         return f"covers left windows only, not window(left={-lo}, right={right}) without causal"
     return CudnnFlags(True, None if lo is None else (-lo, 0), padding)
-
-
-def supports_call(call: Call, backend: str) -> str | None:
-    """None when cuDNN's fused attention can run the bound call on ``backend``, else the reason (shapes only)."""
-    if backend != "gpu":
-        return f"needs a GPU backend (this is {backend})"
-    if not call.score.is_dot:
-        return f"supports score='dot' only (got score {type(call.score).__name__})"
-    if call.bias is not None:
-        return "takes no bias here (not mapped to cuDNN; xla and blockwise take one)"
-    if call.dtype.name not in CUDNN_DTYPES:
-        return f"takes bf16/fp16 (cuDNN flash attention), got dtype {call.dtype.name}"
-    H, Hv = call.H, call.Hv
-    if H % 8 or H > CUDNN_MAX_HEAD_DIM:
-        return f"needs a head dim that is a multiple of 8 up to {CUDNN_MAX_HEAD_DIM}, got H={H}"
-    if Hv != H:
-        return f"needs Hv == H, got Hv={Hv}, H={H}"
-    flags = cudnn_flags(call.mask)
-    return flags if isinstance(flags, str) else None
 
 
 def cudnn_attention(q, k, v, *, mask=None, scale=None, implementation="cudnn"):

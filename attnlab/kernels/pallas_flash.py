@@ -1,33 +1,34 @@
-"""Block-sparse flash attention as a Pallas kernel (Triton backend on GPU, interpret mode on CPU).
+"""Block-sparse flash attention as a Pallas kernel (Triton on GPUs, interpret mode on CPU), on the tile core.
 
-The same tiling as ``attnlab.kernels.blockwise`` (FlashAttention, Dao et al. 2022, arXiv
-2205.14135; online softmax, Milakov & Gimelshein 2018, arXiv 1805.02867), but each (batch, head,
-query block) is one kernel program that loops over *its own list* of non-empty key blocks:
+The same tiles as ``attnlab.kernels.blockwise`` (FlashAttention, Dao et al. 2022, arXiv 2205.14135;
+online softmax, Milakov & Gimelshein 2018, arXiv 1805.02867), but each (batch, head, query block) is
+one kernel program that loops over *its own list* of non-empty key blocks. What one tile computes
+(logits in base 2 with the scale folded into the queries, the score's mod or one-head pair form, the
+mask, the online-softmax step, the backward tile) is ``attnlab.kernels.tile_core``'s (``OneHeadView``);
+this module owns the programs, their memory movement and their tuning:
 
-* the mask's ``block_layout(T, S, bq, bk)`` becomes a schedule ``[nq, 2, J]`` (key block index,
-  kind) passed to the kernel as an ordinary int32 input (the Triton backend has no scalar
-  prefetch); EMPTY tiles are not in the list, so they are never loaded;
-* FULL tiles run without any mask; PARTIAL tiles evaluate the mask per element: structural masks
-  (causal, window, chunks, dilated, block band, 2-D window, and their ``&``/``|``) are evaluated
-  inside the kernel from ``iota`` positions; data masks (graph adjacency, dense arrays, global
-  tokens, random blocks) become per-tile int8 bitmaps ``[Bm, Nm, nq, J, bq, bk]`` made outside the
-  kernel for the visited tiles only; padding lengths (concrete or traced) are a kernel input
-  ``[B, 2]`` (q_len, kv_len), so a traced length never recompiles and never densifies the layout
-  of the structural part; a PARTIAL tile found empty at run time is skipped;
-* a short last key block (odd S) is PARTIAL and its tail masked; T and S are padded to whole
-  blocks, head dims to a power of two >= 16 (Triton's tensor sizes are powers of two);
-* statistics and accumulation in fp32 whatever the input dtype (bf16/fp16/fp32); a row with no
-  allowed key returns zeros, with zero gradients;
-* backward (``jax.custom_vjp``): a dq kernel over query blocks (same schedule) and a dk/dv kernel
-  over key blocks (the transposed schedule), both recomputing probabilities from the stored
-  log-sum-exp. GQA: query head n reads kv head n // G through the index maps; the dk/dv kernel
-  runs per (batch, kv head, key block) and loops over its G query heads, so dk/dv are accumulated
-  in registers once per kv head (no G x buffer, no reduction afterwards).
+* the schedule (``attnlab.kernels.schedule``) comes as kernel inputs ``index [nq, J]`` and
+  ``counts [nq, 2]``: per query block its FULL tiles, then its PARTIAL tiles. A program runs two plain
+  loops: the FULL tiles with no mask code, no branch in the body (so Triton pipelines the loads:
+  FlexAttention's full / partial block lists), then the PARTIAL tiles, which evaluate the mask; EMPTY
+  tiles are not listed, so never loaded;
+* the mask on a PARTIAL tile: structural masks (causal, window, chunks, dilated, block band, 2-D
+  window, their ``&``/``|``) from ``iota`` positions in the kernel; data masks (graph adjacency, dense
+  arrays, global tokens, random blocks) as per-tile int8 bitmaps made outside for the listed tiles;
+  padding lengths (concrete or traced) as an input ``[B, 2]`` (``pallas_mask_info``), so a traced
+  length never recompiles;
+* T and S are padded to whole blocks (a short last key block is PARTIAL, its tail masked), head dims
+  to a power of two >= 16 (Triton's tensor sizes);
+* backward (``jax.custom_vjp``): a dq kernel over query blocks (same schedule) and a dk/dv kernel over
+  key blocks (the transposed schedule), both recomputing probabilities from the stored base-2
+  log-sum-exp. GQA: query head n reads kv head n // G through the index maps; the dk/dv kernel runs
+  per (batch, kv head, key block) and loops over its G query heads.
 
-Kernel or interpreter is chosen per *lowering platform* with ``jax.lax.platform_dependent``: on
-CPU the kernel runs in Pallas interpret mode (so the tests check the kernel's own logic), on CUDA
-and ROCm it lowers to the Triton custom call, so ``jax.export(..., platforms=["cuda"])`` from a CPU
-host contains the real kernel.
+The tunable parameters are ``PallasConfig`` (tiles, warps, stages); ``attnlab.autotune`` searches them
+per device and dispatch reads its table. The plan is for the backend the trace is for
+(``attnlab.platform.target()``): the Triton lowering on a GPU, Pallas interpret mode elsewhere (so the
+tests check the kernel's own logic on CPU); ``with attnlab.lowering_for("gpu")`` exports the real
+kernel from a CPU host.
 
 Shape legend (as ``jax.nn.dot_product_attention``):
     B    batch (leading dims flattened)      T, S  query / key length
@@ -45,153 +46,105 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
-from jax.extend import core as jax_core
 
 from attnlab import masks as masks_lib
+from attnlab import platform
+from attnlab import scores as scores_lib
 from attnlab.call import Call, bind
-from attnlab.kernels import _tiles, pallas_mask_info
-from attnlab.kernels._support import dot_call_reason
-from attnlab.kernels._tiles import Static
-from attnlab.kernels.pallas_mask_info import LENGTHS
+from attnlab.kernels import pallas_mask_info, schedule
+from attnlab.kernels import tile_core as core
 
-__all__ = ["call_reason", "pays_off", "pallas_attention", "attend", "default_block_q", "DEFAULT_BLOCK"]
+__all__ = ["PallasConfig", "pallas_attention", "attend", "default_config", "default_block_q", "DEFAULT_BLOCK"]
 
-_NEG = -0.7 * float(np.finfo(np.float32).max)
 DEFAULT_BLOCK = 64  # bq = bk on GPU: 64 x 64 tiles fit Triton's shared memory for H <= 256
-_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-_MAX_HEAD_DIM = 256
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-# ------------------------------------------------------------------------------------------
-# What the kernel supports (shapes only)
+@dataclasses.dataclass(frozen=True)
+class PallasConfig:
+    """The Pallas kernel's tunable parameters (Python ints; a new value is a new program).
 
-
-def call_reason(call: Call, backend: str) -> str | None:
-    """None when the kernel can run the bound call on ``backend``, else the reason it cannot.
-
-    Looks at shapes and dtypes only, so it works on ``jax.ShapeDtypeStruct``s and for a backend
-    other than the current one (``"gpu"``: the Triton kernel; ``"cpu"``: the same kernel in
-    Pallas interpret mode, slow, for tests; ``"tpu"``: not this kernel, use splash). Every attnlab
-    mask works: in-kernel arithmetic, tile bitmaps and padding lengths (``pallas_mask_info``).
+    Attributes:
+        block_q, block_k: tile rows and columns (powers of two >= 16).
+        num_warps: warps per program (Triton).
+        num_stages: software-pipelining stages of the key loop (Triton).
     """
-    if backend == "tpu":
-        return "pallas: the Triton kernel is for GPUs; on TPU use 'splash'"
-    if backend not in ("gpu", "cuda", "rocm", "cpu"):
-        return f"pallas: unknown backend {backend!r}"
-    reason = dot_call_reason(
-        "pallas", call, dtypes=_DTYPES, bias_hint=" (use 'blockwise' for a callable bias)", mods=True
+
+    block_q: int = DEFAULT_BLOCK
+    block_k: int = DEFAULT_BLOCK
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_q", "block_k"):
+            b = getattr(self, name)
+            if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 16 or b & (b - 1):
+                raise ValueError(f"{name} must be a power of two >= 16 (Triton tiles), got {b!r}")
+        for name, lo in (("num_warps", 1), ("num_stages", 1)):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo:
+                raise ValueError(f"{name} must be a positive int, got {x!r}")
+
+
+def default_block_q(Hp: int, Hvp: int, dtype, pair_form: bool = False, backend: str | None = None) -> int:
+    """block_q when none is given: 128 on a GPU for 16-bit inputs with padded head dims of 65-128 and a
+    dot-product tile (plain, SoftCap, ScoreMod), else ``DEFAULT_BLOCK``.
+
+    From ``benchmarks/gpu_check.py`` on an H200 (bf16, 16 heads, one run each; docs/pallas.md): at H = 128
+    and T = 16K, (128, 64) tiles ran full fwd+bwd in 31.5 ms against 55.9 ms for (64, 64), causal in 19.6
+    against 34.4 ms; at H = 64 the two tile shapes were within 12% of each other either way. fp32 at
+    H = 128 with (128, 64) tiles asked for more shared memory than the H200 has (262144 > 232448 bytes),
+    and the additive pair form ran slower with them (1733 against 1189 ms forward at 16K): both keep 64.
+    """
+    backend = platform.normalize(backend)
+    wide = jnp.dtype(dtype).itemsize == 2 and not pair_form and 64 < max(Hp, Hvp) <= 128
+    return 128 if backend == "gpu" and wide else DEFAULT_BLOCK
+
+
+def default_config(call: Call, backend: str | None = None) -> PallasConfig:
+    """The untuned configuration of a call: ``default_block_q`` rows, ``DEFAULT_BLOCK`` columns (both at
+    most the next power of two of T / S), 4 warps for padded head dims up to 64 and 8 above, 2 stages."""
+    Hp, Hvp = max(16, next_pow2(call.H)), max(16, next_pow2(call.Hv))
+    pair = isinstance(call.score.tile_form(), scores_lib.PairTile)
+    bq = default_block_q(Hp, Hvp, call.dtype, pair, backend)
+    return PallasConfig(
+        block_q=max(16, min(bq, next_pow2(call.T))),
+        block_k=max(16, min(DEFAULT_BLOCK, next_pow2(call.S))),
+        num_warps=4 if max(Hp, Hvp) <= 64 else 8,
+        num_stages=2,
     )
-    if reason is not None:
-        return reason
-    if max(call.H, call.Hv) > _MAX_HEAD_DIM:
-        return f"pallas: head dims up to {_MAX_HEAD_DIM} (got H={call.H}, Hv={call.Hv})"
-    return _leaves_reason(call, backend)
-
-
-def _leaf_layout(call: Call) -> list[tuple[tuple, jnp.dtype, int | None]]:
-    """(shape, dtype, head axis) of each array leaf of the score as the kernels take it (a 0-d leaf as
-    [1]); works on arrays and ``jax.ShapeDtypeStruct``s alike."""
-    if call.score.is_dot:
-        return []
-    leaves = jax.tree_util.tree_leaves(call.score)
-    axes = call.score.leaf_head_axes() if leaves else ()
-    return [
-        (tuple(np.shape(x)) or (1,), jnp.dtype(x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype), a)
-        for x, a in zip(leaves, axes, strict=True)
-    ]
-
-
-def _leaves_reason(call: Call, backend: str) -> str | None:
-    """Why the score's array leaves cannot be kernel inputs, or None (shapes only)."""
-    if call.score.is_dot:
-        return None
-    for i, (shape, _, a) in enumerate(_leaf_layout(call)):
-        if a is not None and shape[a] != call.N:
-            return f"pallas: score array {i} has {shape[a]} entries on head axis {a} (shape {shape}), not N={call.N}"
-        block = list(shape)
-        if a is not None:
-            block[a] = call.N // call.K  # the dk/dv kernel reads the G query heads of one kv head
-        if backend != "cpu" and any(d & (d - 1) for d in block):
-            return (
-                f"pallas: Triton blocks are powers of two: score array {i} of shape {shape} (head axis {a}) "
-                f"would need a block {tuple(block)}"
-            )
-    if not call.score.elementwise_mod:
-        try:
-            jaxpr = _mod_jaxpr(call)
-        except Exception as e:  # noqa: BLE001 (a probe: fn assumes all N heads; the full-head kernels still run it)
-            form = "one-head pair form" if call.score.head_pair_form else "fn"
-            return (
-                f"pallas: the score's {form} fails on one head's tile [1, t, s] with its arrays sliced per head "
-                f"({type(e).__name__}: {str(e).splitlines()[0]})"
-            )
-        used = _primitives(jaxpr.jaxpr) & (_NO_TRITON if backend != "cpu" else frozenset())
-        if used:
-            return (
-                f"pallas: the score's fn uses {', '.join(sorted(used))} (forward or backward), which the Triton "
-                f"backend cannot lower; index tables arithmetically (e.g. a sum of table[j] * (rel == j)) or use "
-                f"'blockwise'"
-            )
-    return None
-
-
-# primitives Pallas' Triton lowering lacks (a table lookup is a gather, its gradient a scatter-add)
-_NO_TRITON = frozenset({"gather", "scatter", "scatter-add", "scatter_add", "dynamic_slice", "dynamic_update_slice",
-                        "sort", "cumsum", "cumprod", "cummax", "argsort"})  # fmt: skip
-
-
-def _mod_jaxpr(call: Call):
-    """The score's one-head tile form on a 16 x 16 tile, forward and backward, traced on shapes (a
-    ClosedJaxpr): ``tile_mod`` and its vjp, or the pair form's ``head_pair_vjp``."""
-    treedef = jax.tree_util.tree_structure(call.score)
-    specs = [
-        jax.ShapeDtypeStruct(shape if a is None else shape[:a] + (1,) + shape[a + 1 :], dtype)
-        for shape, dtype, a in _leaf_layout(call)
-    ]
-    pos = jnp.arange(16, dtype=jnp.int32)
-    tile = jax.ShapeDtypeStruct((16, 16), jnp.float32)
-    if call.score.head_pair_form:
-        rows = jax.ShapeDtypeStruct((16, max(16, _next_pow2(call.H))), call.dtype)
-
-        def pair(q, k, *ls):
-            s, back = treedef.unflatten(ls).head_pair_vjp(q, k)
-            return s, back(s)
-
-        return jax.make_jaxpr(pair)(rows, rows, *specs)
-
-    def f(s, *ls):
-        return treedef.unflatten(ls).tile_mod(s[None], pos, pos)[0]
-
-    def fwd_bwd(s, *ls):
-        out, vjp = jax.vjp(lambda s: f(s, *ls), s)
-        return out, vjp(out)
-
-    return jax.make_jaxpr(fwd_bwd)(tile, *specs)
-
-
-def _primitives(jaxpr) -> set[str]:
-    """The names of every primitive in ``jaxpr`` and in the jaxprs of its equations' params."""
-    names = set()
-    for eqn in jaxpr.eqns:
-        names.add(eqn.primitive.name)
-        for sub in jax_core.jaxprs_in_params(eqn.params):
-            names |= _primitives(sub)
-    return names
 
 
 # ------------------------------------------------------------------------------------------
-# The kernels
+# The kernels' statics, products and masks
 
 
-def _dot(a, b, st, *, ta=False, tb=False):
-    """fp32 a @ b (a^T / b^T when ta / tb), fp32 accumulation; fp32 inputs at about fp32 accuracy (``_fp32_dot``)."""
-    dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
-    prec = _fp32_dot(st.on_gpu) if st.fp32 else None
-    return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """What the programs need to know as Python values, beside the tile core's spec."""
+
+    core: core.TileSpec
+    bq: int
+    bk: int
+    N: int
+    K: int
+    fp32: bool
+    kinds: frozenset  # tile kinds of the forward schedule (FULL, PARTIAL)
+    kinds_t: frozenset  # of the transposed schedule
+    struct: object = None  # the in-kernel (arithmetic) part of the mask, or None
+    has_bitmap: bool = False  # the data part of the mask comes as per-tile bitmaps
+    bm_shape: tuple = (1, 1)  # (Bm, Nm) of those bitmaps
+    num_warps: int = 4
+    num_stages: int = 2
+    on_gpu: bool = False  # traced for the Triton lowering (not interpret mode): fp32 dots as TF32x3
+    leaf_axes: tuple = ()  # per score leaf: (head axis or None, is floating)
+
+    @property
+    def groups(self) -> int:
+        return self.N // self.K
 
 
 def _fp32_dot(on_gpu: bool):
@@ -204,78 +157,51 @@ def _fp32_dot(on_gpu: bool):
     return jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 
 
-def _mod(st, s, q_pos, k_pos, leaves):
-    """The score's ``tile_mod`` on one head's tile ``s`` [bq, bk]: elementwise (SoftCap) as is, else
-    (ScoreMod) on ``[1, bq, bk]`` with the leaves sliced to this head (``_leaves``)."""
-    score = st.tile_score(tuple(leaves))
-    if score.elementwise_mod:
-        return score.tile_mod(s, None, None)
-    return score.tile_mod(s[None], q_pos, k_pos)[0]
+def _dot(a, b, st, *, ta=False, tb=False):
+    """fp32 a @ b (a^T / b^T when ta / tb), fp32 accumulation; fp32 inputs at about fp32 accuracy."""
+    dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
+    prec = _fp32_dot(st.on_gpu) if st.fp32 else None
+    return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
 
 
-def _pair(st, leaves):
-    """The score object when its tile form is the one-head pair form (``Additive``), else None."""
-    score = st.tile_score(tuple(leaves)) if st.score else None
-    return score if score is not None and score.pair_form else None
+@dataclasses.dataclass(frozen=True)
+class _Dots:
+    """The tile products of one head's ``[bq, H]`` x ``[bk, H]`` tile (the tile core's ``dots``)."""
+
+    st: _Static
+
+    def qk(self, q, k):
+        return _dot(q, k, self.st, tb=True)
+
+    def dq(self, ds, k):
+        return _dot(ds.astype(k.dtype), k, self.st)
+
+    def dk(self, ds, q):
+        return _dot(ds.astype(q.dtype), q, self.st, ta=True)
+
+    def orient_dk(self, dk):
+        return dk
 
 
-def _scaled(st, q):
-    return q if st.scale == 1.0 else (q.astype(jnp.float32) * st.scale).astype(q.dtype)
+_VIEW = core.OneHeadView()
 
 
-def _logits(st, q, k, q_pos, k_pos, leaves):
-    """The tile's fp32 logits [bq, bk]: scale * q . k, then the score's mod (SoftCap, ScoreMod); or the
-    score's one-head pair form (``Additive``) of the scaled queries and the keys."""
-    if (pair := _pair(st, leaves)) is not None:
-        return pair.head_pair_vjp(_scaled(st, q), k, dq=False, dk=False, leaf_grads=False)[0]
-    s = _dot(q, k, st, tb=True) * st.scale
-    return _mod(st, s, q_pos, k_pos, leaves) if st.score else s
-
-
-def _logits_vjp(st, q, k, q_pos, k_pos, leaves, *, want="q", leaf_grads=False):
-    """(logits, back): ``back(ds)`` -> (this tile's part of dq or dk, as ``want`` says, unscaled: the
-    kernel multiplies its sum by ``st.scale`` once; grads of the score's floating leaves or ())."""
-    if (pair := _pair(st, leaves)) is not None:
-        s, pull = pair.head_pair_vjp(_scaled(st, q), k, dq=want == "q", dk=want == "k", leaf_grads=leaf_grads)
-
-        def back_pair(ds):
-            gq, gk, gl = pull(ds)
-            # dq of the scaled queries is scale * d(scaled q): the kernel's final * scale; dk is exact: / scale
-            g = gq if want == "q" else gk / st.scale
-            if not leaf_grads:
-                return g, ()
-            return g, tuple(x for x, (_, floating) in zip(gl, st.score_leaves, strict=True) if floating)
-
-        return s, back_pair
-    s = _dot(q, k, st, tb=True) * st.scale
-
-    def grad_qk(ds):  # ds [bq, bk] of the scaled dot product
-        return _dot(ds.astype(k.dtype), k, st) if want == "q" else _dot(ds.astype(q.dtype), q, st, ta=True)
-
-    if not st.score:
-        return s, lambda ds: (grad_qk(ds), ())
-    idx = [i for i, (_, floating) in enumerate(st.score_leaves) if floating] if leaf_grads else []
-
-    def f(x, *diff):
-        ls = list(leaves)
-        for i, d in zip(idx, diff, strict=True):
-            ls[i] = d
-        return _mod(st, x, q_pos, k_pos, ls)
-
-    out, vjp = jax.vjp(f, s, *[leaves[i] for i in idx])
-
-    def back(ds):
-        ds_s, *d_leaves = vjp(ds)
-        return grad_qk(ds_s), tuple(d_leaves)
-
-    return out, back
+def _allowed(st, q_pos, k_pos, lens_ref, bm_ref, bm_idx):
+    """bool ``[bq, bk]`` for a PARTIAL tile: in range, within the lengths, the mask, the bitmap."""
+    q_len, kv_len = lens_ref[0], lens_ref[1]
+    ok = (k_pos < jnp.minimum(kv_len, st.core.S))[None, :] & (q_pos < q_len)[:, None]
+    if st.struct is not None:
+        ok = ok & st.struct(q_pos, k_pos)
+    if st.has_bitmap:
+        ok = ok & (bm_ref[bm_idx] != 0)
+    return ok
 
 
 def _leaves(st, refs, g=None):
     """The score's leaves for this program's head: per-head leaves come as a length-1 slice on their
     head axis (the BlockSpec picks it), or as the G heads of a kv head, of which ``g`` picks one."""
     out = []
-    for ref, (axis, _) in zip(refs, st.score_leaves, strict=True):
+    for ref, (axis, _) in zip(refs, st.leaf_axes, strict=True):
         if g is None or axis is None:
             out.append(ref[...])
         else:
@@ -283,143 +209,94 @@ def _leaves(st, refs, g=None):
     return out
 
 
-def _allowed(st, q_pos, k_pos, lens_ref, bm_ref, bm_idx, with_mask=True):
-    """bool [bq, bk] for a PARTIAL tile: in range, within the lengths, the mask, the bitmap.
-
-    ``with_mask=False`` (a LENGTHS tile: the mask is FULL there, only padding may cut it) checks the
-    lengths alone.
-    """
-    q_len, kv_len = lens_ref[0], lens_ref[1]
-    ok = (k_pos < jnp.minimum(kv_len, st.S))[None, :] & (q_pos < q_len)[:, None]
-    if with_mask and st.struct is not None:
-        ok = ok & st.struct(q_pos, k_pos)
-    if with_mask and st.has_bitmap:
-        ok = ok & (bm_ref[bm_idx] != 0)
-    return ok
+def _scaled(st, q):
+    """The queries pre-scaled by the tile core's factor, in their own dtype (the products' operands)."""
+    return (q.astype(jnp.float32) * st.core.q_factor).astype(q.dtype)
 
 
-def _visit(st, kinds, kd, tile, carry, ok_fn):
-    """Runs ``tile(carry, ok)`` for the tile's kind: FULL (ok=None), PARTIAL (mask and lengths) or
-    LENGTHS (lengths only); a masked tile found all False at run time is skipped."""
-
-    def full(c):
-        return tile(c, None)
-
-    def masked(c, with_mask):
-        ok = ok_fn(with_mask)
-        any_ok = jnp.max(ok.astype(jnp.int32)) > 0
-        return jax.lax.cond(any_ok, lambda c: tile(c, ok), lambda c: c, c)
-
-    branches = {
-        masks_lib.PARTIAL: functools.partial(masked, with_mask=True),
-        masks_lib.FULL: full,
-        LENGTHS: functools.partial(masked, with_mask=False),
-    }
-    live = [x for x in kinds if x != 0]
-    if len(live) == 1:
-        return branches[live[0]](carry)
-    # kinds are 1..3 here (the loop stops before the schedule's padding entries)
-    return jax.lax.switch(kd - 1, [branches[masks_lib.PARTIAL], branches[masks_lib.FULL], branches[LENGTHS]], carry)
+def _two_loops(kinds, counts_ref, tile, carry):
+    """The schedule row's FULL tiles ``[0, n_full)`` (no mask code), then its PARTIAL ones."""
+    n_full = counts_ref[0]
+    if masks_lib.FULL in kinds:
+        carry = jax.lax.fori_loop(0, n_full, lambda slot, c: tile(c, slot, False), carry)
+    if masks_lib.PARTIAL in kinds:
+        carry = jax.lax.fori_loop(n_full, n_full + counts_ref[1], lambda slot, c: tile(c, slot, True), carry)
+    return carry
 
 
-def _count(sched_ref):
-    return jnp.sum((sched_ref[1, :] != 0).astype(jnp.int32))
+# ------------------------------------------------------------------------------------------
+# The programs: forward, dq, dk/dv
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, sched_ref, lens_ref, *rest, st: Static):
-    nl = len(st.score_leaves)
+def _fwd_kernel(q_ref, k_ref, v_ref, index_ref, counts_ref, lens_ref, *rest, st: _Static):
+    nl = len(st.leaf_axes)
     leaves = _leaves(st, rest[:nl])
     bm_ref = rest[nl] if st.has_bitmap else None
     o_ref, lse_ref = rest[-2:]
     i = pl.program_id(2)
-    q = q_ref[...]  # [bq, Hp]
+    q = _scaled(st, q_ref[...])  # [bq, Hp]
     q_pos = i * st.bq + jnp.arange(st.bq, dtype=jnp.int32)
-    bq, Hvp = st.bq, o_ref.shape[-1]
+    dots = _Dots(st)
 
-    def body(slot, carry):
-        kb, kd = sched_ref[0, slot], sched_ref[1, slot]
-
+    def tile(carry, slot, partial):
+        m, l, acc = carry
+        kb = index_ref[slot]
         k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
+        t = core.logits(st.core, _VIEW, dots.qk, q, k_ref[pl.ds(kb * st.bk, st.bk), :], q_pos, k_pos, leaves)
+        ok = _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,)) if partial else None
+        m, l, alpha, p = core.softmax_step(m, l, t, ok, base2=st.core.base2)
+        v = v_ref[pl.ds(kb * st.bk, st.bk), :]
+        return m, l, acc * alpha[:, None] + _dot(p.astype(v.dtype), v, st)
 
-        def tile(c, ok):
-            m, l, acc = c
-            s = _logits(st, q, k_ref[pl.ds(kb * st.bk, st.bk), :], q_pos, k_pos, leaves)  # [bq, bk]
-            if ok is not None:
-                s = jnp.where(ok, s, _NEG)
-            m_new = jnp.maximum(m, jnp.max(s, axis=1))
-            p = jnp.exp(s - m_new[:, None])
-            if ok is not None:
-                p = jnp.where(ok, p, 0.0)
-            alpha = jnp.exp(m - m_new)
-            v = v_ref[pl.ds(kb * st.bk, st.bk), :]
-            acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, st)
-            return m_new, l * alpha + jnp.sum(p, axis=1), acc
-
-        return _visit(
-            st, st.kinds_used, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w)
-        )
-
-    init = (
-        jnp.full((bq,), _NEG, jnp.float32),
-        jnp.zeros((bq,), jnp.float32),
-        jnp.zeros((bq, Hvp), jnp.float32),
-    )
-    m, l, acc = jax.lax.fori_loop(0, _count(sched_ref), body, init)
-    nonempty = l > 0
-    safe_l = jnp.where(nonempty, l, 1.0)
-    o_ref[...] = (acc / safe_l[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(nonempty, m + jnp.log(safe_l), 0.0)
+    m, l = core.softmax_init((st.bq,))
+    m, l, acc = _two_loops(st.kinds, counts_ref, tile, (m, l, jnp.zeros((st.bq, o_ref.shape[-1]), jnp.float32)))
+    out, (m, log_l) = core.softmax_finalize(m, l, acc, base2=st.core.base2)
+    o_ref[...] = out.astype(o_ref.dtype)
+    lse_ref[...] = m + log_l  # in the tile's units; +inf on a row with nothing allowed (recomputes to p = 0)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_ref, *rest, st: Static):
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, index_ref, counts_ref, lens_ref, *rest, st: _Static):
     """One (batch, head, query block): dq, and this program's share of the score's leaf gradients
     (summed over its key tiles; the caller sums the shares)."""
-    nl = len(st.score_leaves)
+    nl = len(st.leaf_axes)
     leaves = _leaves(st, rest[:nl])
     bm_ref = rest[nl] if st.has_bitmap else None
-    n_grads = sum(floating for _, floating in st.score_leaves)
+    floating = [f for _, f in st.leaf_axes]
+    n_grads = sum(floating)
     dq_ref, dleaf_refs = rest[-1 - n_grads], rest[len(rest) - n_grads :]
     i = pl.program_id(2)
-    q, do = q_ref[...], do_ref[...]
+    q, do = _scaled(st, q_ref[...]), do_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
     q_pos = i * st.bq + jnp.arange(st.bq, dtype=jnp.int32)
+    dots = _Dots(st)
+    wants = ("q", "leaves") if n_grads else ("q",)
 
-    def body(slot, carry):
-        kb, kd = sched_ref[0, slot], sched_ref[1, slot]
+    def tile(carry, slot, partial):
+        dq, dls = carry
+        kb = index_ref[slot]
         k_pos = kb * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
+        k, v = k_ref[pl.ds(kb * st.bk, st.bk), :], v_ref[pl.ds(kb * st.bk, st.bk), :]
+        t, pull = core.logits_vjp(st.core, _VIEW, dots, q, k, q_pos, k_pos, leaves, wants=wants)
+        ok = _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,)) if partial else None
+        p = core.probs(t, lse[:, None], 0.0, ok, base2=st.core.base2)
+        dq_j, _, d_leaves, _ = pull(core.dlogits(p, _dot(do, v, st, tb=True), delta))
+        d_leaves = [core.f32_cotangent(d, x) for d, x, f in zip(d_leaves, leaves, floating, strict=True) if f]
+        return dq + dq_j, tuple(a + b for a, b in zip(dls, d_leaves, strict=True))
 
-        def tile(c, ok):
-            dq, dls = c
-            k = k_ref[pl.ds(kb * st.bk, st.bk), :]
-            v = v_ref[pl.ds(kb * st.bk, st.bk), :]
-            s, back = _logits_vjp(st, q, k, q_pos, k_pos, leaves, leaf_grads=True)
-            p = jnp.exp(s - lse[:, None])
-            if ok is not None:
-                p = jnp.where(ok, p, 0.0)
-            dq_j, d_leaves = back(p * (_dot(do, v, st, tb=True) - delta[:, None]))
-            dls = tuple(a + b.astype(jnp.float32) for a, b in zip(dls, d_leaves, strict=True))
-            return dq + dq_j, dls
-
-        return _visit(
-            st, st.kinds_used, kd, tile, carry, lambda w: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (slot,), w)
-        )
-
-    init_leaves = tuple(
-        jnp.zeros(x.shape, jnp.float32) for x, (_, floating) in zip(leaves, st.score_leaves, strict=True) if floating
-    )
-    dq, dls = jax.lax.fori_loop(0, _count(sched_ref), body, (jnp.zeros(q.shape, jnp.float32), init_leaves))
-    dq_ref[...] = dq * st.scale
+    init_leaves = tuple(jnp.zeros(x.shape, jnp.float32) for x, f in zip(leaves, floating, strict=True) if f)
+    dq, dls = _two_loops(st.kinds, counts_ref, tile, (jnp.zeros(q.shape, jnp.float32), init_leaves))
+    dq_ref[...] = dq * (st.core.grad_scale * st.core.q_factor)  # w.r.t. the unscaled queries
     for ref, d in zip(dleaf_refs, dls, strict=True):
         ref[...] = d
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens_ref, *rest, st: Static):
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, index_ref, counts_ref, lens_ref, *rest, st: _Static):
     """One (batch, kv head, key block): dk, dv summed over the G query heads that share the kv head.
 
     q_ref [Tp, G, Hp], do_ref [Tp, G, Hvp], lse_ref / delta_ref [G, Tp], k_ref [bk, Hp],
     v_ref [bk, Hvp]; bitmaps [I, bq, bk] (one for all heads) or [G, I, bq, bk] (per head).
     """
-    nl = len(st.score_leaves)
+    nl = len(st.leaf_axes)
     leaf_refs = rest[:nl]
     bm_ref = rest[nl] if st.has_bitmap else None
     dk_ref, dv_ref = rest[-2:]
@@ -427,51 +304,35 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, sched_ref, lens
     k, v = k_ref[...], v_ref[...]  # [bk, Hp], [bk, Hvp]
     k_pos = j * st.bk + jnp.arange(st.bk, dtype=jnp.int32)
     per_head_bitmap = st.bm_shape[1] > 1
+    dots = _Dots(st)
 
-    def body(slot, carry):
-        qb, kd = sched_ref[0, slot], sched_ref[1, slot]
+    def tile(carry, slot, partial):
+        qb = index_ref[slot]
         rows = pl.ds(qb * st.bq, st.bq)
         q_pos = qb * st.bq + jnp.arange(st.bq, dtype=jnp.int32)
         for g in range(st.groups):  # static: the query heads of this kv head
-
-            def tile(c, ok, g=g):
-                dk, dv = c
-                q, do = q_ref[rows, g, :], do_ref[rows, g, :]
-                lse, delta = lse_ref[g, rows], delta_ref[g, rows]
-                s, back = _logits_vjp(st, q, k, q_pos, k_pos, _leaves(st, leaf_refs, g), want="k")  # [bq, bk]
-                p = jnp.exp(s - lse[:, None])
-                if ok is not None:
-                    p = jnp.where(ok, p, 0.0)
-                dv = dv + _dot(p.astype(do.dtype), do, st, ta=True)  # [bk, Hvp]
-                dk_j, _ = back(p * (_dot(do, v, st, tb=True) - delta[:, None]))
-                return dk + dk_j, dv
-
-            bm_idx = (g, slot) if per_head_bitmap else (slot,)
-            carry = _visit(
-                st,
-                st.kinds_used_t,
-                kd,
-                tile,
-                carry,
-                lambda w, bm_idx=bm_idx: _allowed(st, q_pos, k_pos, lens_ref, bm_ref, bm_idx, w),
-            )
+            dk, dv = carry
+            q, do = _scaled(st, q_ref[rows, g, :]), do_ref[rows, g, :]
+            lse, delta = lse_ref[g, rows], delta_ref[g, rows]
+            leaves = _leaves(st, leaf_refs, g)
+            t, pull = core.logits_vjp(st.core, _VIEW, dots, q, k, q_pos, k_pos, leaves, wants=("k",))
+            ok = None
+            if partial:
+                ok = _allowed(st, q_pos, k_pos, lens_ref, bm_ref, (g, slot) if per_head_bitmap else (slot,))
+            p = core.probs(t, lse[:, None], 0.0, ok, base2=st.core.base2)
+            dv = dv + _dot(p.astype(do.dtype), do, st, ta=True)  # [bk, Hvp]
+            _, dk_j, _, _ = pull(core.dlogits(p, _dot(do, v, st, tb=True), delta))
+            carry = (dk + dk_j, dv)
         return carry
 
     init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
-    dk, dv = jax.lax.fori_loop(0, _count(sched_ref), body, init)
-    dk_ref[...] = dk * st.scale
+    dk, dv = _two_loops(st.kinds_t, counts_ref, tile, init)
+    dk_ref[...] = dk * st.core.grad_scale
     dv_ref[...] = dv
 
 
-def _on_platform(call, *args):
-    """Pallas interpret mode when lowering for CPU (or an unknown platform), the Triton kernel on GPUs."""
-    return jax.lax.platform_dependent(
-        *args,
-        cpu=functools.partial(call, interpret=True),
-        cuda=functools.partial(call, interpret=False),
-        rocm=functools.partial(call, interpret=False),
-        default=functools.partial(call, interpret=True),
-    )
+# ------------------------------------------------------------------------------------------
+# pallas_call wrappers
 
 
 def _params(st, interpret):
@@ -504,28 +365,34 @@ def _leaf_spec(x, axis, heads_per_block):
 
 
 def _leaf_specs(st, leaves, heads_per_block=1):
-    return [_leaf_spec(x, a, heads_per_block) for x, (a, _) in zip(leaves, st.score_leaves, strict=True)]
+    return [_leaf_spec(x, a, heads_per_block) for x, (a, _) in zip(leaves, st.leaf_axes, strict=True)]
 
 
-def _fwd_call(q, k, v, sched, lens, bm, leaves, *, st: Static, interpret: bool):
+def _sched_specs(J):
+    """BlockSpecs of a schedule row (index [J], counts [2]) for grid axis 2 = the row."""
+    return [pl.BlockSpec((None, J), lambda b, n, r: (r, 0)), pl.BlockSpec((None, 2), lambda b, n, r: (r, 0))]
+
+
+def _fwd_call(q, k, v, sched, lens, bm, leaves, *, st: _Static, interpret: bool):
     B, Tp, N, Hp = q.shape
     Sp, Hvp = k.shape[1], v.shape[-1]
-    nq, J = sched.shape[0], sched.shape[-1]
+    index, counts = sched
+    nq, J = index.shape
     G = st.groups
     in_specs = [
         pl.BlockSpec((None, st.bq, None, Hp), lambda b, n, i: (b, i, n, 0)),
         pl.BlockSpec((None, Sp, None, Hp), lambda b, n, i: (b, 0, n // G, 0)),
         pl.BlockSpec((None, Sp, None, Hvp), lambda b, n, i: (b, 0, n // G, 0)),
-        pl.BlockSpec((None, 2, J), lambda b, n, i: (i, 0, 0)),
+        *_sched_specs(J),
         pl.BlockSpec((None, 2), lambda b, n, i: (b, 0)),
         *_leaf_specs(st, leaves),
     ]
-    args = [q, k, v, sched, lens, *leaves]
+    args = [q, k, v, index, counts, lens, *leaves]
     if st.has_bitmap:
         in_specs.append(_bm_spec(st, J))
         args.append(bm)
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, st=dataclasses.replace(st, on_gpu=not interpret)),
+        functools.partial(_fwd_kernel, st=st),
         grid=(B, N, nq),
         in_specs=in_specs,
         out_specs=[
@@ -542,10 +409,11 @@ def _fwd_call(q, k, v, sched, lens, bm, leaves, *, st: Static, interpret: bool):
     )(*args)
 
 
-def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, leaves, *, st: Static, interpret: bool):
+def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, leaves, *, st: _Static, interpret: bool):
     B, Tp, N, Hp = q.shape
     Sp, Hvp = k.shape[1], v.shape[-1]
-    nq, J = sched.shape[0], sched.shape[-1]
+    index, counts = sched
+    nq, J = index.shape
     G = st.groups
     in_specs = [
         pl.BlockSpec((None, st.bq, None, Hp), lambda b, n, i: (b, i, n, 0)),
@@ -554,17 +422,17 @@ def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, leaves, *, st: Static, in
         pl.BlockSpec((None, st.bq, None, Hvp), lambda b, n, i: (b, i, n, 0)),
         pl.BlockSpec((None, None, st.bq), lambda b, n, i: (b, n, i)),
         pl.BlockSpec((None, None, st.bq), lambda b, n, i: (b, n, i)),
-        pl.BlockSpec((None, 2, J), lambda b, n, i: (i, 0, 0)),
+        *_sched_specs(J),
         pl.BlockSpec((None, 2), lambda b, n, i: (b, 0)),
         *_leaf_specs(st, leaves),
     ]
-    args = [q, k, v, do, lse, delta, sched, lens, *leaves]
+    args = [q, k, v, do, lse, delta, index, counts, lens, *leaves]
     if st.has_bitmap:
         in_specs.append(_bm_spec(st, J))
         args.append(bm)
     out_specs = [pl.BlockSpec((None, st.bq, None, Hp), lambda b, n, i: (b, i, n, 0))]
     out_shape = [jax.ShapeDtypeStruct((B, Tp, N, Hp), jnp.float32)]
-    for x, (axis, floating) in zip(leaves, st.score_leaves, strict=True):
+    for x, (axis, floating) in zip(leaves, st.leaf_axes, strict=True):
         if not floating:
             continue
         # one share per program: [B, nq, *leaf] (a head's slice, written at its head), or [B, N, nq, *leaf]
@@ -578,7 +446,7 @@ def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, leaves, *, st: Static, in
             block, where = (None, None, *spec.block_shape), lambda b, n, i, f=imap: (b, i, *f(b, n, i))
         out_specs.append(pl.BlockSpec(block, where))
     return pl.pallas_call(
-        functools.partial(_dq_kernel, st=dataclasses.replace(st, on_gpu=not interpret)),
+        functools.partial(_dq_kernel, st=st),
         grid=(B, N, nq),
         in_specs=in_specs,
         out_specs=out_specs,
@@ -589,10 +457,11 @@ def _dq_call(q, k, v, do, lse, delta, sched, lens, bm, leaves, *, st: Static, in
     )(*args)
 
 
-def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, leaves, *, st: Static, interpret: bool):
+def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, leaves, *, st: _Static, interpret: bool):
     B, Tp, N, Hp = q.shape
     Sp, K, Hvp = k.shape[1], st.K, v.shape[-1]
-    nk, I = sched_t.shape[0], sched_t.shape[-1]
+    index_t, counts_t = sched_t
+    nk, I = index_t.shape
     G = st.groups
     in_specs = [
         pl.BlockSpec((None, Tp, None, G, Hp), lambda b, h, j: (b, 0, h, 0, 0)),
@@ -601,7 +470,7 @@ def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, leaves, *, st: Stati
         pl.BlockSpec((None, Tp, None, G, Hvp), lambda b, h, j: (b, 0, h, 0, 0)),
         pl.BlockSpec((None, None, G, Tp), lambda b, h, j: (b, h, 0, 0)),
         pl.BlockSpec((None, None, G, Tp), lambda b, h, j: (b, h, 0, 0)),
-        pl.BlockSpec((None, 2, I), lambda b, h, j: (j, 0, 0)),
+        *_sched_specs(I),
         pl.BlockSpec((None, 2), lambda b, h, j: (b, 0)),
         *_leaf_specs(st, leaves, G),
     ]
@@ -613,7 +482,8 @@ def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, leaves, *, st: Stati
         do.reshape(B, Tp, K, G, Hvp),
         lse.reshape(B, K, G, Tp),
         delta.reshape(B, K, G, Tp),
-        sched_t,
+        index_t,
+        counts_t,
         lens,
         *leaves,
     ]
@@ -629,7 +499,7 @@ def _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, leaves, *, st: Stati
             in_specs.append(pl.BlockSpec((None, None, None, I, st.bq, st.bk), lambda b, h, j: (bmb(b), 0, j, 0, 0, 0)))
             args.append(bm_t)
     return pl.pallas_call(
-        functools.partial(_dkv_kernel, st=dataclasses.replace(st, on_gpu=not interpret)),
+        functools.partial(_dkv_kernel, st=st),
         grid=(B, K, nk),
         in_specs=in_specs,
         out_specs=[
@@ -656,24 +526,25 @@ def _float0_like(x):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(st, q, k, v, lens, sched, sched_t, bm, bm_t, leaves):
-    return _on_platform(functools.partial(_fwd_call, st=st), q, k, v, sched, lens, bm, leaves)[0]
+    return _fwd_call(q, k, v, sched, lens, bm, leaves, st=st, interpret=not st.on_gpu)[0]
 
 
 def _flash_fwd(st, q, k, v, lens, sched, sched_t, bm, bm_t, leaves):
-    out, lse = _on_platform(functools.partial(_fwd_call, st=st), q, k, v, sched, lens, bm, leaves)
+    out, lse = _fwd_call(q, k, v, sched, lens, bm, leaves, st=st, interpret=not st.on_gpu)
     return out, (q, k, v, lens, sched, sched_t, bm, bm_t, leaves, out, lse)
 
 
 def _flash_bwd(st, res, do):
     q, k, v, lens, sched, sched_t, bm, bm_t, leaves, out, lse = res
-    delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), -1)  # [B, Tp, N]
+    interpret = not st.on_gpu
+    delta = core.softmax_delta(out, do)  # [B, Tp, N]
     delta = jnp.transpose(delta, (0, 2, 1))  # -> [B, N, Tp], like lse
     do = do.astype(q.dtype)
-    dq, *shares = _on_platform(functools.partial(_dq_call, st=st), q, k, v, do, lse, delta, sched, lens, bm, leaves)
-    dk, dv = _on_platform(functools.partial(_dkv_call, st=st), q, k, v, do, lse, delta, sched_t, lens, bm_t, leaves)
+    dq, *shares = _dq_call(q, k, v, do, lse, delta, sched, lens, bm, leaves, st=st, interpret=interpret)
+    dk, dv = _dkv_call(q, k, v, do, lse, delta, sched_t, lens, bm_t, leaves, st=st, interpret=interpret)
     zeros = jax.tree_util.tree_map(_float0_like, (lens, sched, sched_t, bm, bm_t))
     d_leaves, shares = [], iter(shares)
-    for x, (axis, floating) in zip(leaves, st.score_leaves, strict=True):
+    for x, (axis, floating) in zip(leaves, st.leaf_axes, strict=True):
         if not floating:
             d_leaves.append(_float0_like(x))
             continue
@@ -689,7 +560,9 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 # Public entry point
 
 
-def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, score="dot", block_q=None, block_k=None):
+def pallas_attention(
+    q, k, v, *, mask=None, bias=None, scale=None, score="dot", block_q=None, block_k=None, config=None
+):
     """Block-sparse flash attention in one Pallas kernel per (batch, head, query block).
 
     Args:
@@ -698,23 +571,24 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, score="dot", 
         v: ``[..., S, K, Hv]`` values.
         mask: an ``attnlab.masks`` object or bool array (True = attend), or None. Its block
             layout decides the tiles visited; padding lengths may be traced.
-        bias: must be None (no bias in this kernel; see ``call_reason``).
+        bias: must be None (no bias in this kernel; use 'blockwise' for a callable bias).
         scale: logit scale; default ``1/sqrt(H)``.
         score: ``"dot"``, ``scores.SoftCap(cap, scale)`` or ``scores.ScoreMod(fn, *arrays,
-            head_axes=...)``: the kernel applies the score's ``tile_mod`` to each tile of one head
+            head_axes=...)``: the kernel applies the score's mod to each tile of one head
             (a ScoreMod's ``fn`` sees ``[1, bq, bk]`` and its per-head arrays sliced to that head),
             forward and backward; the arrays' gradients are summed from the dq kernel's programs.
-            ``scores.Additive(w)`` runs through its one-head form (``head_pair_vjp``: a loop over the
-            head dim on ``[bq, bk]`` tiles), w's gradient likewise.
-        block_q, block_k: tile sizes (powers of two >= 16); default ``min(64, next_pow2(T|S))``, block_q
-            128 on a GPU for bf16/fp16 head dims of 65-128 (``default_block_q``).
+            ``scores.Additive(w)`` runs through its one-head form (``PairTile.head_pair_vjp``: a loop
+            over the head dim on ``[bq, bk]`` tiles), w's gradient likewise.
+        block_q, block_k: tile sizes (powers of two >= 16); they override ``config``'s.
+        config: a ``PallasConfig`` (tiles, warps, stages); default: the tuned entry for this device
+            and call (``attnlab.autotune``), else ``default_config``.
 
     Returns:
         ``[..., T, N, Hv]`` in q's dtype (fp32 softmax statistics and accumulation). Rows with
         no allowed key are zeros, with zero gradients.
 
     Raises:
-        ValueError: on shapes, dtypes, a bias, or block sizes the kernel cannot take.
+        ValueError: on shapes, dtypes, a bias, or a configuration the kernel cannot take.
 
     Example:
         >>> q = k = v = jnp.ones((100, 2, 16))                  # [T, N, H]
@@ -722,62 +596,71 @@ def pallas_attention(q, k, v, *, mask=None, bias=None, scale=None, score="dot", 
         (100, 2, 16)
     """
     call = bind(q, k, v, mask=mask, bias=bias, scale=scale, score=score, fn="pallas_attention")
-    return attend(call, block_q=block_q, block_k=block_k, check=True)
+    from attnlab.impls.pallas import PALLAS  # noqa: PLC0415 (the protocol lives with the implementation)
 
-
-def attend(call: Call, *, block_q=None, block_k=None, check: bool = False):
-    """``pallas_attention`` on a bound call (``attnlab.call.bind``); ``check`` raises ``call_reason``."""
-    if check and (why := call_reason(call, "cpu")) is not None:
+    if (why := PALLAS.supports(call, platform.target())) is not None:
         raise ValueError(f"{call.fn}: {why}")
+    if config is None:
+        from attnlab import tuning  # noqa: PLC0415
+
+        config = tuning.lookup("pallas", call)
+    if block_q is not None or block_k is not None:
+        base = config if config is not None else default_config(call)
+        config = dataclasses.replace(
+            base,
+            block_q=base.block_q if block_q is None else block_q,
+            block_k=base.block_k if block_k is None else block_k,
+        )
+    return attend(call, config=config)
+
+
+def attend(call: Call, *, config: PallasConfig | None = None):
+    """``pallas_attention`` on a bound call (``attnlab.call.bind``) that the implementation supports."""
+    if config is not None and not isinstance(config, PallasConfig):
+        raise ValueError(f"config must be an attnlab.kernels.pallas_flash.PallasConfig, got {config!r}")
     if call.empty:
         return call.zeros()
+    backend = platform.target()
+    if config is None:
+        config = default_config(call, backend)
     lead, T, S, N, K, H, Hv = call.lead, call.T, call.S, call.N, call.K, call.H, call.Hv
-    Hp, Hvp = max(16, _next_pow2(H)), max(16, _next_pow2(Hv))
-    bq = _block(block_q, T, "block_q", default_block_q(Hp, Hvp, call.dtype, call.score.head_pair_form))
-    bk = _block(block_k, S, "block_k")
+    Hp, Hvp = max(16, next_pow2(H)), max(16, next_pow2(Hv))
+    bq, bk = min(config.block_q, max(16, next_pow2(T))), min(config.block_k, max(16, next_pow2(S)))
     nq, nk = -(-T // bq), -(-S // bk)
     info = pallas_mask_info.mask_info(call.mask, lead, T, S, bq, bk)
-    sched, sched_t = info.sched, info.sched_t
-    kinds = set(np.unique(sched[:, 1]).tolist())
-    kinds_t = set(np.unique(sched_t[:, 1]).tolist())
     m = call.mask
     runtime = None
-    if m is not None and not m.is_static and kinds & {masks_lib.PARTIAL, LENGTHS}:
+    static = schedule.adjust_layout(info.layout, S, bk)
+    if m is not None and not m.is_static and (static == masks_lib.PARTIAL).any():
         runtime = m.runtime_layout(T, S, bq, bk)  # traced data: refine the schedules on device
-    if runtime is not None:
-        sched, sched_t = pallas_mask_info.runtime_schedules(info, runtime, S, bk)
-        kinds, kinds_t = kinds | {masks_lib.FULL}, kinds_t | {masks_lib.FULL}
+    sc = schedule.Schedule(info.layout, S, bk, runtime=runtime, transposed=True, pow2=True)
+    kinds_t = set(np.unique(sc.layout.T).tolist()) - {masks_lib.EMPTY} | ({masks_lib.FULL} if sc.refined else set())
     B = call.batch
-    leaves, score_leaves = _score_leaves(call)
-    st = Static(
-        T=T,
-        S=S,
+    leaves, leaf_axes = _score_leaves(call)
+    st = _Static(
+        core=core.tile_spec(call.score, H, T, S),
         bq=bq,
         bk=bk,
-        lead=lead,
         N=N,
         K=K,
-        scale=_tiles.default_scale(H, call.score.tile_scale(H)),
-        score=() if call.score.is_dot else (jax.tree_util.tree_structure(call.score),),
-        score_leaves=score_leaves,
-        has_bias=False,
-        kinds_used=tuple(sorted(kinds)),
-        kinds_used_t=tuple(sorted(kinds_t)),
-        compute_dtype=call.dtype.name,
-        H=H,
-        Hv=Hv,
+        fp32=call.dtype == jnp.float32,
+        kinds=sc.kinds,
+        kinds_t=frozenset(kinds_t),
         struct=info.struct,
         has_bitmap=info.data is not None,
-        num_warps=4 if max(Hp, Hvp) <= 64 else 8,
-        num_stages=2,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        on_gpu=backend == "gpu",
+        leaf_axes=leaf_axes,
     )
     bm = bm_t = jnp.zeros((1,), jnp.int8)
     if info.data is not None:
-        J, I = sched.shape[-1], sched_t.shape[-1]
+        J, I = sc.index.shape[-1], sc.index_t.shape[-1]
+        geom = dict(T=T, S=S, bq=bq, bk=bk, lead=lead)
         qb = np.repeat(np.arange(nq), J)
-        bm = pallas_mask_info.tile_bitmaps(info.data, qb, sched[:, 0].reshape(-1), st)  # [Bm, Nm, nq*J, bq, bk]
+        bm = pallas_mask_info.tile_bitmaps(info.data, qb, jnp.asarray(sc.index).reshape(-1), **geom)
         kb = np.repeat(np.arange(nk), I)
-        bm_t = pallas_mask_info.tile_bitmaps(info.data, sched_t[:, 0].reshape(-1), kb, st)
+        bm_t = pallas_mask_info.tile_bitmaps(info.data, jnp.asarray(sc.index_t).reshape(-1), kb, **geom)
         st = dataclasses.replace(st, bm_shape=tuple(bm.shape[:2]))
         bm = bm.reshape(bm.shape[:2] + (nq, J, bq, bk))
         bm_t = bm_t.reshape(bm_t.shape[:2] + (nk, I, bq, bk))
@@ -786,7 +669,9 @@ def attend(call: Call, *, block_q=None, block_k=None, check: bool = False):
     qp = jnp.pad(call.q.reshape(B, T, N, H), ((0, 0), (0, nq * bq - T), (0, 0), (0, Hp - H)))
     kp = jnp.pad(call.k.reshape(B, S, K, H), ((0, 0), (0, nk * bk - S), (0, 0), (0, Hp - H)))
     vp = jnp.pad(call.v.reshape(B, S, K, Hv), ((0, 0), (0, nk * bk - S), (0, 0), (0, Hvp - Hv)))
-    out = _flash(st, qp, kp, vp, info.lens, jnp.asarray(sched), jnp.asarray(sched_t), bm, bm_t, leaves)
+    sched = (jnp.asarray(sc.index), jnp.asarray(sc.counts))
+    sched_t = (jnp.asarray(sc.index_t), jnp.asarray(sc.counts_t))
+    out = _flash(st, qp, kp, vp, info.lens, sched, sched_t, bm, bm_t, leaves)
     return out[:, :T, :, :Hv].reshape(*lead, T, N, Hv).astype(call.q.dtype)
 
 
@@ -794,44 +679,9 @@ def _score_leaves(call: Call) -> tuple[tuple, tuple]:
     """The score's array leaves (0-d ones as [1]) and their (head axis, is floating) entries."""
     if call.score.is_dot:
         return (), ()
-    layout = _leaf_layout(call)
+    layout = core.leaf_layout(call.score)
     leaves = tuple(
         jnp.asarray(x).reshape(shape)
         for x, (shape, _, _) in zip(jax.tree_util.tree_leaves(call.score), layout, strict=True)
     )
     return leaves, tuple((a, bool(jnp.issubdtype(dtype, jnp.floating))) for _, dtype, a in layout)
-
-
-def default_block_q(Hp: int, Hvp: int, dtype, pair_form: bool = False, backend: str | None = None) -> int:
-    """block_q when none is given: 128 on a GPU for 16-bit inputs with padded head dims of 65-128 and a
-    dot-product tile (plain, SoftCap, ScoreMod), else ``DEFAULT_BLOCK``.
-
-    From ``benchmarks/gpu_check.py`` on an H200 (bf16, 16 heads, one run each; docs/pallas.md): at H = 128
-    and T = 16K, (128, 64) tiles ran full fwd+bwd in 31.5 ms against 55.9 ms for (64, 64), causal in 19.6
-    against 34.4 ms; at H = 64 the two tile shapes were within 12% of each other either way. fp32 at
-    H = 128 with (128, 64) tiles asked for more shared memory than the H200 has (262144 > 232448 bytes),
-    and the additive pair form ran slower with them (1733 against 1189 ms forward at 16K): both keep 64.
-    """
-    backend = jax.default_backend() if backend is None else backend
-    wide = jnp.dtype(dtype).itemsize == 2 and not pair_form and 64 < max(Hp, Hvp) <= 128
-    return 128 if backend in ("gpu", "cuda", "rocm") and wide else DEFAULT_BLOCK
-
-
-def pays_off(call: Call, backend: str) -> str | None:
-    """``implementation=None`` only: on a GPU, additive (tanh) scores go on to blockwise, which ran them
-    faster than this kernel's one-head pair form on an H200 (T = 4K, H = 128; docs/pallas.md has the
-    runs). ``implementation="pallas"`` still runs them."""
-    if backend in ("gpu", "cuda", "rocm") and call.score.head_pair_form:
-        return (
-            "pallas: additive (tanh) scores ran faster in blockwise on an H200 (docs/pallas.md); "
-            "implementation='pallas' still runs them"
-        )
-    return None
-
-
-def _block(b, length, name, default=DEFAULT_BLOCK):
-    if b is None:
-        return max(16, min(default, _next_pow2(length)))
-    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 16 or b & (b - 1):
-        raise ValueError(f"{name} must be a power of two >= 16 (Triton tiles), got {b!r}")
-    return int(b)

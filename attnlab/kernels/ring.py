@@ -4,13 +4,13 @@ Liu, Zaharia & Abbeel, "Ring Attention with Blockwise Transformers for Near-Infi
 (arXiv 2310.01889). Queries, keys and values are cut along the sequence into D equal shards, one
 per device of a mesh axis. Each device keeps its query shard; at ring step r it holds key/value
 shard ``(d - r) mod D``, folds it into its online-softmax state with the blockwise kernel's
-block step (``_tiles.forward_carry``, global positions for the mask), and passes it to the
+block step (``xla_loops.forward_carry`` on the tile core, global positions for the mask), and passes it to the
 next device with ``lax.ppermute`` (issued before the step's compute, so the transfer can overlap
 it). After D steps every query has seen every key; only one query shard, one travelling
 key/value shard and the fp32 state live on a device: memory O(N / D).
 
 The backward pass (a ``jax.custom_vjp``) rotates too: the key/value shard travels with its dk/dv
-accumulators, each device adds the gradient its queries contribute (``_tiles.backward``
+accumulators, each device adds the gradient its queries contribute (``xla_loops.backward``
 recomputes probabilities from the stored global log-sum-exp), and after D hops the accumulators
 are back on the shard's own device.
 
@@ -50,9 +50,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
-from attnlab.kernels import _tiles
+from attnlab import scores as scores_lib
+from attnlab.kernels import schedule, xla_loops
+from attnlab.kernels import tile_core as core
 
-__all__ = ["LAYOUTS", "shard_layout", "pair_layouts", "global_positions", "ring_attention_shard"]
+__all__ = [
+    "LAYOUTS",
+    "shard_layout",
+    "pair_layouts",
+    "global_positions",
+    "RingStatic",
+    "make_static",
+    "ring_attention_shard",
+]
 
 LAYOUTS = ("contiguous", "zigzag")  # how the sequence's chunks are assigned to the ring's devices
 
@@ -157,9 +167,9 @@ def _coarsen_if_many(layouts: np.ndarray) -> np.ndarray:
 class RingClass:
     """One distinct tile layout of a (query shard, key shard) pair, with its blockwise schedule."""
 
-    st: _tiles.Static
-    index: tuple  # [nq][J] key tiles each query tile visits (block_schedule)
-    kind: tuple  # [nq][J] their kinds (0 = padding entry, skipped)
+    ls: xla_loops.LoopSpec
+    index: tuple  # [nq][J] key tiles each query tile visits, FULL ones first (schedule.rows)
+    counts: tuple  # [nq][2] (n_full, n_partial)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,22 +210,18 @@ def make_static(
                 continue
             key = lay.tobytes()
             if key not in ids:
-                index, kind = _tiles.block_schedule(lay, Sl, bk)
-                st = _tiles.Static(
-                    T=Tl,
-                    S=Sl,
+                sc = schedule.Schedule(lay, Sl, bk)
+                ls = xla_loops.LoopSpec(
+                    core=core.tile_spec(scores_lib.Dot(scale), H, Tl, Sl),
                     bq=bq,
                     bk=bk,
                     lead=tuple(lead),
                     N=N,
                     K=K,
-                    scale=scale,
-                    has_bias=False,
-                    kinds_used=tuple(np.unique(kind).tolist()),
-                    kinds_used_t=(),
                     compute_dtype=jnp.dtype(compute_dtype).name,
+                    kinds=sc.kinds,
                 )
-                classes.append(RingClass(st=st, index=as_tuple(index), kind=as_tuple(kind)))
+                classes.append(RingClass(ls=ls, index=as_tuple(sc.index), counts=as_tuple(sc.counts)))
                 ids[key] = len(classes)
             table[d, s] = ids[key]
     return RingStatic(
@@ -252,7 +258,7 @@ def _pair_class(rs: RingStatic, d, src):
 
 
 def _schedule(c: RingClass):
-    return jnp.asarray(np.array(c.index, np.int32)), jnp.asarray(np.array(c.kind, np.int32))
+    return jnp.asarray(np.array(c.index, np.int32)), jnp.asarray(np.array(c.counts, np.int32))
 
 
 def _perm(rs: RingStatic):
@@ -269,15 +275,15 @@ def _fwd_impl(qs, ks, vs, mask, rs: RingStatic):
         gm = _global_mask(mask, rs, d, src)
 
         def run(c: RingClass):
-            return lambda s: _tiles.forward_carry(qs, kt, vt, gm, (), *_schedule(c), s, st=c.st, bias_fn=None)
+            return lambda s: xla_loops.forward_carry(qs, kt, vt, gm, (), (), *_schedule(c), s, ls=c.ls, bias_fn=None)
 
         branches = [lambda s: s] + [run(c) for c in rs.classes]
         state = jax.lax.switch(_pair_class(rs, d, src), branches, state)
         return (state, *nxt), None
 
-    init = _tiles.init_carry(qs, vs.shape[-1])
+    init = xla_loops.init_carry(qs, vs.shape[-1])
     (state, _, _), _ = jax.lax.scan(step, (init, ks, vs), jnp.arange(rs.D, dtype=jnp.int32))
-    return _tiles.finalize(*state)
+    return xla_loops.finalize(*state, ls=rs.classes[0].ls)
 
 
 def _bwd_impl(qs, ks, vs, mask, out, lse, dout, rs: RingStatic):
@@ -292,8 +298,8 @@ def _bwd_impl(qs, ks, vs, mask, out, lse, dout, rs: RingStatic):
         def run(c: RingClass):
             def f(acc):
                 dq, dkt, dvt = acc
-                dq_r, dkt, dvt, _ = _tiles.backward(
-                    qs, kt, vt, gm, (), *_schedule(c), out, lse, dout, st=c.st, bias_fn=None, dk0=dkt, dv0=dvt
+                dq_r, dkt, dvt, _, _ = xla_loops.backward(
+                    qs, kt, vt, gm, (), (), *_schedule(c), out, lse, dout, ls=c.ls, bias_fn=None, dk0=dkt, dv0=dvt
                 )
                 return dq + dq_r, dkt, dvt
 
@@ -323,7 +329,7 @@ def _ring_fwd(qs, ks, vs, mask, rs):
 def _ring_bwd(rs, res, dout):
     qs, ks, vs, mask, out, lse = res
     dq, dk, dv = _bwd_impl(qs, ks, vs, mask, out, lse, dout, rs)
-    return dq.astype(qs.dtype), dk.astype(ks.dtype), dv.astype(vs.dtype), _tiles.zero_cotangents(mask)
+    return dq.astype(qs.dtype), dk.astype(ks.dtype), dv.astype(vs.dtype), xla_loops.zero_cotangents(mask)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -376,9 +382,9 @@ def ring_attention_shard(q, k, v, mask, rs: RingStatic):
         k, v = _to_zigzag(k, rs, rs.Ck), _to_zigzag(v, rs, rs.Ck)
     if not rs.classes:  # nothing attends anywhere: zeros (the empty-row convention)
         return jnp.zeros((*q.shape[:-1], v.shape[-1]), q.dtype)
-    st = rs.classes[0].st  # tiling, scale and dtype are the same in every class
-    out = _ring(_tiles.tile_q(q, st), _tiles.tile_kv(k, st), _tiles.tile_kv(v, st), mask, rs)
-    out = _tiles.untile(out, st, rs.Tl).astype(q.dtype)
+    ls = rs.classes[0].ls  # tiling, scale and dtype are the same in every class
+    out = _ring(xla_loops.tile_q(q, ls), xla_loops.tile_kv(k, ls), xla_loops.tile_kv(v, ls), mask, rs)
+    out = xla_loops.untile(out, ls, rs.Tl).astype(q.dtype)
     if rs.layout == "zigzag":
         out = _from_zigzag(out, rs, rs.Cq)
     return out

@@ -27,9 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
+from attnlab import platform
 from attnlab.call import Call, bind
 
-__all__ = ["sparse_attention", "attend", "call_reason"]
+__all__ = ["sparse_attention", "attend"]
 
 
 # Edges per chunk of the dot-product path: bounds the gathered [chunk, N, H] temporaries.
@@ -184,28 +185,16 @@ def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
         >>> sparse_attention(q, k, v, mask=m).shape
         (3, 2, 4)
     """
-    return attend(bind(q, k, v, mask=mask, score=score, scale=scale, bias=bias, fn="sparse_attention"), check=True)
+    call = bind(q, k, v, mask=mask, score=score, scale=scale, bias=bias, fn="sparse_attention")
+    from attnlab.impls.sparse import SPARSE  # noqa: PLC0415 (the protocol lives with the implementation)
 
-
-def call_reason(call: Call) -> str | None:
-    """None when the edge-list kernel can run the bound call, else why not (shapes only)."""
-    edges = None if call.mask is None else call.mask.edge_list()
-    if edges is None:
-        got = "None" if call.mask is None else type(call.mask).__name__
-        return f"needs mask=masks.graph_edges(...) (an edge list), got mask {got}"
-    if call.bias is not None:
-        return "takes no bias (per-edge biases are not supported yet)"
-    if not call.score.has_edge_form:
-        return f"needs a score with a per-edge form (Dot, Additive), got score {type(call.score).__name__}"
-    if (edges[2], edges[2]) != (call.T, call.S):
-        return f"mask: graph_edges has num_nodes={edges[2]} but attention is {call.T}x{call.S}"
-    return None
-
-
-def attend(call: Call, *, check: bool = False):
-    """The edge-list kernel on a bound call (``attnlab.call.bind``); ``check`` raises ``call_reason``."""
-    if check and (why := call_reason(call)) is not None:
+    if (why := SPARSE.supports(call, platform.target())) is not None:
         raise ValueError(f"{call.fn}: {why}")
+    return attend(call)
+
+
+def attend(call: Call):
+    """The edge-list kernel on a bound call (``attnlab.call.bind``) that the implementation supports."""
     senders, receivers, _ = call.mask.edge_list()
     q, k, v, score = call.q, call.k, call.v, call.score
     *lead, T, N, H = q.shape
@@ -213,7 +202,8 @@ def attend(call: Call, *, check: bool = False):
     if score.is_dot:  # the dot product: the chunked custom-vjp path
         score_e, scale = None, score.scale
     else:
-        score_e, scale = (lambda q_e, k_e, h: score.edge(q_e, k_e)), None
+        edge = score.edge_form()
+        score_e, scale = (lambda q_e, k_e, h: edge(q_e, k_e)), None
     senders, receivers = _drop_out_of_range(senders, receivers, T, S)
     one = functools.partial(_one_graph, senders=senders, receivers=receivers, score_e=score_e, scale_dot=scale)
     # [..., T, N, H] -> [B, T, N, H]; vmap adds the batch (the edge list is shared)

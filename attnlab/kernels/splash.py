@@ -18,9 +18,9 @@ conventions to it:
   query, a row the mask empties) are set to zeros with ``jnp.where``, which also zeroes their
   gradients (splash itself returns a finite average there).
 
-Kernel or interpreter is chosen per lowering platform (``jax.lax.platform_dependent``): Mosaic on
-TPU (``jax.export(..., platforms=["tpu"])`` from a CPU host contains the ``tpu_custom_call``),
-Pallas interpret mode on CPU.
+Kernel or interpreter is chosen for the backend the trace is for (``attnlab.platform.target()``): Mosaic
+on a TPU (``jax.export(..., platforms=["tpu"])`` from a CPU host inside ``attnlab.lowering_for("tpu")``
+contains the ``tpu_custom_call``), Pallas interpret mode elsewhere.
 
 Shape legend: B batch (leading dims flattened), T / S query / key length, N query heads, K kv
 heads, G = N // K, H head dim (splash needs Hv == H).
@@ -35,14 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import masks as masks_lib
+from attnlab import numerics, platform
 from attnlab.call import Call, bind
-from attnlab.kernels import _tiles
-from attnlab.kernels._support import dot_call_reason
 
-__all__ = ["call_reason", "splash_attention", "attend", "DEFAULT_BLOCK"]
+__all__ = ["splash_attention", "attend", "DEFAULT_BLOCK", "DTYPES"]
 
 DEFAULT_BLOCK = 128  # splash's default; segment ids need block_kv to be a multiple of 128 lanes
-_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 def _sa():
@@ -53,18 +52,6 @@ def _sa():
 
 # ------------------------------------------------------------------------------------------
 # Mask decomposition and adapter
-
-
-def _structure_reason(rest, N) -> str | None:
-    """Why splash cannot take the non-padding part of a mask, or None."""
-    if rest is None:
-        return None
-    if not rest.is_static:
-        return "splash: the mask's structure must be known at trace time (only padding lengths may be traced)"
-    shape = jax.eval_shape(rest, jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)).shape
-    if len(shape) > 3 or (len(shape) == 3 and shape[0] not in (1, N)):
-        return f"splash: masks may depend on the head but not on the batch (mask values of shape {shape})"
-    return None
 
 
 class _AttnlabMask:
@@ -148,23 +135,6 @@ def _first_allowed(rest, T, S, bq, bk, heads):
 # Public API
 
 
-def call_reason(call: Call, backend: str) -> str | None:
-    """None when splash can run the bound call on ``backend``, else the reason (shapes and mask structure only).
-
-    ``backend="tpu"`` runs the Mosaic kernel, ``"cpu"`` the same kernel in Pallas interpret mode
-    (slow, for tests); GPUs are not splash's target (use ``"cudnn"`` or ``"pallas"``).
-    """
-    if backend not in ("tpu", "cpu"):
-        return f"splash: a TPU kernel (backend {backend!r}; use 'cudnn' or 'pallas' on GPUs)"
-    reason = dot_call_reason("splash", call, dtypes=_DTYPES)
-    if reason is not None:
-        return reason
-    if call.Hv != call.H:
-        return f"splash: needs Hv == H (got H={call.H}, Hv={call.Hv})"
-    rest = None if call.mask is None else call.mask.split_padding()[1]
-    return _structure_reason(rest, call.N)
-
-
 def _block_sizes(block):
     sa = _sa()
     return sa.BlockSizes(
@@ -196,16 +166,19 @@ def splash_attention(q, k, v, *, mask=None, bias=None, scale=None, block=None):
         ``[..., T, N, H]`` in q's dtype; rows with no allowed key are zeros (zero gradients).
 
     Raises:
-        ValueError: when ``call_reason`` gives a reason, or on a bad block size.
+        ValueError: when the implementation does not support the call (``attnlab.impls.splash``), or on a
+            bad block size.
     """
     call = bind(q, k, v, mask=mask, bias=bias, scale=scale, fn="splash_attention")
-    return attend(call, block=block, check=True)
+    from attnlab.impls.splash import SPLASH  # noqa: PLC0415 (the protocol lives with the implementation)
 
-
-def attend(call: Call, *, block=None, check: bool = False):
-    """``splash_attention`` on a bound call (``attnlab.call.bind``); ``check`` raises ``call_reason``."""
-    if check and (why := call_reason(call, "cpu")) is not None:
+    if (why := SPLASH.check(call, "tpu" if platform.target() == "tpu" else "cpu")) is not None:
         raise ValueError(f"{call.fn}: {why}")
+    return attend(call, block=block)
+
+
+def attend(call: Call, *, block=None):
+    """``splash_attention`` on a bound call (``attnlab.call.bind``) that the implementation supports."""
     q, k, v = call.q, call.k, call.v
     block = DEFAULT_BLOCK if block is None else block
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block <= 0 or block % 128:
@@ -227,7 +200,7 @@ def attend(call: Call, *, block=None, check: bool = False):
     use_segments = bool(pads) or Sp != S
     first = _first_allowed(rest, T, S, block, block, heads)  # [heads, T]
 
-    scale = _tiles.default_scale(H, call.score.scale)
+    scale = numerics.default_scale(H, call.score.scale)
     qs = (q.astype(jnp.float32) * scale).astype(q.dtype).reshape(B, T, K, G, H)
     qs = jnp.pad(qs, ((0, 0), (0, Tp - T), (0, 0), (0, 0), (0, 0))).transpose(0, 2, 3, 1, 4)  # [B, K, G, Tp, H]
     ks = jnp.pad(k.reshape(B, S, K, H), ((0, 0), (0, Sp - S), (0, 0), (0, 0))).transpose(0, 2, 1, 3)  # [B, K, Sp, H]
@@ -261,16 +234,8 @@ def attend(call: Call, *, block=None, check: bool = False):
         outs = [run_group(kh, qs[:, kh], ks[:, kh], vs[:, kh], q_seg, kv_seg, interpret) for kh in range(K)]
         return jnp.stack(outs, 1)
 
-    out = jax.lax.platform_dependent(
-        qs,
-        ks,
-        vs,
-        q_seg,
-        kv_seg,
-        cpu=functools.partial(run, interpret=True),
-        tpu=functools.partial(run, interpret=False),
-        default=functools.partial(run, interpret=True),
-    )  # [B, K, G, Tp, H]
+    # Mosaic on a TPU, else the interpreter
+    out = run(qs, ks, vs, q_seg, kv_seg, interpret=platform.target() != "tpu")  # [B, K, G, Tp, H]
     out = out.transpose(0, 3, 1, 2, 4).reshape(B, Tp, N, H)[:, :T]
     # rows with no allowed key: past q_len, or the mask's first allowed key is not < kv_len
     first_n = np.broadcast_to(first, (N, T)) if heads == 1 else first  # [N, T]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, dataclass_transform
 
 import jax
 import jax.numpy as jnp
@@ -21,8 +21,13 @@ def leaf(**kwargs):
     return dataclasses.field(metadata={"leaf": True}, **kwargs)
 
 
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, leaf))
 def mask_class(cls):
-    """Class decorator for a Mask: a frozen dataclass registered as a pytree by its fields' ``leaf()`` marks."""
+    """Class decorator for a Mask: a frozen dataclass registered as a pytree by its fields' ``leaf()`` marks.
+
+    Type checkers read it as the dataclass it makes (``typing.dataclass_transform``): ``Causal(offset=1)``
+    type-checks as its fields say.
+    """
     cls = dataclasses.dataclass(frozen=True)(cls)
     fields = dataclasses.fields(cls)
     jax.tree_util.register_dataclass(

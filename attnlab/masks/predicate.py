@@ -20,7 +20,7 @@ class Predicate(Mask):
     everywhere (safe) and each tile is evaluated when visited.
     """
 
-    fn: Callable = None
+    fn: Callable | None = None
     arrays: tuple = leaf(default=())
     in_kernel: bool = False
 

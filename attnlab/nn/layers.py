@@ -24,8 +24,8 @@ from flax import nnx
 from attnlab import masks as masks_lib
 from attnlab import positional
 from attnlab.data import packing
-from attnlab.heads import init_multi_head_params, multi_head_attention
-from attnlab.nn.attention import KINDS, AttentionFn, Softmax, as_attention
+from attnlab.heads import init_multi_head_params, multi_head_attention, resolve_score
+from attnlab.nn.attention import KINDS, AttentionFn, as_attention
 
 __all__ = [
     "split_key",
@@ -253,7 +253,7 @@ class MultiHeadAttention(nnx.Module):
             attn = as_attention(kind, implementation=implementation, num_features=num_features)
         except ValueError as e:
             raise ValueError(f"MultiHeadAttention: {e}") from None
-        if not isinstance(attn, Softmax) and score != "dot":
+        if not attn.takes_score and score != "dot":
             raise ValueError(f"MultiHeadAttention: kind={kind!r} needs score='dot', got {score!r}")
         params = init_multi_head_params(
             rngs.params(),
@@ -287,9 +287,11 @@ class MultiHeadAttention(nnx.Module):
         """
         name = self.kind.state_name
         state = getattr(self, name)[...] if name else None
-        kw = self.kind.mha_kwargs(mask=mask, bias=bias, kv_lengths=kv_lengths, state=state)
+        params = self.params()
+        score = {"score": resolve_score(self.score, params)} if self.kind.takes_score else {}
+        kw = self.kind.mha_kwargs(mask=mask, bias=bias, kv_lengths=kv_lengths, state=state, **score)
         return multi_head_attention(
-            self.params(), x_q, x_kv, score=self.score, return_weights=return_weights, rotary=rotary, **kw
+            params, x_q, x_kv, score=self.score, return_weights=return_weights, rotary=rotary, **kw
         )
 
 

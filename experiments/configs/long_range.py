@@ -85,6 +85,12 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
             num_eval=512,
         )
     )
+    _variant(c, variant)
+    return c
+
+
+def _variant(c: ml_collections.ConfigDict, variant: str) -> None:
+    """The variant's changes to the default config, in place."""
     match variant:
         case "default":
             pass
@@ -105,4 +111,3 @@ def get_config(variant: str = "default") -> ml_collections.ConfigDict:
             c.listops.update(learning_rate=5e-4, warmup_steps=1000, max_eval=2000, seeds="0")
         case _:
             raise ValueError(f"unknown long_range variant {variant!r}: use default, smoke or lra")
-    return c

@@ -1,0 +1,134 @@
+"""The Hopper (sm90) Mosaic GPU forward as an implementation: ``attnlab.kernels.mosaic_gpu``, loaded lazily.
+
+GPU (Hopper): a warp-specialised forward (TMA producer, two wgmma consumers) on attnlab's schedules,
+with the Triton dq and dk/dv kernels as its backward; bf16/fp16, head dims that are multiples of 64 up
+to 256, Hv == H, the dot product or SoftCap, masks that are padding lengths and an interval
+(full, causal, windows). Planned for a CPU it runs in Pallas' GPU interpret mode (slow: for tests).
+
+Dispatch tries it before the Triton kernel on a GPU, and takes it where it pays off: where a tuning
+table (``attnlab.tuning``: the user's, then the committed one) holds a time for this device, dtype,
+head dims, mask family and length that beats the Triton kernel's time for the same key. Until it has
+been measured faster on a device, ``implementation="mosaic"`` runs it and ``None`` goes on to
+``pallas``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from attnlab import scores as scores_lib
+from attnlab import tuning
+from attnlab.impls.base import LazyImplementation
+from attnlab.impls.pallas import dtype_reason
+
+__all__ = ["MOSAIC", "Mosaic"]
+
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def mask_reason(call) -> str | None:
+    """None when the mask is padding lengths and an interval (``t + lo <= s <= t + hi``), else why not."""
+    if call.mask is None:
+        return None
+    _, rest = call.mask.split_padding()
+    if rest is None or rest.is_full or rest.interval() is not None:
+        return None
+    return (
+        "mosaic: masks with an interval form (causal, windows) and padding lengths only "
+        f"(got {type(rest).__name__}: 'pallas' takes every mask)"
+    )
+
+
+class Mosaic(LazyImplementation):
+    """The Mosaic GPU forward (``attnlab.kernels.mosaic_gpu``) with the Triton backward."""
+
+    def __init__(self):
+        super().__init__("mosaic", "attnlab.kernels.mosaic_gpu")
+
+    def check(self, call, backend):
+        """None when the kernel can run the bound call on ``backend`` (``"gpu"``: Hopper; ``"cpu"``: the GPU
+        interpreter), else why not. Shapes only."""
+        if backend not in ("gpu", "cuda", "cpu"):
+            return f"mosaic: a Hopper GPU kernel (backend {backend!r})"
+        form = call.score.tile_form()
+        if not (isinstance(form, scores_lib.DotTile) or (isinstance(form, scores_lib.ModTile) and form.elementwise)):
+            return f"mosaic: the dot product or SoftCap only (got score {type(call.score).__name__}; 'pallas' takes it)"
+        if call.bias is not None:
+            return "mosaic: no bias"
+        reason = dtype_reason("mosaic", call, _DTYPES)
+        if reason is not None:
+            return reason
+        if call.H % 64 or call.H > 256 or call.Hv != call.H:
+            return f"mosaic: head dims a multiple of 64 up to 256 with Hv == H (got H={call.H}, Hv={call.Hv})"
+        return mask_reason(call)
+
+    def pays_off(self, call, backend):
+        """``implementation=None`` only: where a tuning table times this kernel faster than the Triton kernel
+        for the call's key (device, dtype, head dims, mask family, length); otherwise not (yet)."""
+        if backend == "cpu":
+            return "mosaic: on a CPU it runs in the GPU interpreter (tests only)"
+        mine, triton = _best_ms("mosaic", call, backend), _best_ms("pallas", call, backend)
+        if mine is not None and triton is not None and mine < triton:
+            return None
+        device = tuning.device_kind(backend)
+        return (
+            f"mosaic: not measured faster than pallas on {device} for this call (attnlab.autotune with "
+            f"implementation='mosaic' and 'pallas' records both); implementation='mosaic' runs it"
+        )
+
+    def run(self, call):
+        return self.run_with(call, tuning.lookup(self.name, call))
+
+    def run_with(self, call, config):
+        mod = self.kernel.load()
+        if mod is None:
+            raise ValueError(f"implementation={self.name!r}: {self.kernel.why}")
+        return mod.attend(call, config=config)
+
+
+def _best_ms(implementation, call, backend):
+    """The table's time for the call's key (either direction, the nearest length), or None."""
+    want = tuning.key_of(implementation, call, backend)
+    best = None
+    for key, _, ms in tuning.load_timed():
+        if ms is None or key.implementation != implementation:
+            continue
+        same = (key.device, key.dtype, key.head_dims, key.mask) == (want.device, want.dtype, want.head_dims, want.mask)
+        if same and key.length == want.length:
+            best = ms if best is None else min(best, ms)
+    return best
+
+
+class MosaicTuning:
+    """The Mosaic kernel's tunable parameters (``mosaic_gpu.MosaicConfig``): key tile, slots in flight, and the
+    Triton backward's configuration."""
+
+    def _module(self):
+        from attnlab.kernels import mosaic_gpu  # noqa: PLC0415 (loaded lazily)
+
+        return mosaic_gpu
+
+    def space(self, call, backend):
+        mg = self._module()
+        bwd = [mg.pallas_flash.PallasConfig(64, 64, 4, 2), mg.pallas_flash.PallasConfig(128, 64, 8, 2)]
+        kv = (64, 128) if call.H <= 128 else (64,)
+        return [mg.MosaicConfig(64, bk, c, b) for bk in kv for c in (2, 3, 4) for b in bwd]
+
+    def run(self, call, config):
+        return MOSAIC.run_with(call, config)
+
+    def to_json(self, config):
+        b = config.backward
+        return {
+            "block_q": config.block_q, "block_kv": config.block_kv, "max_concurrent_steps": config.max_concurrent_steps,
+            "backward": [b.block_q, b.block_k, b.num_warps, b.num_stages],
+        }  # fmt: skip
+
+    def from_json(self, d):
+        mg = self._module()
+        bwd = mg.pallas_flash.PallasConfig(*(int(x) for x in d["backward"]))
+        return mg.MosaicConfig(int(d["block_q"]), int(d["block_kv"]), int(d["max_concurrent_steps"]), bwd)
+
+
+Mosaic.tunable = MosaicTuning()
+MOSAIC = Mosaic()

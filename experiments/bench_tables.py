@@ -1,0 +1,224 @@
+"""The committed benchmark results (``benchmarks/results/cpu-2core-shared/``) as the docs' tables.
+
+One function per benchmark, each taking the results folder and the committed file's name and
+returning markdown: ``suite`` / ``graph`` / ``memory`` (``make bench``), ``ring_memory``,
+``traced_padding``, ``ring_balance``, ``inspect_memory``, ``compare`` (``make compare-main``),
+``packed_docs``, ``scores``, ``flex``. ``experiments/docs.py`` calls them; what each benchmark
+records is described in its own module under ``benchmarks/``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from attnlab.train import read_jsonl
+from experiments.tables import markdown_table, ms
+
+
+def _md(header, rows) -> str:
+    return markdown_table(header, rows) + "\n"
+
+
+def _records(folder, name: str) -> list[dict]:
+    return json.loads((Path(folder) / name).read_text())["records"]
+
+
+_IMPL_NAMES = {"attnlab.blockwise": "attnlab (1 device)", "attnlab.blockwise/2dev": "attnlab (2 host devices)"}
+
+
+def suite(folder, file: str, suite: str, per_token: bool = False) -> str:
+    """One suite of a bench JSON: a row per N; each implementation's ms, then attnlab's ratios to peers.
+
+    A ratio is peer time / attnlab time (above 1: attnlab faster), as bench_attention records it.
+    """
+    records = [r for r in _records(folder, file) if r["suite"] == suite]
+    impls = list(dict.fromkeys(r["impl"] for r in records))
+    ours = [i for i in impls if i.startswith("attnlab")]
+    by = {(r["impl"], r["N"]): r for r in records}
+    ratios = sorted({k for r in records for k in r if k.startswith("x_vs_")})
+    header = ["N"]
+    for impl in impls:
+        header.append(f"{_IMPL_NAMES.get(impl, impl)} ms" + (" (µs / token)" if per_token and impl in ours else ""))
+    header += [f"{_IMPL_NAMES[ours[0]]} GFLOP/s"] if not per_token else []
+    header += [f"{_IMPL_NAMES[i]} vs {k[len('x_vs_') :]}" for k in ratios for i in ours]
+    rows = []
+    for n in dict.fromkeys(r["N"] for r in records):
+        row = [f"{n // 1024}K"]
+        for impl in impls:
+            r = by.get((impl, n))
+            cell = "" if r is None else ms(r["ms"])
+            if r is not None and per_token and impl in ours:
+                cell += f" ({r['us_per_token']:.1f})"
+            row.append(cell)
+        if not per_token:
+            row.append(f"{by[(ours[0], n)]['gflops']:.0f}")
+        for k in ratios:
+            for impl in ours:
+                r = by.get((impl, n), {})
+                row.append(f"{r[k]:.2f}x" if k in r else "")
+        rows.append(row)
+    return _md(header, rows)
+
+
+def graph(folder, file: str) -> str:
+    records = [r for r in _records(folder, file) if r["suite"].startswith("graph")]
+    rows = []
+    for r in records:
+        ratio = next((f"{v:.2f}x vs {k[len('x_vs_') :]}" for k, v in r.items() if k.startswith("x_vs_")), "")
+        temp = f"{r['temp_mb']:.0f}" if "temp_mb" in r else ""
+        rows.append([r["impl"], f"{r['ms']:,.0f}", temp, ratio])
+    return f"{records[0]['suite']}:\n\n" + _md(["implementation", "ms", "temp MB", "ratio"], rows)
+
+
+def memory(folder, file: str) -> str:
+    records = [r for r in _records(folder, file) if r["suite"].startswith("memory")]
+    rows = [
+        [f"{r['N'] // 1024}K", f"{r['temp_mb']:.0f}", f"{r['args_out_mb']:.0f}", f"{r['dense_logits_mb']:,.0f}"]
+        for r in records
+    ]
+    header = ["N", "blockwise temp MB", "arguments + outputs MB", "one dense fp32 [N, T, S] logits array MB"]
+    return _md(header, rows)
+
+
+def ring_memory(folder) -> str:
+    """make ring-memory: per-device MiB of ring (sp=8) and one-device blockwise, and the largest N in budget."""
+    records = read_jsonl(Path(folder) / "ring_memory.jsonl")
+    summary = json.loads((Path(folder) / "ring_memory_summary.json").read_text())
+    mib = {(r["method"], r["seq_len"]): r["per_device_bytes"] / 2**20 for r in records}
+    devices = summary["devices"]
+    lens = sorted({n for (m, n) in mib if m == "ring" and ("blockwise", n) in mib})
+    rows = []
+    for n in lens:
+        ring, one = mib[("ring", n)], mib[("blockwise", n)]
+        rows.append([f"{n // 1024}K", f"{ring:.1f}", f"{one:.1f}", f"{one / ring:.1f}x"])
+    table = _md(["N", f"ring, per device (sp={devices}), MiB", "blockwise, 1 device, MiB", "ratio"], rows)
+    b, r = summary["largest_n_blockwise"], summary["largest_n_ring"]
+    return table + (
+        f"\nLargest N in {summary['budget_gib']:g} GiB per device: **blockwise on one device {b:,}; "
+        f"ring on {devices} devices {r:,} ({r / b:.1f}x)**.\n"
+    )
+
+
+def traced_padding(folder) -> str:
+    """``make traced-padding``: attention with traced vs concrete padding lengths, one row per labelled run."""
+    rows = []
+    for r in json.loads((Path(folder) / "traced_padding.json").read_text()):
+        t, ms, x = r["tiles"]["traced"], r["best_ms"], r["traced_over_concrete"]
+        rows.append(
+            [r["label"], f"{t['block_q']} × {t['block_k']}", f"{100 * t['visited']:.0f}%",
+             f"{ms['fwd/concrete']:.1f} ms", f"{ms['fwd/traced']:.1f} ms", f"{x['fwd']:.2f}x",
+             f"{ms['fwd+bwd/concrete']:.1f} ms", f"{ms['fwd+bwd/traced']:.1f} ms", f"{x['fwd+bwd']:.2f}x"]
+        )  # fmt: skip
+    header = ["code", "tiles (traced)", "visited", "fwd concrete", "fwd traced", "ratio", "fwd+bwd concrete"]
+    return _md([*header, "fwd+bwd traced", "ratio"], rows)
+
+
+def ring_balance(folder) -> str:
+    """``make ring-balance``: tiles per device of the contiguous and zig-zag ring layouts, and the step times."""
+    rows = []
+    for r in json.loads((Path(folder) / "ring_balance.json").read_text())["rows"]:
+        tiles = r["tiles_per_device"]
+        per = f"{tiles[0]} each" if len(set(tiles)) == 1 else " ".join(map(str, tiles))
+        step = f"{1e3 * r['step_s_median']:.0f} ms ({1e3 * r['step_s_best']:.0f})" if "step_s_median" in r else "-"
+        compile_s = f"{r['compile_s']:.1f} s" if "compile_s" in r else "-"
+        rows.append([r["mask"], r["layout"], per, f"{r['max_over_mean']:.2f}",
+                     f"{r['critical_path_tiles']} ({r['ideal_tiles']:.0f})", step, compile_s])  # fmt: skip
+    header = ["mask", "layout", "tiles per device (d = 0..7)", "max/mean", "lockstep critical path (ideal)"]
+    return _md([*header, "fwd+bwd median (best)", "compile"], rows)
+
+
+def inspect_memory(folder) -> str:
+    """``make inspect-memory``: one-row capture of a 32K-token encoder layer vs its forward (XLA buffers, peak RSS)."""
+    data = json.loads((Path(folder) / "inspect_memory.json").read_text())
+    what = {
+        "forward": "the forward alone",
+        "capture_row": "capture, 1 row: weights + lse",
+        "capture_row_all": "capture, 1 row + q, k, v, per-head outputs",
+    }
+    rows = []
+    for name, label in what.items():
+        c, r = data["compiled"][name], data.get("run", {}).get(name)
+        rss = "-" if r is None else f"{r['peak_rss_bytes'] / 2**20:.0f} ({r['extra_rss_mib']:+.1f})"
+        rows.append([label, f"{c['total_bytes'] / 2**20:.1f}", f"{c['extra_mib']:+.1f}", rss])
+    header = [f"T = {data['seq_len']:,}, {data['backend']}", "XLA buffers, MiB", "extra, MiB", "peak RSS, MiB (extra)"]
+    return _md(header, rows)
+
+
+def compare(folder, name: str) -> str:
+    """``make compare-main`` (``benchmarks.compare_commits``): the same attention calls on two commits, best ms
+    and the ratio, from the committed ``name`` JSON."""
+    data = json.loads((Path(folder) / name).read_text())
+    rows = [[r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['ratio']:.2f}"] for r in data["rows"]]
+    return _md(["cell", f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
+
+
+def packed_docs(folder) -> str:
+    """``make packed-docs``: packed documents with traced vs concrete ids vs dense XLA, and the scaling rows."""
+    data = json.loads((Path(folder) / "packed.json").read_text())
+    rows = []
+    for r in data["records"]:
+        if r["suite"] == "compare":
+            rows.append(
+                [r["mask"], f"{r['docs']} in {r['T']:,}", f"{r['traced_s']:.2f}", f"{r['concrete_s']:.2f}",
+                 f"{r['traced_over_concrete']:.2f}x", f"{r['xla_s']:.1f}", f"{r['xla_over_traced']:.1f}x"]
+            )  # fmt: skip
+    header = ["mask", "documents", "traced ids s", "concrete ids s", "traced / concrete", "dense XLA s"]
+    table = _md([*header, "XLA / traced"], rows)
+    scaling = [r for r in data["records"] if r["suite"] == "scaling"]
+    table += "\n" + _md(
+        ["documents in one row", "sum of len²", "fwd+bwd s (traced ids)"],
+        [[str(r["docs"]), f"{r['sum_len_sq']:,}", f"{r['traced_s']:.2f}"] for r in scaling],
+    )
+    retrace = next(r for r in data["records"] if r["suite"] == "retrace")
+    simd = ", ".join(f for f in data["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
+    return table + (
+        f"\nTraces over {retrace['batches']} batches of new ids: **{retrace['traces']}**. Host: "
+        f"{data['host']['cpu_model']}, {data['host']['host_cpus']} CPUs ({simd}); jax {data['jax']}, {data['date']}.\n"
+    )
+
+
+def scores(folder) -> str:
+    """``make scores``: per-element scores (SoftCap, an ALiBi ScoreMod) and additive attention, blockwise."""
+    data = json.loads((Path(folder) / "scores.json").read_text())
+    rows = [
+        [r["score"], r["mask"], r["mode"], f"{r['T']:,}", f"{1e3 * r['dot_s']:.0f}", f"{1e3 * r['score_s']:.0f}",
+         f"{r['score_over_dot']:.2f}x"]
+        for r in data["records"]
+    ]  # fmt: skip
+    simd = ", ".join(f for f in data["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
+    table = _md(["score", "mask", "mode", "T", "dot ms", "score ms", "score / dot"], rows)
+    a = data["additive"]
+    add = _md(
+        ["T", "heads x H", "additive s", "additive GFLOP/s", "dot s", "dot GFLOP/s", "tiled temp GiB",
+         f"tiled temp GiB at {2 * a['T']:,}", "dense reference temp GiB"],
+        [[f"{a['T']:,}", f"{a['heads']} x {a['H']}", f"{a['additive_s']:.1f}", f"{a['additive_gflops']:.1f}",
+          f"{a['dot_s']:.1f}", f"{a['dot_gflops']:.1f}", f"{a['tiled_temp_gib']:.3f}", f"{a['tiled_temp_gib_2T']:.3f}",
+          f"{a['dense_temp_gib']:,.0f}"]],
+    )  # fmt: skip
+    host = f"Host: {data['host']['cpu_model']} ({simd}); jax {data['jax']}, {data['date']}."
+    return table + "\nAdditive (tanh) attention, fwd+bwd, no mask:\n\n" + add + f"\n{host}\n"
+
+
+def flex(folder, name: str = "flex.json") -> str:
+    """``make flex``: the blockwise kernel against torch.compile(flex_attention) on the CPU, forward."""
+    data = json.loads((Path(folder) / name).read_text())
+    dev = next((r["host_devices"] for r in data["records"] if "attnlab_devices_s" in r), None)
+    rows = []
+    for r in data["records"]:
+        name = f"document ({r['docs']} docs, ids traced)" if r["mask"] == "document" else f"window ±{r['window']}"
+        row = [name, f"{r['T']:,}", f"{1e3 * r['attnlab_s']:.0f}", f"{1e3 * r['flex_s']:.0f}"]
+        row.append(f"{r['flex_over_attnlab']:.2f}x")
+        if dev:
+            row += [f"{1e3 * r['attnlab_devices_s']:.0f}", f"{r['flex_over_attnlab_devices']:.2f}x"]
+        rows.append(row + [f"{r['flex_block_mask_s']:.1f}", f"{r['max_abs_diff']:.0e}"])
+    simd = ", ".join(f for f in data["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
+    header = ["mask", "T", "attnlab ms", "flex ms", "flex / attnlab"]
+    if dev:
+        header += [f"attnlab ms, heads on {dev} host devices", "flex / that"]
+    table = _md(header + ["flex block mask s", "max abs diff"], rows)
+    return table + (
+        f"\nHost: {data['host']['cpu_model']}, {data['host']['host_cpus']} CPUs ({simd}); jax {data['jax']}, "
+        f"torch {data['torch']} ({data['torch_threads']} threads), {data['date']}"
+        + (f"; generated code capped at {data['cap_isa'].upper()} (`--cap_isa`).\n" if data.get("cap_isa") else ".\n")
+    )

@@ -1,0 +1,220 @@
+"""benchmarks.harness: the timing protocol, the run record, result files, tolerances, FLOPs, tables, the lock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnlab import masks, testing
+from benchmarks import harness
+from experiments import common
+
+
+def _sleeper(first: float, rest: float):
+    calls = {"n": 0}
+
+    def run():
+        calls["n"] += 1
+        time.sleep(first if calls["n"] == 1 else rest)
+
+    return run, calls
+
+
+def test_time_call_times_the_first_call_apart_and_then_repeats():
+    run, calls = _sleeper(0.05, 0.002)
+    t = harness.time_call(run, repeats=4, warmup=2)
+    assert calls["n"] == 2 + 4 and t.runs == 4
+    assert t.first_s >= 0.05 and 0.002 <= t.best_s <= t.median_s < 0.04
+    rec = t.record()
+    assert rec["ms"] == round(1e3 * t.best_s, 3) and rec["runs"] == 4 and rec["first_call_s"] >= 0.05
+
+
+def test_time_call_spends_at_most_max_s_on_the_timed_calls():
+    run, calls = _sleeper(0.05, 0.05)
+    t = harness.time_call(run, repeats=10, max_s=0.12)  # a call takes ~0.05 s: two fit in 0.12 s
+    assert t.runs == 2 and calls["n"] == 3
+    run, calls = _sleeper(0.5, 0.001)
+    assert harness.time_call(run, repeats=10, max_s=0.1).runs == 1  # never fewer than one
+
+
+def test_interleaved_settles_and_times_the_second_of_each_pair():
+    calls = {"a": 0, "b": 0}
+    order = []
+
+    def make(name):
+        def fn():
+            calls[name] += 1
+            order.append(name)
+            # call 1 is the first call; then each round makes an untimed (even) and a timed (odd) call
+            time.sleep(0.03 if calls[name] % 2 == 0 else 0.002)
+
+        return fn
+
+    lines = []
+    out = harness.interleaved({"a": make("a"), "b": make("b")}, rounds=3, settle=True, progress=lines.append)
+    assert calls == {"a": 7, "b": 7}  # 1 first call + 3 rounds x (untimed + timed)
+    assert order[:4] == ["a", "b", "a", "a"]  # first calls, then a's settle and timed call in round 1
+    assert len(lines) == 2 + 3 * 2 and lines[-1] == "round 3/3: b"
+    for name in ("a", "b"):
+        assert out[name].runs == 3 and 0.002 <= out[name].best_s < 0.015  # the 30 ms untimed calls are never timed
+        assert out[name].first_s >= 0.002
+
+
+def test_blocking_and_best_of_wait_for_jax():
+    f = jax.jit(lambda x: (x @ x).sum())
+    x = jnp.ones((64, 64))
+    assert float(harness.blocking(f, x)()) == 64.0**3
+    assert harness.best_of(f, (x,), 2) > 0
+
+
+def test_compile_all_compiles_in_threads_and_returns_errors_per_job():
+    good = (lambda x: x * 2, (jnp.arange(3.0),))
+
+    def bad(x):
+        raise ValueError("no such program")
+
+    out = harness.compile_all([good, (bad, (jnp.ones(2),)), good], workers=2)
+    assert len(out) == 3 and all(s >= 0 for _, s in out)
+    np.testing.assert_array_equal(out[0][0](jnp.arange(3.0)), [0.0, 2.0, 4.0])
+    assert isinstance(out[1][0], ValueError) and "no such program" in str(out[1][0])
+    assert out[2][0] is not out[0][0]  # each job its own compiled program
+    serial = harness.compile_all([good], workers=1)
+    np.testing.assert_array_equal(serial[0][0](jnp.arange(3.0)), [0.0, 2.0, 4.0])
+
+
+def test_run_record_says_where_and_when_it_ran(monkeypatch):
+    rec = harness.run_record(command="python -m benchmarks.x --y")
+    host = rec["host"]
+    assert host["cpu_model"] and host["hostname"] and len(host["load_avg"]) == 3 and host["host_cpus"] >= 1
+    assert "avx2" in host["cpu_simd_flags"] or not any(f.startswith("avx") for f in host["cpu_simd_flags"])
+    assert rec["jax"] == jax.__version__ and rec["command"] == "python -m benchmarks.x --y"
+    assert rec["backend"] == jax.default_backend() and rec["device_kind"] == jax.devices()[0].device_kind
+    assert rec["date"] == time.strftime("%Y-%m-%d") and rec["started"].startswith(rec["date"])
+    assert "torch" in rec  # its version, or None where not installed
+    assert "backend" not in harness.run_record(devices=False)
+    run = harness.Run(command="c", devices=False)
+    done = run.finish()
+    assert done["wall_s"] >= 0 and done["cpu_s"] >= 0 and len(done["load_avg_end"]) == 3 and done["command"] == "c"
+
+
+def test_write_json_is_atomic_and_recorder_rewrites_after_every_row(tmp_path, capsys):
+    out = tmp_path / "sub" / "r.json"
+    result = {"meta": {"x": 1}}
+    rec = harness.Recorder("speed", 1.0, result, str(out))
+    rec.add({"status": "ok", "ms": 1.5})
+    assert json.loads(out.read_text())["speed"] == [{"status": "ok", "ms": 1.5}]
+    rec.add({"status": "unsupported", "reason": "long story"})
+    rec.error({"implementation": "x"}, RuntimeError("out of resources"))
+    rows = json.loads(out.read_text())["speed"]
+    assert rows[-1] == {"implementation": "x", "status": "error", "reason": "RuntimeError: out of resources"}
+    printed = capsys.readouterr().out
+    assert printed.count("[speed") == 3 and "long story" not in printed  # an unsupported row's reason is not echoed
+    assert not list(out.parent.glob("*.tmp"))
+    assert rec.left() and not harness.Recorder("x", 0.0).left()
+    assert not harness.Recorder("x", 10.0, deadline=time.time() - 1).left()  # the run's own deadline
+
+
+def test_compare_uses_the_one_tolerance_table():
+    e = np.ones((4, 4), np.float32)
+    tol = testing.tolerance("bfloat16", backend="cpu")  # atol = rtol = 3e-2: |a - e| <= 0.06 passes at e = 1
+    a = e.copy()
+    a[0, 0] = 1.0 + 1.5 * (tol["atol"] + tol["rtol"])
+    r = harness.compare(a, e, "bfloat16", backend="cpu")
+    assert not r["ok"] and r["tol_ratio"] == pytest.approx(1.5, rel=1e-5) and r["rel_err"] == pytest.approx(0.09)
+    a[0, 0] = 1.0 + 0.5 * (tol["atol"] + tol["rtol"])
+    assert harness.compare(a, e, "bfloat16", backend="cpu")["ok"]
+    assert not harness.compare(a, e, "float32", backend="cpu")["ok"]  # fp32 is tight
+    assert harness.compare(a, e, "float32", "grad", backend="gpu")["ok"] is False  # 1e-2 for fp32 gradients on a GPU
+    a[1, 1] = np.nan
+    assert not harness.compare(a, e, "bfloat16", backend="cpu")["ok"]  # NaN never passes
+
+
+def test_useful_flops_by_hand():
+    # 4 pairs, 2 heads, H = 8: forward 4 N H = 64 per pair -> 256; fwd+bwd 3.5x; additive 5 N H per pair, 3x
+    assert harness.useful_flops(4, 2, 8, "fwd") == 256
+    assert harness.useful_flops(4, 2, 8, "fwd+bwd") == 896
+    assert harness.useful_flops(4, 2, 8, "fwd", "additive") == 320
+    assert harness.useful_flops(4, 2, 8, "fwd+bwd", "additive") == 960
+    assert harness.useful_flops(4, 2, 8, "fwd", "softcap") == 256
+    with pytest.raises(ValueError, match="direction"):
+        harness.useful_flops(4, 2, 8, "bwd")
+
+
+def test_allowed_pairs_by_hand():
+    # T = 4: full 16, causal 4 + 3 + 2 + 1 = 10, window(1, 0): 1 + 2 + 2 + 2 = 7, window(1, 1): 2 + 3 + 3 + 2 = 10
+    assert harness.allowed_pairs(None, 4) == 16
+    assert harness.allowed_pairs(masks.causal(), 4) == 10
+    assert harness.allowed_pairs(masks.window(1, 0), 4) == 7
+    assert harness.allowed_pairs(masks.window(1, 1), 4) == 10
+    assert harness.allowed_pairs(masks.document(np.array([[0, 0, 1, 1, 1]])), 5) == 4 + 9  # documents of 2 and 3
+    assert harness.allowed_pairs(None, 3, 5) == 15
+
+
+def test_tables_are_the_experiments_writer():
+    assert harness.markdown_table(["a", "b"], [[1, 2]]) == common.markdown_table(["a", "b"], [[1, 2]])
+    rows = [{"a": 1, "b": None, "c": 0.123456}, {"a": 2, "b": None, "c": 12345.0}, {"a": 3, "c": 1234.5}]
+    assert harness.rows_table("t", rows, ["a", "b", "c"]) == "## t\n" + common.markdown_table(
+        ["a", "c"], [["1", "0.123"], ["2", "12,345"], ["3", "1,234"]]
+    )  # a column with no value is left out
+
+
+def _try(path, mode) -> bool:
+    """Whether another holder could take ``path`` in ``mode`` now (flock: per open file, so also in-process)."""
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
+def test_device_lock_shares_compiles_and_times_alone(tmp_path):
+    path = str(tmp_path / "lock")
+    lock = harness.DeviceLock(path)
+    with lock.compiling():
+        assert _try(path, fcntl.LOCK_SH) and not _try(path, fcntl.LOCK_EX)  # compiles share, a timing waits
+    with lock.exclusive():
+        assert not _try(path, fcntl.LOCK_SH) and not _try(path, fcntl.LOCK_EX)  # alone
+    assert _try(path, fcntl.LOCK_EX)  # released
+    with harness.DeviceLock(None).exclusive(), harness.DeviceLock(None).compiling():  # no path: no lock
+        pass
+
+
+def test_a_waiting_timing_holds_the_turnstile_so_compiles_cannot_starve_it(tmp_path):
+    path = str(tmp_path / "lock")
+    lock = harness.DeviceLock(path)
+    got = threading.Event()
+
+    def timer():
+        with lock.exclusive():
+            got.set()
+
+    with lock.compiling():
+        t = threading.Thread(target=timer)
+        t.start()
+        deadline = time.time() + 10
+        while _try(path + ".turnstile", fcntl.LOCK_EX) and time.time() < deadline:
+            time.sleep(0.01)  # until the timer waits, holding the turnstile
+        assert not _try(path + ".turnstile", fcntl.LOCK_EX)  # a new compile would queue behind it
+        assert not got.is_set()  # the timer waits for the compile to end
+    t.join(10)
+    assert got.is_set()
+
+
+def test_host_devices_auto_is_the_largest_divisor_of_heads_within_the_cores():
+    pick = harness.host_devices
+    assert pick(-1, cpus=2, heads=8) == 2
+    assert pick(-1, cpus=16, heads=8) == 8
+    assert pick(-1, cpus=6, heads=8) == 4  # 5 and 6 do not divide 8
+    assert pick(-1, cpus=4, heads=6) == 3
+    assert pick(-1, cpus=1, heads=8) == 1
+    assert pick(0, cpus=2, heads=8) == 1 and pick(1, cpus=2, heads=8) == 1
+    assert pick(4, cpus=2, heads=8) == 4  # explicit: taken as given (more devices than cores is allowed)

@@ -1,0 +1,29 @@
+"""experiments/figures.py: the shared plot pieces draw what they are given."""
+
+from experiments import figures
+
+
+def test_lines_draws_each_series_in_order_and_styles_the_axis(tmp_path):
+    plt = figures.pyplot()
+    fig, ax = plt.subplots()
+    series = {"full": ([1024, 2048], [3.0, 0.75]), "window": ([1024, 2048], [6.0, 3.0])}
+    figures.lines(ax, series, xlog2=True, ylog=True, xlabel="N", ylabel="steps / s", title="t", legend=7)
+    assert [line.get_label() for line in ax.lines] == ["full", "window"]
+    for line, (xs, ys) in zip(ax.lines, series.values(), strict=True):
+        assert list(line.get_xdata()) == xs and list(line.get_ydata()) == ys
+        assert line.get_marker() == "o" and line.get_linestyle() == "-"
+    assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2 and ax.get_yscale() == "log"
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("N", "steps / s", "t")
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["full", "window"]
+    figures.save_figure(fig, tmp_path / "f.png")
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_style_leaves_unset_what_it_is_not_given():
+    plt = figures.pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4], label="a")
+    figures.style(ax, ylabel="y")
+    assert ax.get_xscale() == "linear" and ax.get_yscale() == "linear" and ax.get_legend() is None
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("", "y", "")
+    plt.close(fig)

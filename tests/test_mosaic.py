@@ -1,0 +1,114 @@
+"""The Hopper Mosaic GPU forward (``attnlab.kernels.mosaic_gpu``): checked on this CPU as far as a CPU can.
+
+* its values: Pallas' GPU interpret mode runs the kernel's warpgroups, barriers, TMA copies and
+  wgmma on the CPU, so the forward (and the Triton backward it hands to) is compared with the
+  reference, outputs and gradients (slow: the interpreter simulates every thread);
+* its lowering: exported for cuda from this CPU (``attnlab.lowering_for("gpu")``), the forward is one
+  Mosaic GPU custom call and the backward the two Triton kernels;
+* its protocol: what it supports from shapes alone, and that dispatch takes it on a GPU only where a
+  tuning table times it faster than the Triton kernel.
+Its speed is measured on a GPU (``benchmarks/gpu_check.py``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+import attnlab
+from attnlab import masks, scores, tuning
+from attnlab.call import bind
+from attnlab.impls.mosaic import MOSAIC
+from attnlab.testing import assert_close
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mask_name", ["causal_padding", "window_softcap"])
+def test_mosaic_forward_and_triton_backward_match_the_reference(mask_name):
+    mg = pytest.importorskip("attnlab.kernels.mosaic_gpu")
+    T, S, N, K, H = 130, 120, 2, 1, 64  # odd lengths, GQA
+    r = np.random.default_rng(0)
+    q = jnp.asarray(r.normal(size=(1, T, N, H)), jnp.bfloat16)
+    k, v = (jnp.asarray(r.normal(size=(1, S, K, H)), jnp.bfloat16) for _ in range(2))
+    do = jnp.asarray(r.normal(size=(1, T, N, H)), jnp.float32)
+    m, score = {
+        "causal_padding": (masks.causal() & masks.padding(kv_lengths=jnp.asarray([100])), "dot"),
+        "window_softcap": (masks.window(40, 8), scores.SoftCap(5.0)),
+    }[mask_name]
+    config = mg.MosaicConfig(64, 64, 2, mg.pallas_flash.PallasConfig(64, 64, 4, 2))  # 2 slots for 2 key tiles
+
+    def fn(q, k, v):
+        return mg.attend(bind(q, k, v, mask=m, score=score), config=config)
+
+    out, vjp = jax.vjp(fn, q, k, v)
+    grads = vjp(do.astype(out.dtype))
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    ref, ref_vjp = jax.vjp(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=m, score=score), *f32)
+    assert_close(out, ref, jnp.bfloat16)
+    for g, r_ in zip(grads, ref_vjp(do), strict=True):
+        assert_close(g, r_, jnp.bfloat16, "grad")
+    assert (np.asarray(out[0, 100:], np.float32) != 0).any()  # rows past the padding still attend (causal)
+
+
+def _export(fn, *specs):
+    checks = [export.DisabledSafetyCheck.custom_call(n) for n in ("mosaic_gpu_v2", "__gpu$xla.gpu.triton")]
+    with attnlab.lowering_for("gpu"):
+        return export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*specs).mlir_module()
+
+
+@pytest.mark.parametrize("mask", [None, masks.causal(), masks.window(128, 0) & masks.padding(kv_lengths=[900])])
+def test_mosaic_lowers_for_cuda_to_one_mosaic_kernel_and_the_triton_backward(mask):
+    pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
+    q = jax.ShapeDtypeStruct((1, 1024, 4, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 1000, 2, 128), jnp.bfloat16)
+
+    def fwd(q, k, v):
+        return attnlab.attention(q, k, v, mask=mask, implementation="mosaic")
+
+    def grad(q, k, v):
+        return jax.grad(lambda *a: fwd(*a).astype(jnp.float32).sum(), (0, 1, 2))(q, k, v)
+
+    text = _export(fwd, q, kv, kv)
+    assert text.count("@mosaic_gpu_v2(") == 1 and not re.findall(r'name = "attnlab_flash_', text)
+    text = _export(grad, q, kv, kv)
+    assert text.count("@mosaic_gpu_v2(") == 1
+    assert re.findall(r'name = "(attnlab_flash_[a-z]+)"', text) == ["attnlab_flash_dq", "attnlab_flash_dkv"]
+
+
+def test_mosaic_supports_from_shapes():
+    x = jax.ShapeDtypeStruct((1, 1024, 4, 128), jnp.bfloat16)
+
+    def reason(q=x, k=x, v=x, backend="gpu", **kw):
+        return MOSAIC.supports(bind(q, k, v, **kw), backend)
+
+    assert reason(mask=masks.causal() & masks.padding(kv_lengths=[10])) is None
+    assert reason(score=scores.SoftCap(30.0), mask=masks.window(64, 64)) is None
+    assert "interval form" in reason(mask=masks.document(jnp.zeros((1, 1024), jnp.int32)))
+    assert "SoftCap only" in reason(score=scores.ScoreMod(scores.alibi_mod, jnp.ones(4)))
+    f32 = jax.ShapeDtypeStruct((1, 1024, 4, 128), jnp.float32)
+    assert "dtype float32" in reason(f32, f32, f32)
+    h96 = jax.ShapeDtypeStruct((1, 1024, 4, 96), jnp.bfloat16)
+    assert "multiple of 64" in reason(h96, h96, h96)
+    assert "Hopper GPU kernel" in reason(backend="tpu")
+
+
+def test_dispatch_takes_mosaic_only_where_a_table_times_it_faster(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_TUNING_CACHE", str(tmp_path / "tuning.json"))
+    x = jax.ShapeDtypeStruct((1, 4096, 16, 128), jnp.bfloat16)
+    m = masks.window(128, 128)  # no cuDNN flag form: the next in line are mosaic and pallas
+    ex = attnlab.explain(x, x, x, mask=m, backend="gpu")
+    assert ex.implementation == "pallas" and "not measured faster" in ex.reason("mosaic")
+    call = bind(x, x, x, mask=m)
+    for impl, ms in (("mosaic", 2.0), ("pallas", 3.0)):
+        config = {"pallas": {"block_q": 128, "block_k": 64, "num_warps": 8, "num_stages": 2}}.get(impl)
+        config = config or {"block_q": 64, "block_kv": 128, "max_concurrent_steps": 2, "backward": [64, 64, 4, 2]}
+        tuning.store(tuning.key_of(impl, call, "gpu", "fwd"), config, tmp_path / "tuning.json", ms=ms)
+    assert attnlab.explain(x, x, x, mask=m, backend="gpu").implementation == "mosaic"
+    tuning.store(tuning.key_of("pallas", call, "gpu", "fwd"), {"block_q": 64, "block_k": 64, "num_warps": 4,
+                 "num_stages": 3}, tmp_path / "tuning.json", ms=1.5)  # fmt: skip
+    assert attnlab.explain(x, x, x, mask=m, backend="gpu").implementation == "pallas"
