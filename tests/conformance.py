@@ -174,29 +174,9 @@ SCORE_RUNS = [
     for d in ("fp32", "bf16")
 ]
 
-# (implementation, test, case id or None) -> why it fails today; run as strict xfails.
-KNOWN_FAILURES = {
-    ("pallas", "test_x64_keeps_float32", "document_window_additive"): "issue 41: fixed on main by the lead",
-    **{
-        ("blockwise", "test_graph_under_jit_with_closed_over_padding", str(t)): "issue 41: fixed on main by the lead"
-        for t in (33, 64, 100)
-    },
-    ("blockwise", "test_graph_under_jit_through_multi_head_attention", None): "issue 41: fixed on main by the lead",
-    **{
-        (impl, "test_scale", "traced"): f"{impl} takes the scale as a static float: a traced one is a "
-        "ConcretizationTypeError (its supports does not say so)"
-        for impl in ("blockwise", "pallas", "splash")
-    },
-    **{
-        ("splash", test, case): "splash: a mask with no allowed pair fails in jax's splash mask info (AssertionError), "
-        "where every other implementation gives zeros"
-        for test, case in (
-            ("test_rows_with_nothing_to_attend_are_zero", "all_masked-fp32"),
-            ("test_rows_with_nothing_to_attend_are_zero", "all_masked-bf16"),
-            ("test_rank0_false_mask_masks_everything", None),
-        )
-    },
-}
+# (implementation, test, case id or None) -> why it fails today; run as strict xfails. None today: the
+# traced scale is a supports reason now, and splash gives zeros for a mask with no allowed pair.
+KNOWN_FAILURES: dict = {}
 
 
 def _upcast(*xs):

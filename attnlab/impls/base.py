@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 
+import jax
+
 from attnlab.call import Call
 
 __all__ = ["Implementation", "LazyKernel", "LazyImplementation"]
@@ -97,3 +99,11 @@ class LazyImplementation(Implementation):
         if mod is None:
             raise ValueError(f"implementation={self.name!r}: {self.kernel.why}")
         return mod.attend(call)
+
+
+def static_scale_reason(name: str, call: Call) -> str | None:
+    """Why a kernel that folds the score's scale into its program (a static float) cannot take the call:
+    the scale is traced (a jit argument), or None."""
+    if isinstance(getattr(call.score, "scale", None), jax.core.Tracer):
+        return f"{name}: the scale is folded into the kernel as a static float; got a traced one (pass a Python float)"
+    return None

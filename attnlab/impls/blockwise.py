@@ -5,7 +5,7 @@ from __future__ import annotations
 from attnlab import masks as masks_lib
 from attnlab import scores as scores_lib
 from attnlab import tuning
-from attnlab.impls.base import Implementation
+from attnlab.impls.base import Implementation, static_scale_reason
 from attnlab.kernels import blockwise as kernel
 
 __all__ = ["BLOCKWISE", "BLOCKWISE_MIN_PAIRS", "PAIR_FORM_DENSE_BYTES"]
@@ -29,6 +29,8 @@ class Blockwise(Implementation):
     def supports(self, call, backend):
         """None when the kernel computes the bound call's score in its tiles (``score.tile_form()``), else why
         not. Any bias: None, a callable of positions, or an array (sliced per tile)."""
+        if (reason := static_scale_reason("blockwise", call)) is not None:
+            return reason
         if call.score.tile_form() is None:
             return (
                 f"computes scores with a tile form only (Dot, SoftCap, ScoreMod, Additive; got "

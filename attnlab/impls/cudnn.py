@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnlab.impls.base import Implementation
+from attnlab.impls.base import Implementation, static_scale_reason
 from attnlab.kernels import cudnn as kernel
 
 __all__ = ["CUDNN"]
@@ -17,6 +17,8 @@ class Cudnn(Implementation):
         """None when cuDNN's fused attention can run the bound call on ``backend``, else the reason (shapes only)."""
         if backend != "gpu":
             return f"needs a GPU backend (this is {backend})"
+        if (reason := static_scale_reason("cudnn", call)) is not None:
+            return reason
         if not call.score.is_dot:
             return f"supports score='dot' only (got score {type(call.score).__name__})"
         if call.bias is not None:

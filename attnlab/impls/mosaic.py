@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from attnlab import scores as scores_lib
 from attnlab import tuning
-from attnlab.impls.base import LazyImplementation
+from attnlab.impls.base import LazyImplementation, static_scale_reason
 from attnlab.impls.pallas import dtype_reason
 
 __all__ = ["MOSAIC", "Mosaic"]
@@ -48,6 +48,8 @@ class Mosaic(LazyImplementation):
     def check(self, call, backend):
         """None when the kernel can run the bound call on ``backend`` (``"gpu"``: Hopper; ``"cpu"``: the GPU
         interpreter), else why not. Shapes only."""
+        if (reason := static_scale_reason("mosaic", call)) is not None:
+            return reason
         if backend not in ("gpu", "cuda", "cpu"):
             return f"mosaic: a Hopper GPU kernel (backend {backend!r})"
         form = call.score.tile_form()

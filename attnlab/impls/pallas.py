@@ -15,7 +15,7 @@ from jax.extend import core as jax_core
 from attnlab import scores as scores_lib
 from attnlab import tuning
 from attnlab.call import Call
-from attnlab.impls.base import LazyImplementation
+from attnlab.impls.base import LazyImplementation, static_scale_reason
 from attnlab.kernels import tile_core
 
 __all__ = ["PALLAS", "Pallas"]
@@ -142,6 +142,8 @@ class Pallas(LazyImplementation):
         mode, slow, for tests; ``"tpu"``: not this kernel, use splash). Every attnlab mask works:
         in-kernel arithmetic, tile bitmaps and padding lengths (``pallas_mask_info``).
         """
+        if (reason := static_scale_reason("pallas", call)) is not None:
+            return reason
         if backend == "tpu":
             return "pallas: the Triton kernel is for GPUs; on TPU use 'splash'"
         if backend not in ("gpu", "cuda", "rocm", "cpu"):

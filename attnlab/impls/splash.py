@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attnlab.impls.base import LazyImplementation
+from attnlab.impls.base import LazyImplementation, static_scale_reason
 from attnlab.impls.pallas import dtype_reason
 
 __all__ = ["SPLASH", "Splash"]
@@ -39,6 +39,8 @@ class Splash(LazyImplementation):
         """None when splash can run the bound call on ``backend``, else the reason (shapes and mask structure
         only). ``backend="tpu"`` runs the Mosaic kernel, ``"cpu"`` the same kernel in Pallas interpret mode
         (slow, for tests); GPUs are not splash's target (use ``"cudnn"`` or ``"pallas"``)."""
+        if (reason := static_scale_reason("splash", call)) is not None:
+            return reason
         if backend not in ("tpu", "cpu"):
             return f"splash: a TPU kernel (backend {backend!r}; use 'cudnn' or 'pallas' on GPUs)"
         if not call.score.is_dot:

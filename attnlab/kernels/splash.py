@@ -199,6 +199,8 @@ def attend(call: Call, *, block=None):
     ql, kl = masks_lib.padding_lengths(pads, lead, T, S)
     use_segments = bool(pads) or Sp != S
     first = _first_allowed(rest, T, S, block, block, heads)  # [heads, T]
+    if (first >= S).all():  # no allowed pair at all (jax's splash mask info asserts on an all-empty mask)
+        return call.zeros()
 
     scale = numerics.default_scale(H, call.score.scale)
     qs = (q.astype(jnp.float32) * scale).astype(q.dtype).reshape(B, T, K, G, H)
