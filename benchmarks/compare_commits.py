@@ -37,6 +37,8 @@ CELLS = {
     "window±128 4096 fwd+bwd": ("window", 4096, 1, 8, 64, True),
     "window±128 16384 fwd": ("window", 16384, 1, 8, 64, False),
     "window±128 16384 fwd+bwd": ("window", 16384, 1, 8, 64, True),
+    "documents16 4096 fwd": ("documents", 4096, 1, 8, 64, False),
+    "documents16 4096 fwd+bwd": ("documents", 4096, 1, 8, 64, True),
     "padding 128 x8 fwd": ("padding", 128, 8, 4, 32, False),
     "padding 128 x8 fwd+bwd": ("padding", 128, 8, 4, 32, True),
     "full 256 fwd": ("full", 256, 4, 8, 64, False),
@@ -64,6 +66,7 @@ def _worker(cells: list[str], repeats: int) -> dict:
     """
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     import attnlab
     from attnlab import masks
@@ -74,11 +77,14 @@ def _worker(cells: list[str], repeats: int) -> dict:
         ks = jax.random.split(jax.random.key(0), 3)
         q, k, v = (jax.random.normal(kk, (B, T, N, H), jnp.float32) for kk in ks)
         lengths = jnp.asarray([T - 7 * i for i in range(B)], jnp.int32)
+        cuts = np.sort(np.random.default_rng(0).choice(np.arange(1, T), size=15, replace=False))
+        ids = jnp.asarray(np.repeat(np.arange(16), np.diff(np.concatenate([[0], cuts, [T]])))[None], jnp.int32)
         mask = {
             "full": None,
             "causal": masks.causal(),
             "window": masks.window(128, 128),
             "padding": masks.padding(lengths, lengths),
+            "documents": masks.document(ids),  # 16 documents of random lengths, ids traced (a jit argument)
         }[kind]
         if bwd:
             f = jax.jit(jax.grad(lambda q, k, v, m: attnlab.attention(q, k, v, mask=m).sum(), argnums=(0, 1, 2)))

@@ -14,5 +14,5 @@ def test_worker_times_a_cell():
 @pytest.mark.parametrize("name", sorted(compare_commits.CELLS))
 def test_cells_are_well_formed(name):
     kind, T, B, N, H, bwd = compare_commits.CELLS[name]
-    assert kind in ("full", "causal", "window", "padding") and T > 0 and B > 0 and N > 0 and H > 0
+    assert kind in ("full", "causal", "window", "padding", "documents") and T > 0 and B > 0 and N > 0 and H > 0
     assert isinstance(bwd, bool) and (("bwd" in name) == bwd) and str(T) in name

@@ -44,6 +44,7 @@ from attnlab.inspect.probe import (
     Inputs,
     LayerCapture,
     Probe,
+    Session,
     head_mask,
     inputs,
     layers,
@@ -61,6 +62,7 @@ __all__ = [
     "Inputs",
     "LayerCapture",
     "Probe",
+    "Session",  # a Probe's instructions and records (Probe.session)
     "ablate",
     "ablated",
     "capture",

@@ -201,7 +201,7 @@ class OneHeadView:
 
 def leaf_layout(score) -> list[tuple[tuple, jnp.dtype, int | None]]:
     """(shape, dtype, head axis) of each array leaf of a score as a one-head kernel takes it (a 0-d leaf
-    as ``[1]``; the head axis from the tile form's ``head_axes``); arrays and ``jax.ShapeDtypeStruct``s."""
+    as ``[1]``; the head axis from the tile form's ``head_axes``); arrays or ``jax.ShapeDtypeStruct`` objects."""
     if score.is_dot:
         return []
     leaves = jax.tree_util.tree_leaves(score)
