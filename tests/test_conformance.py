@@ -60,7 +60,7 @@ class TestPallas(Conformance):
     IMPL = "pallas"
 
     def run(self, call):
-        return pallas_flash.attend(call, block_q=16, block_k=16)
+        return pallas_flash.attend(call, config=pallas_flash.PallasConfig(block_q=16, block_k=16))
 
 
 class TestMosaic(Conformance):
