@@ -64,6 +64,8 @@ def load_data(cfg: ml_collections.ConfigDict) -> dict:
             out[name] += chunks(ids, bos=bos, eos=bos + 1, row_len=d.row_len)
     held_ids = np.concatenate([c[:, 1] for c in out["heldout"]])
     out["heldout_oov"] = float((held_ids == 1).mean())
+    lengths = np.array([sum(map(len, p)) + 1 for p in parts["train"]])  # (input, target) pairs per paragraph
+    out["whole_share"] = float((lengths <= d.row_len).mean())  # paragraphs that fit one row uncut
     return out
 
 
@@ -236,6 +238,9 @@ def run_one(cfg, data: dict, seed: int, layout: str, *, verbose: bool = True) ->
         "final_train_loss": curve[-1][2],
         "curve": curve,
         "heldout_oov": round(data["heldout_oov"], 4),
+        "whole_share": round(data["whole_share"], 4),
+        "vocab_size": data["vocab_size"],
+        "chunks": [len(data["train"]), len(data["heldout"])],
         **common.env(),
     }
 
