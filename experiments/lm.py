@@ -88,16 +88,12 @@ def packed_batch(docs, row_len: int, *, row_multiple: int = 1) -> dict:
     with rows of padding (``PAD_SEGMENT``: they attend to nothing and carry no target).
     """
     p = packing.pack(docs, row_len)
-    extra = -len(p.tokens) % row_multiple
-    pad = lambda a, v: np.concatenate([a, np.full((extra, *a.shape[1:]), v, a.dtype)])  # noqa: E731
-    seg = pad(p.segment_ids, packing.PAD_SEGMENT)
-    return {
-        "inputs": pad(p.tokens[..., 0], 0),
-        "targets": pad(p.tokens[..., 1], 0),
-        "segment_ids": seg,
-        "positions": pad(p.positions, 0),
-        "valid": seg != packing.PAD_SEGMENT,
-    }
+    extra = -len(p.tokens) % row_multiple  # rows of padding: [R', T] -> [R, T]
+    out = {"inputs": p.tokens[..., 0], "targets": p.tokens[..., 1], "positions": p.positions}
+    out = {k: np.pad(a, ((0, extra), (0, 0))) for k, a in out.items()}
+    out["segment_ids"] = np.pad(p.segment_ids, ((0, extra), (0, 0)), constant_values=packing.PAD_SEGMENT)
+    out["valid"] = out["segment_ids"] != packing.PAD_SEGMENT
+    return out
 
 
 def padded_batch(docs, row_len: int) -> dict:
@@ -210,7 +206,10 @@ def run_one(cfg, data: dict, seed: int, layout: str, *, verbose: bool = True) ->
     t = cfg.train
     run_batches = batches(data["train"], layout, cfg, seed)
     model = build_model(cfg, data["vocab_size"], seed)
-    make_tx = lambda: train_lib.adamw_cosine(t.learning_rate, t.warmup_steps, t.num_steps, t.weight_decay)  # noqa: E731
+
+    def make_tx():
+        return train_lib.adamw_cosine(t.learning_rate, t.warmup_steps, t.num_steps, t.weight_decay)
+
     # a fresh, equal optimizer for the trainer: optax's cosine schedule turns its int decay_steps into a
     # float on first use, which would change the warmed-up one's cache key (attnlab.train.ByValue)
     compile_s = compile_shapes(model, make_tx(), run_batches)
