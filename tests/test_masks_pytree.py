@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnlab import masks
+from attnlab import dropin, masks  # dropin: its ArrayMask is a shipped Mask subclass too
 
 ADJ = np.random.default_rng(0).random((6, 6)) < 0.5
 
@@ -28,6 +28,7 @@ EXAMPLES = {
     masks.Graph: masks.graph(ADJ),
     masks.GraphEdges: masks.graph_edges([0, 1], [1, 2], 6),
     masks.Dense: masks.as_mask(ADJ),
+    dropin.ArrayMask: dropin.ArrayMask(ADJ),
     masks.Chunks: masks.chunks(2),
     masks.Dilated: masks.dilated(4, 0, 2),
     masks.GlobalTokens: masks.global_tokens([0]),
@@ -45,6 +46,7 @@ LEAVES = {
     masks.Graph: ("adjacency",),
     masks.GraphEdges: ("senders", "receivers"),
     masks.Dense: ("array",),
+    dropin.ArrayMask: ("array",),
     masks.And: ("a", "b"),
     masks.Or: ("a", "b"),
 }
