@@ -3,8 +3,8 @@
 One function per benchmark, each taking the results folder and the committed file's name and
 returning markdown: ``suite`` / ``graph`` / ``memory`` (``make bench``), ``ring_memory``,
 ``traced_padding``, ``ring_balance``, ``inspect_memory``, ``compare`` (``make compare-main``),
-``packed_docs``, ``scores``, ``flex``. ``experiments/docs.py`` calls them; what each benchmark
-records is described in its own module under ``benchmarks/``.
+``packed_docs``, ``scores``, ``flex``, ``adopt`` (``make adopt-bench``). ``experiments/docs.py`` calls
+them; what each benchmark records is described in its own module under ``benchmarks/``.
 """
 
 from __future__ import annotations
@@ -222,3 +222,16 @@ def flex(folder, name: str = "flex.json") -> str:
         f"torch {data['torch']} ({data['torch_threads']} threads), {data['date']}"
         + (f"; generated code capped at {data['cap_isa'].upper()} (`--cap_isa`).\n" if data.get("cap_isa") else ".\n")
     )
+
+
+def adopt(folder, name: str = "adopt.json") -> str:
+    """``make adopt-bench`` (``benchmarks.adopt``): each pair's best ms and the ratio (theirs / attnlab's: > 1 is
+    attnlab faster), with attnlab's kernel and whether the compiled programs are the same, from ``name``."""
+    data = json.loads((Path(folder) / name).read_text())
+    rows = []
+    for r in data["records"]:
+        theirs = r["jax_nn_ms"] if r["suite"] == "jax_nn" else r["stock_ms"]
+        peer = "jax.nn" if r["suite"] == "jax_nn" else "stock Flax"
+        same = "" if r["suite"] != "jax_nn" else ("same program" if r["same_program"] else r["implementation"])
+        rows.append([r["case"], r["mode"], peer, ms(theirs), ms(r["attnlab_ms"]), f"{r['ratio']:.2f}", same])
+    return _md(["case", "direction", "peer", "peer ms", "attnlab ms", "peer / attnlab", "attnlab runs"], rows)
