@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 # Loaded on first use (`attnlab.nn.Encoder`, `attnlab.train.train`, `attnlab.inspect.capture`, ...): they
 # pull in flax, optax, orbax and the data libraries, which the attention functions above do not need.
 # `import attnlab.nn` works too.
-_LAZY_MODULES = ("data", "decoding", "inspect", "nn", "train")
+_LAZY_MODULES = ("data", "decoding", "inspect", "nn", "testing", "train")
 
 
 def __getattr__(name):

@@ -271,7 +271,8 @@ def test_command_line_times_torch_peers_in_workers(tmp_path):
     assert len(rows) == len(result["speed"]) == 2 * 2 * 3
     for case in ("documents", "softcap"):
         flex = rows[case, "fwd", "flex"]
-        assert flex["status"] == "ok" and flex["matches_dense"] and flex["max_abs_err"] < 3e-2 and flex["tflops"] > 0
+        assert flex["status"] == "ok", flex  # the row's reason says what went wrong
+        assert flex["matches_dense"] and flex["max_abs_err"] < 3e-2 and flex["tflops"] > 0
         assert rows[case, "fwd+bwd", "flex"]["status"] == "unsupported"  # torch has no flex backward on a CPU
         mine = rows[case, "fwd", "blockwise"]
         assert mine["vs_flex"] == pytest.approx(flex["ms"] / mine["ms"], rel=1e-2)
