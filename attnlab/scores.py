@@ -636,7 +636,7 @@ def __getattr__(name: str):
 
         warnings.warn(
             "attnlab.scores.alibi_mod is deprecated: use positional.Alibi().score(num_heads) "
-            "(or .score(num_heads, slopes) for your own slopes)",
+            "(or .score(slopes=slopes) for your own slopes)",
             DeprecationWarning,
             stacklevel=2,
         )
