@@ -8,17 +8,18 @@ clear best one". attnlab has them all, in three families:
   a learned table (``init_learned``), and ``sinusoidal_2d`` for images as sequences of patches;
 * **rotary, applied to q and k**: ``rope`` (Su et al. 2021, arXiv 2104.09864) and ``rope_2d``;
   after rotation the dot product <rope(q, i), rope(k, j)> depends only on i - j;
-* **relative, added to the logits** as functions of (query index, key index): ``alibi``
-  (Press et al. 2021, arXiv 2108.12409) and the T5 bucketed bias ``T5Bias`` (Raffel et al. 2019,
-  arXiv 1910.10683). Each is a callable ``bias(q_idx, k_idx) -> [N, T', S']`` that a blockwise
-  kernel can evaluate one block at a time, and ``.dense(T, S)`` gives the ``[N, T, S]`` array
-  for ``attention(..., bias=...)``.
+* **relative, added to the logits** as functions of (query index, key index): ALiBi (``Alibi``,
+  Press et al. 2021, arXiv 2108.12409; slopes ``alibi_slopes``) and T5's bucketed bias (``T5``,
+  Raffel et al. 2019, arXiv 1910.10683; buckets ``t5_bucket``). Their ``bias(N, ...)`` is a callable
+  ``bias(q_idx, k_idx) -> [N, T', S']`` that a blockwise kernel evaluates one block at a time, and
+  ``.dense(T, S)`` gives the ``[N, T, S]`` array for ``attention(..., bias=...)``.
 
-Each scheme is also an ``Encoding`` object (``Sinusoidal``, ``Learned``, ``Rope``, ``AlibiBias``,
-``T5``, ``Sinusoidal2D``, ``NoPosition``): what ``attnlab.nn.Encoder(posenc=...)`` asks. ``SCHEMES``
-is the one registry of their names (``none | sinusoidal | learned | rope | alibi | t5 |
-sinusoidal_2d``), each with its constructor; ``scheme(name)`` validates a ``--posenc`` flag and
-``encoding(name, **options)`` builds its object.
+Each scheme has one name, its class, an ``Encoding``: ``NoPosition``, ``Sinusoidal``, ``Learned``,
+``Rope``, ``Alibi``, ``T5``, ``Sinusoidal2D``. What it does is what its methods return (``inputs``,
+``rotary``, ``bias``, ``init``): what ``attnlab.nn.Encoder(posenc=...)`` asks. The lower-case
+functions above are the arithmetic they use. ``SCHEMES`` maps each ``--posenc`` flag value
+(``none | sinusoidal | learned | rope | alibi | t5 | sinusoidal_2d``, the class's ``name``) to its
+class; ``scheme(name)`` validates a flag and ``encoding(name, **options)`` builds its object.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attnlab import scores
+
 __all__ = [
     "SCHEMES",
-    "Scheme",
     "scheme",
     "sinusoidal",
     "sinusoidal_2d",
@@ -42,17 +44,13 @@ __all__ = [
     "rope",
     "rope_2d",
     "alibi_slopes",
-    "alibi",
-    "Alibi",
     "t5_bucket",
-    "T5Bias",
-    "init_t5_bias",
     "Encoding",
     "NoPosition",
     "Sinusoidal",
     "Learned",
     "Rope",
-    "AlibiBias",
+    "Alibi",
     "T5",
     "Sinusoidal2D",
     "encoding",
@@ -224,12 +222,18 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     return np.asarray(slopes, np.float32)
 
 
-@dataclasses.dataclass(frozen=True)
-class Alibi:
-    """ALiBi bias ``-slope[n] * |i - j|`` (or ``-slope[n] * (i - j)`` for keys before the query when causal).
+def _alibi_mod(s: jax.Array, q_idx: jax.Array, k_idx: jax.Array, slopes: jax.Array) -> jax.Array:
+    """ALiBi as a ``scores.ScoreMod`` function: ``s - slopes[n] * |q_idx - k_idx|``; ``slopes`` ``[N]``."""
+    dist = jnp.abs(q_idx - k_idx).astype(jnp.float32)  # [t, 1] - [1, s] -> [t, s]
+    return s - jnp.asarray(slopes, jnp.float32)[:, None, None] * dist
 
-    Call it on position vectors: ``alibi(q_idx [T'], k_idx [S']) -> fp32 [N, T', S']``.
-    """
+
+_alibi_mod.head_axes = (0,)  # slopes [N]: a per-head kernel slices them (ScoreMod's default head_axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _AlibiBias:
+    """``Alibi().bias(N)``: ``bias(q_idx [T'], k_idx [S']) -> fp32 [N, T', S']``, ``-slope[n] * |i - j|``."""
 
     num_heads: int
 
@@ -243,20 +247,6 @@ class Alibi:
 
     def dense(self, T: int, S: int) -> jax.Array:
         return self(jnp.arange(T), jnp.arange(S))
-
-
-def alibi(num_heads: int) -> Alibi:
-    """The ALiBi bias for ``num_heads`` heads (no parameters); ``alibi(n).slopes`` are the paper's slopes.
-
-    With a causal mask, ``|i - j| = i - j`` on every allowed pair, so this is exactly the paper's bias.
-
-    Example:
-        >>> alibi(2).slopes.tolist()
-        [0.0625, 0.00390625]
-        >>> alibi(2).dense(2, 3)[0].tolist()   # head 0: -|i - j| / 16
-        [[-0.0, -0.0625, -0.125], [-0.0625, -0.0, -0.0625]]
-    """
-    return Alibi(_positive_int("alibi", "num_heads", num_heads))
 
 
 def t5_bucket(relative_position, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128):
@@ -288,11 +278,9 @@ def t5_bucket(relative_position, *, bidirectional: bool = True, num_buckets: int
 
 
 @dataclasses.dataclass(frozen=True)
-class T5Bias:
-    """T5 relative position bias: a learnable scalar per (bucket, head). A pytree: ``table`` is the parameter.
-
-    ``bias(q_idx [T'], k_idx [S']) -> fp32 [N, T', S']`` with ``bias[n, i, j] = table[bucket(k_j - q_i), n]``.
-    """
+class _T5Bias:
+    """``T5(...).bias(N, table)``: ``bias(q_idx [T'], k_idx [S']) -> fp32 [N, T', S']`` with
+    ``bias[n, i, j] = table[bucket(k_j - q_i), n]``. A pytree: ``table`` ``[num_buckets, N]`` is its leaf."""
 
     table: Any  # [num_buckets, N]
     bidirectional: bool = True
@@ -312,26 +300,7 @@ class T5Bias:
         return self(jnp.arange(T), jnp.arange(S))
 
 
-jax.tree_util.register_dataclass(T5Bias, data_fields=["table"], meta_fields=["bidirectional", "max_distance"])
-
-
-def init_t5_bias(
-    key,
-    num_heads: int,
-    *,
-    num_buckets: int = 32,
-    max_distance: int = 128,
-    bidirectional: bool = True,
-    stddev: float = 0.02,
-) -> T5Bias:
-    """A T5 bias with a fresh table ``[num_buckets, N]`` (normal(0, stddev)); ``jax.grad`` reaches ``.table``."""
-    n = _positive_int("init_t5_bias", "num_heads", num_heads)
-    b = _positive_int("init_t5_bias", "num_buckets", num_buckets)
-    if b < (4 if bidirectional else 2):
-        raise ValueError(f"init_t5_bias: num_buckets must be >= {4 if bidirectional else 2}, got {b}")
-    md = _positive_int("init_t5_bias", "max_distance", max_distance)
-    table = stddev * jax.random.normal(key, (b, n), jnp.float32)
-    return T5Bias(table, bool(bidirectional), md)
+jax.tree_util.register_dataclass(_T5Bias, data_fields=["table"], meta_fields=["bidirectional", "max_distance"])
 
 
 # ------------------------------------------------------------------------------------------
@@ -339,7 +308,7 @@ def init_t5_bias(
 
 
 class Encoding:
-    """How a positional scheme enters a model. ``attnlab.nn.Encoder(posenc=...)`` asks it four things.
+    """A positional scheme: how it enters a model. ``attnlab.nn.Encoder(posenc=...)`` asks it four things.
 
     * ``init(key, d_model=, num_heads=)``: its learned parameter (an array) or None; the Encoder keeps
       it as an ``nnx.Param`` named ``param_name`` and passes it back as ``param`` below;
@@ -348,10 +317,16 @@ class Encoding:
     * ``bias(num_heads, param)``: added to the logits of every layer, a callable
       ``bias(q_idx [T'], k_idx [S']) -> [N, T', S']`` (evaluated per tile by the blockwise kernel) or None.
 
-    ``check(d_model=, num_heads=)`` raises ValueError for a model it cannot serve. Subclass it (a
-    frozen dataclass; fields are static hyperparameters) for a new scheme; see docs/seams.md.
+    ``check(d_model=, num_heads=)`` raises ValueError for a model it cannot serve. Each shipped scheme
+    also names itself: ``name`` (its ``--posenc`` flag value, its key in ``SCHEMES``), ``reference``
+    (where it comes from) and ``grid`` (True: for a ``(height, width)`` grid of patches, not a 1-D
+    sequence). Subclass it (a frozen dataclass; fields are static hyperparameters) for a new scheme;
+    see docs/seams.md.
     """
 
+    name: ClassVar[str | None] = None
+    reference: ClassVar[str] = ""
+    grid: ClassVar[bool] = False
     param_name: ClassVar[str | None] = None
 
     def check(self, *, d_model: int, num_heads: int) -> None:
@@ -377,6 +352,9 @@ class Encoding:
 class NoPosition(Encoding):
     """No position information: attention is permutation-equivariant."""
 
+    name: ClassVar[str] = "none"
+    reference: ClassVar[str] = "no position information: attention is permutation-equivariant"
+
 
 def _check_max_len(name, T, max_len):
     if T > max_len:
@@ -389,6 +367,8 @@ class Sinusoidal(Encoding):
 
     max_len: int = 512
     base: float = 10000.0
+    name: ClassVar[str] = "sinusoidal"
+    reference: ClassVar[str] = "Vaswani et al. 2017, arXiv 1706.03762"
 
     def inputs(self, T, d_model, param=None):
         _check_max_len("Sinusoidal", T, self.max_len)
@@ -400,6 +380,8 @@ class Learned(Encoding):
     """A learned ``[max_len, D]`` table (``init_learned``) added to the inputs (BERT, GPT-2)."""
 
     max_len: int = 512
+    name: ClassVar[str] = "learned"
+    reference: ClassVar[str] = "learned absolute table (BERT, GPT-2)"
     param_name: ClassVar[str] = "pos_table"
 
     def init(self, key, *, d_model, num_heads):
@@ -415,6 +397,8 @@ class Rope(Encoding):
     """RoPE (Su et al. 2021): ``rope`` rotates q and k by their positions in every layer."""
 
     base: float = 10000.0
+    name: ClassVar[str] = "rope"
+    reference: ClassVar[str] = "Su et al. 2021, arXiv 2104.09864"
 
     def check(self, *, d_model, num_heads):
         if d_model % num_heads or (d_model // num_heads) % 2:
@@ -433,34 +417,84 @@ class _RopeWithBase:
 
 
 @dataclasses.dataclass(frozen=True)
-class AlibiBias(Encoding):
-    """ALiBi (Press et al. 2021): ``alibi(N)`` as a callable bias on the logits of every layer."""
+class Alibi(Encoding):
+    """ALiBi (Press et al. 2021): ``-slope[n] * |i - j|`` on the logits of every layer, no parameters.
+
+    ``bias(N)`` is the callable bias (``.slopes``: ``alibi_slopes(N)``; ``.dense(T, S)`` the ``[N, T, S]``
+    array), for ``attention(..., bias=...)`` or an Encoder; ``score(N)`` is the same ALiBi as a
+    ``scores.ScoreMod`` on the scaled dot product, its slopes an array leaf (traced: learnable, and
+    sliced per head by the Pallas kernel). With a causal mask ``|i - j| = i - j`` on every allowed pair,
+    so this is exactly the paper's bias.
+
+    Example:
+        >>> Alibi().bias(2).slopes.tolist()
+        [0.0625, 0.00390625]
+        >>> Alibi().bias(2).dense(2, 3)[0].tolist()   # head 0: -|i - j| / 16
+        [[-0.0, -0.0625, -0.125], [-0.0625, -0.0, -0.0625]]
+    """
+
+    name: ClassVar[str] = "alibi"
+    reference: ClassVar[str] = "Press et al. 2021, arXiv 2108.12409"
 
     def bias(self, num_heads, param=None):
-        return alibi(num_heads)
+        return _AlibiBias(_positive_int("Alibi.bias", "num_heads", num_heads))
+
+    def score(self, num_heads: int | None = None, *, slopes=None):
+        """ALiBi as ``scores.ScoreMod``: ``s - slopes[n] * |q_idx - k_idx|`` on the scaled dot product.
+
+        Args:
+            num_heads: N: the paper's slopes ``alibi_slopes(N)``.
+            slopes: or your own ``[N]`` (an array leaf: traced values reuse the program, learned ones
+                get gradients); give one of the two.
+
+        Example:
+            >>> q = k = jnp.ones((3, 2, 4))                              # [T, N, H]
+            >>> Alibi().score(slopes=jnp.array([1.0, 0.5]))(q, k)[1].round(2).tolist()  # 2 - 0.5 |t - s|
+            [[2.0, 1.5, 1.0], [1.5, 2.0, 1.5], [1.0, 1.5, 2.0]]
+        """
+        if (num_heads is None) == (slopes is None):
+            raise ValueError("Alibi.score: give num_heads (the paper's slopes) or slopes [N], not both")
+        if slopes is None:
+            slopes = jnp.asarray(alibi_slopes(_positive_int("Alibi.score", "num_heads", num_heads)), jnp.float32)
+        elif len(getattr(slopes, "shape", np.shape(slopes))) != 1:  # an array or a ShapeDtypeStruct
+            raise ValueError(f"Alibi.score: slopes must have shape [N], got {getattr(slopes, 'shape', slopes)}")
+        return scores.ScoreMod(_alibi_mod, slopes)
 
 
 @dataclasses.dataclass(frozen=True)
 class T5(Encoding):
-    """T5 bucketed relative bias: a learned ``t5_table [num_buckets, N]`` shared by all layers (Raffel 2019)."""
+    """T5 bucketed relative bias: a learned ``t5_table [num_buckets, N]`` shared by all layers (Raffel 2019).
+
+    ``init(key, num_heads=N)`` draws the table (normal(0, stddev)); ``bias(N, table)`` is the callable
+    bias, a pytree whose leaf is ``.table`` (``jax.grad`` reaches it), with
+    ``bias[n, i, j] = table[t5_bucket(j - i), n]`` and ``.dense(T, S)``.
+
+    Example:
+        >>> t5 = T5(num_buckets=8, max_distance=16)
+        >>> t5.bias(2, t5.init(jax.random.key(0), num_heads=2)).dense(3, 3).shape
+        (2, 3, 3)
+    """
 
     num_buckets: int = 32
     max_distance: int = 128
     bidirectional: bool = True
+    stddev: float = 0.02
+    name: ClassVar[str] = "t5"
+    reference: ClassVar[str] = "Raffel et al. 2019, arXiv 1910.10683"
     param_name: ClassVar[str] = "t5_table"
 
-    def init(self, key, *, d_model, num_heads):
-        t5 = init_t5_bias(
-            key,
-            num_heads,
-            num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-            bidirectional=self.bidirectional,
-        )
-        return t5.table
+    def __post_init__(self):
+        b = _positive_int("T5", "num_buckets", self.num_buckets)
+        if b < (4 if self.bidirectional else 2):
+            raise ValueError(f"T5: num_buckets must be >= {4 if self.bidirectional else 2}, got {b}")
+        _positive_int("T5", "max_distance", self.max_distance)
+
+    def init(self, key, *, num_heads, d_model=None):
+        n = _positive_int("T5.init", "num_heads", num_heads)
+        return self.stddev * jax.random.normal(key, (self.num_buckets, n), jnp.float32)
 
     def bias(self, num_heads, param=None):
-        return T5Bias(param, bidirectional=self.bidirectional, max_distance=self.max_distance)
+        return _T5Bias(param, bool(self.bidirectional), int(self.max_distance))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -469,6 +503,9 @@ class Sinusoidal2D(Encoding):
 
     height: int
     width: int
+    name: ClassVar[str] = "sinusoidal_2d"
+    reference: ClassVar[str] = "2-D sinusoidal for patch grids (ViT, MAE)"
+    grid: ClassVar[bool] = True
 
     def __post_init__(self):
         _positive_int("Sinusoidal2D", "height", self.height)
@@ -483,48 +520,31 @@ class Sinusoidal2D(Encoding):
 # ------------------------------------------------------------------------------------------
 # One place that names them all
 
-
-@dataclasses.dataclass(frozen=True)
-class Scheme:
-    """A positional scheme: its flag name, how it enters the model, and the ``Encoding`` that implements it."""
-
-    name: str
-    kind: str  # "none" | "input" (added to x) | "rotary" (applied to q, k) | "bias" (added to logits)
-    learned: bool
-    reference: str
-    encoding: type[Encoding]  # the constructor: encoding(**hyperparameters) -> an Encoding
-    grid: bool = False  # True: for a (height, width) grid of patches, not a 1-D sequence
-
-
-SCHEMES: dict[str, Scheme] = {
-    s.name: s
-    for s in (
-        Scheme("none", "none", False, "no position information: attention is permutation-equivariant", NoPosition),
-        Scheme("sinusoidal", "input", False, "Vaswani et al. 2017, arXiv 1706.03762", Sinusoidal),
-        Scheme("learned", "input", True, "learned absolute table (BERT, GPT-2)", Learned),
-        Scheme("rope", "rotary", False, "Su et al. 2021, arXiv 2104.09864", Rope),
-        Scheme("alibi", "bias", False, "Press et al. 2021, arXiv 2108.12409", AlibiBias),
-        Scheme("t5", "bias", True, "Raffel et al. 2019, arXiv 1910.10683", T5),
-        Scheme("sinusoidal_2d", "input", False, "2-D sinusoidal for patch grids (ViT, MAE)", Sinusoidal2D, grid=True),
-    )
+SCHEMES: dict[str, type[Encoding]] = {
+    cls.name: cls for cls in (NoPosition, Sinusoidal, Learned, Rope, Alibi, T5, Sinusoidal2D)
 }
 
 
-def scheme(name: str) -> Scheme:
-    """Looks up a scheme by its flag value; ValueError lists the choices."""
+def scheme(name: str) -> type[Encoding]:
+    """The ``Encoding`` class of a ``--posenc`` flag value; ValueError lists the choices.
+
+    Example:
+        >>> scheme("rope").reference
+        'Su et al. 2021, arXiv 2104.09864'
+    """
     if name not in SCHEMES:
         raise ValueError(f"posenc must be one of {sorted(SCHEMES)}, got {name!r}")
     return SCHEMES[name]
 
 
 def encoding(name: str, **options) -> Encoding:
-    """The ``Encoding`` for a ``--posenc`` flag value, built by its ``SCHEMES`` constructor.
+    """The ``Encoding`` for a ``--posenc`` flag value, built by its ``SCHEMES`` class.
 
     Args:
         name: a key of ``SCHEMES``.
         **options: hyperparameters, by field name (``max_len``, ``base``, ``num_buckets``,
-            ``max_distance``, ``bidirectional``, ``height``, ``width``). Each scheme takes the ones
-            its class has and ignores the rest, so one set of flag values configures every scheme.
+            ``max_distance``, ``bidirectional``, ``stddev``, ``height``, ``width``). Each scheme takes
+            the ones its class has and ignores the rest, so one set of flag values configures every scheme.
 
     Raises:
         ValueError: an unknown name, an option no scheme has, or a required one missing
@@ -532,10 +552,10 @@ def encoding(name: str, **options) -> Encoding:
 
     Example:
         >>> encoding("t5", num_buckets=8, max_len=64)   # T5 has no max_len: ignored
-        T5(num_buckets=8, max_distance=128, bidirectional=True)
+        T5(num_buckets=8, max_distance=128, bidirectional=True, stddev=0.02)
     """
-    cls = scheme(name).encoding
-    known = {f.name for s in SCHEMES.values() for f in dataclasses.fields(s.encoding)}
+    cls = scheme(name)
+    known = {f.name for c in SCHEMES.values() for f in dataclasses.fields(c)}
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"encoding: unknown options {unknown}; the schemes take {sorted(known)}")
@@ -548,3 +568,39 @@ def encoding(name: str, **options) -> Encoding:
     if missing:
         raise ValueError(f"encoding: posenc={name!r} needs {missing}, e.g. {cls.__name__}({', '.join(missing)})")
     return cls(**{f.name: options[f.name] for f in fields if f.name in options})
+
+
+# ------------------------------------------------------------------------------------------
+# Deprecated names (one name per scheme since 2026-12-06; see CHANGELOG.md)
+
+
+def _deprecated_alibi(num_heads: int):
+    return Alibi().bias(num_heads)
+
+
+def _deprecated_init_t5_bias(key, num_heads, *, num_buckets=32, max_distance=128, bidirectional=True, stddev=0.02):
+    t5 = T5(num_buckets, max_distance, bidirectional, stddev)
+    return t5.bias(num_heads, t5.init(key, num_heads=num_heads))
+
+
+_DEPRECATED = {  # old name -> (its replacement, what to use instead)
+    "alibi": (_deprecated_alibi, "positional.Alibi().bias(num_heads)"),
+    "AlibiBias": (Alibi, "positional.Alibi()"),
+    "T5Bias": (_T5Bias, "positional.T5(...).bias(num_heads, table)"),
+    "init_t5_bias": (
+        _deprecated_init_t5_bias,
+        "positional.T5(num_buckets, max_distance, bidirectional, stddev): "
+        ".init(key, num_heads=N) draws the table, .bias(N, table) is the bias",
+    ),
+    "Scheme": (Encoding, "positional.Encoding: a scheme is its class, positional.SCHEMES[name] = scheme(name)"),
+}
+
+
+def __getattr__(name: str):
+    if name in _DEPRECATED:
+        import warnings
+
+        value, instead = _DEPRECATED[name]
+        warnings.warn(f"attnlab.positional.{name} is deprecated: use {instead}", DeprecationWarning, stacklevel=2)
+        return value
+    raise AttributeError(f"module 'attnlab.positional' has no attribute {name!r}")

@@ -10,20 +10,24 @@ Any callable ``score(q, k) -> logits [..., N, T, S]`` can stand in for these; pa
 ``attention(..., score=fn)``. For learnable additive weights use ``Additive(w)`` (or
 ``functools.partial(additive, w=w)``; w stays a traced array, so ``jax.grad`` reaches it).
 
-Score objects (``Dot(scale)``, ``Additive(w)``) are small pytrees that carry the forms a kernel
-may need, so a kernel asks the score instead of a dispatcher inspecting it:
+Score objects (``Dot``, ``Additive``, ``SoftCap``, ``ScoreMod``, ``Custom``) are small pytrees, one
+class per score, that carry the forms a kernel may need, so a kernel asks the score for the one form
+it computes instead of a dispatcher inspecting it:
 
 * ``score(q, k)``: the dense logits ``[..., N, T, S]`` (the reference uses this);
-* ``score.is_dot``: True for the scaled dot product ``Dot(scale)``, which tiled and fused
-  kernels compute themselves (folding ``scale`` into q);
-* ``score.tiled``: True when the tiled kernels (blockwise, and ring/Pallas where they say so)
-  compute the score inside their tiles, forward and backward, with O(T + S) memory. Such a score
-  gives its tile form: ``tile_scale(H)`` (the factor folded into the queries), and either the
-  scaled dot product modified per element by ``tile_mod(s, q_idx, k_idx)`` (``SoftCap``,
-  ``ScoreMod``) or a whole pair form ``tile_pair(q, k)`` (``Additive``). The kernels differentiate
-  these with ``jax.vjp`` one tile at a time, so a new tiled score writes only its forward;
-* ``score.edge(q_e, k_e)``: the per-edge form ``[E, K, G, H] x [E, K, H] -> [E, K, G]`` for the
-  sparse (edge-list) kernel, or ``has_edge_form = False``.
+* ``score.tile_form()``: how the tiled kernels (blockwise, ring, Pallas) compute it inside their tiles,
+  forward and backward, with O(T + S) memory, or None: ``DotTile`` (the scaled dot product itself),
+  ``ModTile`` (the scaled product changed per element: ``SoftCap``, ``ScoreMod``) or ``PairTile`` (a
+  tile's logits from its queries and keys: ``Additive``). The kernels differentiate these with
+  ``jax.vjp`` one tile at a time, so a new tiled score writes only its forward;
+* ``score.edge_form()``: the per-edge form ``[E, K, G, H] x [E, K, H] -> [E, K, G]`` for the sparse
+  (edge-list) kernel, or None;
+* ``score.is_dot``: derived from the tile form; True for ``Dot(scale)``, the one score the fused
+  kernels (cuDNN, splash) compute.
+
+The additive score is one idea, ``Additive(w)``: its dense form is ``additive(q, k, w)``, its forms the
+pair tile, a one-head tile with a written-out backward (Pallas) and the edge form, all reading w
+through one helper.
 
 ``as_score(score, scale)`` turns ``"dot"``, a score object, ``functools.partial(additive, w=w)``
 or any callable into one of these.
@@ -54,7 +58,6 @@ __all__ = [
     "Additive",
     "SoftCap",
     "ScoreMod",
-    "alibi_mod",
     "Custom",
     "as_score",
     "check_scale",
@@ -138,6 +141,19 @@ def dot_product(q: jax.Array, k: jax.Array, *, scale: float | None = None) -> ja
     return logits.reshape(*lead, n, t, s) * jnp.float32(scale)  # [..., K, G, T, S] -> [..., N, T, S]
 
 
+def _additive_weights(w, n: int, h: int, *, check: bool = False) -> jax.Array:
+    """The additive score's weights, as every form of it reads them: w ``[N, H]`` or ``[H]`` -> fp32 ``[N, H]``.
+
+    ``check``: the public boundary's ValueError for a w of the wrong shape or dtype.
+    """
+    w = jnp.asarray(w)
+    if check and w.shape not in ((n, h), (h,)):
+        raise ValueError(f"additive: w must have shape [N, H] = [{n}, {h}] or [H] = [{h}], got {w.shape}")
+    if check and not jnp.issubdtype(w.dtype, jnp.floating):
+        raise ValueError(f"additive: w must be floating point, got dtype {w.dtype}")
+    return jnp.broadcast_to(w.astype(jnp.float32), (n, h))
+
+
 def additive(q: jax.Array, k: jax.Array, w: jax.Array) -> jax.Array:
     """Additive (tanh) relevance ``sum_h w[n, h] * tanh(q[t, n, h] + k[s, n // G, h])``.
 
@@ -160,12 +176,7 @@ def additive(q: jax.Array, k: jax.Array, w: jax.Array) -> jax.Array:
     """
     n, kh = check_qk(q, k, fn="additive")
     h = q.shape[-1]
-    w = jnp.asarray(w)
-    if w.shape not in ((n, h), (h,)):
-        raise ValueError(f"additive: w must have shape [N, H] = [{n}, {h}] or [H] = [{h}], got {w.shape}")
-    if not jnp.issubdtype(w.dtype, jnp.floating):
-        raise ValueError(f"additive: w must be floating point, got dtype {w.dtype}")
-    w = jnp.broadcast_to(w.astype(jnp.float32), (n, h)).reshape(kh, n // kh, h)  # [K, G, H]
+    w = _additive_weights(w, n, h, check=True).reshape(kh, n // kh, h)  # [K, G, H]
     qg = _group(q, kh).astype(jnp.float32)  # [..., T, K, G, H]
     kf = k.astype(jnp.float32)
     # [..., T, 1, K, G, H] + [..., 1, S, K, 1, H] -> [..., T, S, K, G, H]
@@ -302,18 +313,14 @@ class Dot(Score):
         return edge
 
 
-def _additive_weights(w, n: int, h: int) -> jax.Array:
-    """w ``[N, H]`` or ``[H]`` -> fp32 ``[N, H]``."""
-    return jnp.broadcast_to(jnp.asarray(w).astype(jnp.float32), (n, h))
-
-
 def _additive_pairs(q: jax.Array, k: jax.Array, w) -> jax.Array:
     """``sum_h w[n, h] tanh(q[t, n, h] + k[s, n // G, h])`` for every pair of a tile: q ``[B, K, G, t, H]``,
     k ``[B, K, s, H]``, w ``[N, H]`` or ``[H]`` -> fp32 ``[B, K, G, t, s]``.
 
-    The dense form (``additive``) and the tile form (``Additive``'s ``PairTile``) both run this. Computed as
-    rows ``[B*K, G*t, s, H]`` against per-row weights: a batched mat-vec with its batch dims leading (an
-    einsum contracting ``[K, G, H]`` against the 6-D tensor made XLA:CPU transpose it: 7x slower).
+    ``Additive``'s pair form (``PairTile.pair``). The dense form (``additive``, the reference's) keeps its
+    own einsum over ``[..., T, S, K, G, H]``: the committed results were computed with it. Computed as rows
+    ``[B*K, G*t, s, H]`` against per-row weights: a batched mat-vec with its batch dims leading (an einsum
+    contracting ``[K, G, H]`` against the 6-D tensor made XLA:CPU transpose it: 7x slower).
     """
     b, kh, g, t, h = q.shape
     s = k.shape[2]
@@ -455,15 +462,16 @@ class ScoreMod(Score):
     works on one head at a time (the Pallas kernel) take this score: it calls ``fn`` on ``s``
     ``[1, t, s]`` (no leading dims) with each per-head array sliced to a length-1 head axis, so
     ``fn`` must broadcast over the heads rather than assume N of them. Default: ``fn.head_axes`` when
-    ``fn`` carries one (``alibi_mod`` does: ``(0,)``), else unknown (the Pallas kernel declines).
+    ``fn`` carries one (ALiBi's does: ``(0,)``), else unknown (the Pallas kernel declines).
 
-    Special cases: ALiBi (``alibi_mod``), relative-position biases (a table indexed by
+    Special cases: ALiBi (``positional.Alibi().score(N)``), relative-position biases (a table indexed by
     ``q_idx - k_idx``), Graphormer-style per-pair terms (an array indexed by ``q_idx`` and ``k_idx``),
     soft-capping (``SoftCap``, which is this with ``cap * tanh(s / cap)``).
 
     Example:
         >>> q = k = jnp.ones((3, 2, 4))                              # [T, N, H]
-        >>> mod = ScoreMod(alibi_mod, jnp.array([1.0, 0.5]))          # slopes per head
+        >>> near = lambda s, q_idx, k_idx, rate: s - rate[:, None, None] * abs(q_idx - k_idx)
+        >>> mod = ScoreMod(near, jnp.array([1.0, 0.5]), head_axes=(0,))   # a rate per head
         >>> mod(q, k)[1].round(2).tolist()                            # head 1: 2 - 0.5 |t - s|
         [[2.0, 1.5, 1.0], [1.5, 2.0, 1.5], [1.0, 1.5, 2.0]]
     """
@@ -515,19 +523,6 @@ class ScoreMod(Score):
         t_idx = jnp.arange(q.shape[-3], dtype=jnp.int32)
         s_idx = jnp.arange(k.shape[-3], dtype=jnp.int32)
         return self._mod(s, t_idx, s_idx)
-
-
-def alibi_mod(s: jax.Array, q_idx: jax.Array, k_idx: jax.Array, slopes: jax.Array) -> jax.Array:
-    """ALiBi as a ``ScoreMod`` function: ``s - slopes[n] * |q_idx - k_idx|`` (Press et al. 2021, arXiv 2108.12409).
-
-    ``slopes`` ``[N]``; use ``ScoreMod(alibi_mod, slopes)`` (``attnlab.positional`` gives the usual
-    geometric slopes).
-    """
-    dist = jnp.abs(q_idx - k_idx).astype(jnp.float32)  # [t, 1] - [1, s] -> [t, s]
-    return s - jnp.asarray(slopes, jnp.float32)[:, None, None] * dist
-
-
-alibi_mod.head_axes = (0,)  # slopes [N]: a per-head kernel slices them (ScoreMod's default head_axes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -605,7 +600,7 @@ SPEC_GRAMMAR = "dot | softcap:CAP | alibi | additive"
 def from_spec(spec: str, *, num_heads: int, head_dim: int, seed: int = 0) -> Score:
     """A score from a string, for experiment flags: ``dot``, ``softcap:CAP``, ``alibi`` or ``additive``.
 
-    ``alibi`` is ``ScoreMod(alibi_mod, slopes)`` with the usual geometric slopes for ``num_heads``;
+    ``alibi`` is ``positional.Alibi().score(num_heads)``: a ``ScoreMod`` with the paper's slopes;
     ``additive`` is ``Additive(w)`` with w ``[num_heads, head_dim]`` drawn from a normal of sd
     ``1/sqrt(head_dim)`` (numpy ``seed``).
 
@@ -624,10 +619,26 @@ def from_spec(spec: str, *, num_heads: int, head_dim: int, seed: int = 0) -> Sco
                 f"scores.from_spec: bad spec {spec!r}: softcap needs a positive CAP (softcap:30)"
             ) from None
     if name == "alibi" and not arg:
-        from attnlab.positional import alibi_slopes  # (positional imports scores)
+        from attnlab.positional import Alibi  # (positional imports scores)
 
-        return ScoreMod(alibi_mod, jnp.asarray(alibi_slopes(num_heads), jnp.float32))
+        return Alibi().score(num_heads)
     if name == "additive" and not arg:
         w = np.random.default_rng(seed).normal(0.0, 1.0 / math.sqrt(head_dim), (num_heads, head_dim))
         return Additive(jnp.asarray(w, jnp.float32))
     raise ValueError(f"scores.from_spec: bad spec {spec!r}: expected {SPEC_GRAMMAR}")
+
+
+def __getattr__(name: str):
+    if name == "alibi_mod":  # deprecated 2026-12-06: ALiBi has one name, attnlab.positional.Alibi
+        import warnings
+
+        from attnlab.positional import _alibi_mod
+
+        warnings.warn(
+            "attnlab.scores.alibi_mod is deprecated: use positional.Alibi().score(num_heads) "
+            "(or .score(slopes=slopes) for your own slopes)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _alibi_mod
+    raise AttributeError(f"module 'attnlab.scores' has no attribute {name!r}")

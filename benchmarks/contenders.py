@@ -28,9 +28,9 @@ import numpy as np
 from absl import flags
 
 import attnlab
-from attnlab import masks, scores
+from attnlab import masks, positional, scores
 from benchmarks import harness
-from benchmarks.cases import Case, UnsupportedError, additive_weights, alibi_slopes
+from benchmarks.cases import Case, UnsupportedError, additive_weights
 
 __all__ = ["JUDGE", "JAX_PEERS", "TORCH_PEERS", "PEERS", "UnsupportedError", "registered", "ours", "build"]
 __all__ += ["attnlab_mask", "attnlab_score", "inputs", "with_direction", "cost"]
@@ -67,7 +67,7 @@ def attnlab_score(case: Case, N: int, H: int):
     if case.score == "softcap":
         return scores.SoftCap(case.cap)
     if case.score == "alibi":
-        return scores.ScoreMod(scores.alibi_mod, jnp.asarray(alibi_slopes(N)))
+        return positional.Alibi().score(N)
     if case.score == "additive":
         return scores.Additive(jnp.asarray(additive_weights(N, H)))
     return "dot"

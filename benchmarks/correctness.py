@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import attnlab
-from attnlab import masks, scores
+from attnlab import masks, positional, scores
 from benchmarks import harness
-from benchmarks.cases import additive_weights, alibi_slopes
+from benchmarks.cases import additive_weights
 
 __all__ = ["CorrCase", "corr_cases", "corr_score", "check_all"]
 
@@ -78,7 +78,7 @@ def corr_score(name: str, N: int, H: int):
     if name == "softcap":
         return scores.SoftCap(30.0)
     if name == "alibi_mod":
-        return scores.ScoreMod(scores.alibi_mod, jnp.asarray(alibi_slopes(N)))
+        return positional.Alibi().score(N)
     if name == "additive":
         return scores.Additive(jnp.asarray(additive_weights(N, H, seed=H + 1)) / 2)
     return None

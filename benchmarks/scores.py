@@ -3,9 +3,9 @@ r"""Scores inside the blockwise tiles against the plain dot product, one process
 Two parts, both through ``attnlab.kernels.blockwise_attention``:
 
 1. **Per-element scores at 4K** (8 heads, H = 64, fp32): ``scores.SoftCap(30)`` (``cap * tanh(s / cap)``,
-   Gemma 2) and ``scores.ScoreMod(alibi_mod, slopes)`` (a user ``score_mod``: ALiBi) next to
-   ``score="dot"``, full and causal masks, forward and forward + backward, best of ``--repeats`` in
-   interleaved rounds. The target: each within 1.3x of the dot product.
+   Gemma 2) and ``positional.Alibi().score(slopes=slopes)`` (ALiBi as a ``ScoreMod``, a user
+   ``score_mod``; rows ``alibi_mod``) next to ``score="dot"``, full and causal masks, forward and
+   forward + backward, best of ``--repeats`` in interleaved rounds. The target: each within 1.3x of the dot product.
 2. **Additive (tanh) attention at 16K** (``--additive_seq_len``; 4 heads, H = 64, fp32, no mask),
    ``scores.Additive(w)`` fwd+bwd: the compiled temporary memory (XLA's memory analysis) of the
    tiled kernel and of the dense reference (compiled only, never run: it needs the
@@ -34,7 +34,7 @@ import numpy as np
 from absl import app, flags
 
 import attnlab
-from attnlab import kernels, masks, scores
+from attnlab import kernels, masks, positional, scores
 from benchmarks import harness
 
 
@@ -65,7 +65,7 @@ def per_element(T: int, N: int, H: int) -> list[dict]:
     q, k, v = _qkv(T, N, H)
     slopes = jnp.asarray(attnlab.positional.alibi_slopes(N), jnp.float32)
     score_list = (("dot", "dot"), ("softcap", scores.SoftCap(_CAP.value)),
-                  ("alibi_mod", scores.ScoreMod(scores.alibi_mod, slopes)))  # fmt: skip
+                  ("alibi_mod", positional.Alibi().score(slopes=slopes)))  # fmt: skip
     cells = {}
     for mask_name, mask in (("full", None), ("causal", masks.causal())):
         for score_name, score in score_list:

@@ -38,7 +38,7 @@ import pytest
 from conftest import compare, fwd_and_grads, grad_tol, np_attention, qkv, tol
 
 import attnlab
-from attnlab import dispatch, heads, masks, scores
+from attnlab import dispatch, heads, masks, positional, scores
 from attnlab.call import bind
 
 # Odd lengths (no multiple of any tile): short last blocks everywhere. Square cases for graphs.
@@ -139,7 +139,7 @@ def _mixed_mod(s, q_idx, k_idx, temp, bias, slopes):
 SCORE_CASES = {
     "softcap": lambda: (scores.SoftCap(2.0), {}),
     "softcap_bias": lambda: (scores.SoftCap(2.0), dict(bias=lambda qi, ki: -0.1 * jnp.abs(qi[:, None] - ki))),
-    "alibi_mod": lambda: (scores.ScoreMod(scores.alibi_mod, jnp.array([0.5, 0.25, 0.125, 0.0625])), {}),
+    "alibi_mod": lambda: (positional.Alibi().score(slopes=jnp.array([0.5, 0.25, 0.125, 0.0625])), {}),
     "pair_table_mod": lambda: (
         scores.ScoreMod(
             _pair_table,

@@ -18,7 +18,7 @@ import pytest
 from jax import export
 
 import attnlab
-from attnlab import masks, scores
+from attnlab import masks, positional, scores
 from attnlab.kernels import pallas_flash, splash
 
 TRITON = "__gpu$xla.gpu.triton"
@@ -106,7 +106,7 @@ def test_pallas_exports_score_mods_with_array_gradients_for_cuda():
 
     def grad(q, k, v, lens, slopes):
         def loss(q, k, v, slopes):
-            score = scores.ScoreMod(scores.alibi_mod, slopes)
+            score = positional.Alibi().score(slopes=slopes)
             out = pallas_flash.pallas_attention(q, k, v, mask=PALLAS_MASKS["causal_traced_padding"](lens), score=score)
             return out.astype(jnp.float32).sum()
 

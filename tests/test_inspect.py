@@ -77,13 +77,13 @@ def test_capture_matches_a_hand_run_and_leaves_the_output_unchanged():
 
 
 def test_rows_capture_gives_those_rows_and_every_rows_lse():
-    model = make_model(posenc=positional.AlibiBias(), attention_mask=masks.window(3, 2))  # callable bias + mask
+    model = make_model(posenc=positional.Alibi(), attention_mask=masks.window(3, 2))  # callable bias + mask
     x, lengths = batch()
     dense = inspect.capture(model, x, lengths)
     rows = (0, 4, 8)
     cap = inspect.capture(model, x, lengths, rows=rows, record=("q", "k", "weights"))
     enc = model.backbone
-    bias = positional.alibi(N)(jnp.arange(T), jnp.arange(T))  # [N, T, S]
+    bias = positional.Alibi().bias(N)(jnp.arange(T), jnp.arange(T))  # [N, T, S]
     mask = enc.mask(lengths).dense(T, T)
     for c, d in zip(cap.layers, dense.layers, strict=True):
         assert c.rows == rows and c.v is None and c.out is None

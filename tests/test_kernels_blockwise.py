@@ -226,7 +226,8 @@ def test_t5_bias_table_gets_gradients():
     from attnlab import positional
 
     q, k, v = qkv((T, 4, 8), s=S, seed=12)
-    t5 = positional.init_t5_bias(jax.random.key(1), 4, num_buckets=8, max_distance=16, stddev=1.0)
+    scheme = positional.T5(num_buckets=8, max_distance=16, stddev=1.0)
+    t5 = scheme.bias(4, scheme.init(jax.random.key(1), num_heads=4))
     mask = masks.window(9, 4)
 
     def loss(table, impl):

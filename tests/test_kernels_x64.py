@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnlab import attention, attention_reference, dispatch, masks, scores
+from attnlab import attention, attention_reference, dispatch, masks, positional, scores
 from attnlab.call import bind
 from attnlab.testing import assert_close
 
@@ -36,7 +36,7 @@ CASES = {
     "causal, softcap": lambda ids, adj, w: (masks.causal(), scores.SoftCap(5.0)),
     "graph & padding, alibi": lambda ids, adj, w: (
         masks.graph(adj, self_loops=True) & masks.padding(kv_lengths=jnp.asarray([T - 3])),
-        scores.ScoreMod(scores.alibi_mod, jnp.asarray([0.5, 0.25], jnp.float32)),
+        positional.Alibi().score(slopes=jnp.asarray([0.5, 0.25], jnp.float32)),
     ),
     "documents, dot": lambda ids, adj, w: (masks.document(ids), "dot"),
 }

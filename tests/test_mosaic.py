@@ -21,7 +21,7 @@ import pytest
 from jax import export
 
 import attnlab
-from attnlab import masks, scores, tuning
+from attnlab import masks, positional, scores, tuning
 from attnlab.call import bind
 from attnlab.impls.mosaic import MOSAIC
 from attnlab.testing import assert_close
@@ -89,7 +89,7 @@ def test_mosaic_supports_from_shapes():
     assert reason(mask=masks.causal() & masks.padding(kv_lengths=[10])) is None
     assert reason(score=scores.SoftCap(30.0), mask=masks.window(64, 64)) is None
     assert "interval form" in reason(mask=masks.document(jnp.zeros((1, 1024), jnp.int32)))
-    assert "SoftCap only" in reason(score=scores.ScoreMod(scores.alibi_mod, jnp.ones(4)))
+    assert "SoftCap only" in reason(score=positional.Alibi().score(slopes=jnp.ones(4)))
     f32 = jax.ShapeDtypeStruct((1, 1024, 4, 128), jnp.float32)
     assert "dtype float32" in reason(f32, f32, f32)
     h96 = jax.ShapeDtypeStruct((1, 1024, 4, 96), jnp.bfloat16)

@@ -26,7 +26,7 @@ def alone(enc, docs):
 
 @pytest.mark.parametrize(
     "posenc",
-    [positional.Sinusoidal(32), positional.Learned(32), positional.Rope(), positional.AlibiBias(), positional.T5()],
+    [positional.Sinusoidal(32), positional.Learned(32), positional.Rope(), positional.Alibi(), positional.T5()],
     ids=lambda p: type(p).__name__,
 )
 def test_packed_documents_equal_each_document_alone(posenc):

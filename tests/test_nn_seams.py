@@ -120,6 +120,16 @@ def _performer(lengths, proj):
     return functools.partial(efficient.performer_attention, projection=proj, kv_lengths=lengths)
 
 
+def _t5_bias(table, max_distance):  # T5's bias from its bucket function: bias[n, i, j] = table[bucket(j - i), n]
+    def bias(q_idx, k_idx):
+        buckets = positional.t5_bucket(
+            k_idx[None, :] - q_idx[:, None], num_buckets=table.shape[0], max_distance=max_distance
+        )
+        return jnp.moveaxis(table[buckets], -1, 0)  # [T', S', N] -> [N, T', S']
+
+    return bias
+
+
 def _sin(T, table):
     return positional.sinusoidal(T, 16)  # the Encoder's default, Sinusoidal(512)
 
@@ -133,12 +143,12 @@ SPELLINGS = [
         dict(table_init=lambda key: positional.init_learned(key, 16, 16), added=lambda T, table: table[:T]),
     ),
     (dict(posenc=positional.Rope()), dict(rotary=positional.rope)),
-    (dict(posenc=positional.AlibiBias()), dict(bias=lambda _: positional.alibi(4))),
+    (dict(posenc=positional.Alibi()), dict(bias=lambda _: positional.Alibi().bias(4))),
     (
         dict(posenc=positional.T5(8, 16)),
         dict(
-            table_init=lambda key: positional.init_t5_bias(key, 4, num_buckets=8, max_distance=16).table,
-            bias=lambda table: positional.T5Bias(table, max_distance=16),
+            table_init=lambda key: 0.02 * jax.random.normal(key, (8, 4)),  # [buckets, N], as T5 draws it
+            bias=lambda table: _t5_bias(table, max_distance=16),
         ),
     ),
     (dict(posenc=positional.Sinusoidal2D(3, 3)), dict(added=lambda T, _: positional.sinusoidal_2d(3, 3, 16))),
@@ -223,8 +233,8 @@ def test_a_custom_learned_input_encoding_owns_its_param():
 def test_an_injected_attention_function():
     # A plain callable taking the full mask and bias: the blockwise kernel instead of the dispatcher.
     fn = functools.partial(attnlab.attention, implementation="blockwise")
-    got = _enc(attention=fn, posenc=positional.AlibiBias(), attention_mask=masks.window(2, 2))
-    want = _enc(attention=nn.Softmax("reference"), posenc=positional.AlibiBias(), attention_mask=masks.window(2, 2))
+    got = _enc(attention=fn, posenc=positional.Alibi(), attention_mask=masks.window(2, 2))
+    want = _enc(attention=nn.Softmax("reference"), posenc=positional.Alibi(), attention_mask=masks.window(2, 2))
     _same(got, want)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import attnlab
-from attnlab import kernels, masks, scores
+from attnlab import kernels, masks, positional, scores
 from attnlab.attention import attention_reference
 from attnlab.impls.pallas import PALLAS
 from attnlab.kernels import pallas_flash, pallas_mask_info, splash
@@ -240,9 +240,9 @@ def test_pallas_score_mod_reasons():
     assert "powers of two" in reason(scores.ScoreMod(table, jnp.ones(9), head_axes=(None,)), "gpu")
     all_heads = scores.ScoreMod(lambda s, qi, ki, w: s + w.reshape(4, 1, 1), jnp.ones(4), head_axes=(0,))
     assert "fails on one head's tile" in reason(all_heads)
-    assert "not N=4" in reason(scores.ScoreMod(scores.alibi_mod, jnp.ones(3)))
-    assert reason(scores.ScoreMod(scores.alibi_mod, jnp.ones(4)), "gpu") is None
-    shapes_only = scores.ScoreMod(scores.alibi_mod, jax.ShapeDtypeStruct((4,), jnp.float32))  # as explain gets it
+    assert "not N=4" in reason(positional.Alibi().score(slopes=jnp.ones(3)))
+    assert reason(positional.Alibi().score(slopes=jnp.ones(4)), "gpu") is None
+    shapes_only = positional.Alibi().score(slopes=jax.ShapeDtypeStruct((4,), jnp.float32))  # as explain gets it
     assert reason(shapes_only, "gpu") is None and reason(shapes_only, "cpu") is None
     assert "uses gather" in reason(
         scores.ScoreMod(table, jax.ShapeDtypeStruct((16,), jnp.float32), head_axes=(None,)), "gpu"

@@ -97,7 +97,7 @@ def test_alibi_slopes_follow_the_paper():
 
 
 def test_alibi_bias_values_and_attention():
-    a = positional.alibi(4)
+    a = positional.Alibi().bias(4)
     dense = a.dense(5, 7)
     assert dense.shape == (4, 5, 7)
     slopes = positional.alibi_slopes(4)
@@ -123,7 +123,8 @@ def test_t5_buckets_by_hand():
 
 
 def test_t5_bias_table_lookup_and_grads():
-    bias = positional.init_t5_bias(jax.random.key(0), 3, num_buckets=8, max_distance=16)
+    t5 = positional.T5(num_buckets=8, max_distance=16)
+    bias = t5.bias(3, t5.init(jax.random.key(0), num_heads=3))
     dense = bias.dense(6, 6)
     table = np.asarray(bias.table)
     for n, i, j in [(0, 0, 5), (2, 5, 0), (1, 3, 3)]:
@@ -135,13 +136,14 @@ def test_t5_bias_table_lookup_and_grads():
         return jnp.sum(attnlab.attention(q, k, v, bias=b.dense(6, 6)) ** 2)
 
     g = jax.grad(loss)(bias)
-    assert isinstance(g, positional.T5Bias) and g.table.shape == (8, 3)
+    assert type(g) is type(bias) and g.table.shape == (8, 3)
     assert float(jnp.abs(g.table).sum()) > 0
 
 
 def test_schemes_name_them_all():
     assert sorted(positional.SCHEMES) == ["alibi", "learned", "none", "rope", "sinusoidal", "sinusoidal_2d", "t5"]
-    assert positional.scheme("rope").kind == "rotary"
+    assert all(cls.name == n and issubclass(cls, positional.Encoding) for n, cls in positional.SCHEMES.items())
+    assert positional.scheme("rope") is positional.Rope and "2104.09864" in positional.Rope.reference
     assert [n for n, s in positional.SCHEMES.items() if s.grid] == ["sinusoidal_2d"]
     with pytest.raises(ValueError, match="posenc must be one of"):
         positional.scheme("xpos")
@@ -152,7 +154,7 @@ ENCODINGS = {  # each flag name -> the object it must build (options a scheme do
     "sinusoidal": (dict(max_len=64, num_buckets=8), positional.Sinusoidal(64)),
     "learned": ({}, positional.Learned(512)),
     "rope": (dict(max_len=64, base=500.0), positional.Rope(500.0)),
-    "alibi": (dict(max_len=64), positional.AlibiBias()),
+    "alibi": (dict(max_len=64), positional.Alibi()),
     "t5": (dict(num_buckets=8, max_distance=16, max_len=64), positional.T5(8, 16)),
     "sinusoidal_2d": (dict(height=3, width=4, max_len=64), positional.Sinusoidal2D(3, 4)),
 }
@@ -163,7 +165,33 @@ def test_encoding_builds_each_scheme(name):
     options, want = ENCODINGS[name]
     got = positional.encoding(name, **options)
     assert type(got) is type(want) and got == want
-    assert isinstance(got, positional.scheme(name).encoding)
+    assert isinstance(got, positional.scheme(name))
+
+
+# what each scheme does, by hand: its methods say it (there is no kind string to branch on)
+DOES = {
+    "none": set(),
+    "sinusoidal": {"inputs"},
+    "learned": {"init", "inputs"},
+    "rope": {"rotary"},
+    "alibi": {"bias"},
+    "t5": {"init", "bias"},
+    "sinusoidal_2d": {"inputs"},
+}
+
+
+@pytest.mark.parametrize("name", list(DOES))
+def test_what_a_scheme_does_is_its_methods(name):
+    enc = positional.encoding(name, height=2, width=3)
+    param = enc.init(jax.random.key(0), d_model=8, num_heads=2)
+    answers = {
+        "init": param,
+        "inputs": enc.inputs(6, 8, param),
+        "rotary": enc.rotary(),
+        "bias": enc.bias(2, param),
+    }
+    assert {k for k, v in answers.items() if v is not None} == DOES[name]
+    assert (enc.param_name is not None) == (param is not None)
 
 
 def test_every_scheme_has_an_encoding_case():
@@ -192,8 +220,11 @@ def test_bad_encoding(name, options, match):
         (lambda: positional.rope(jnp.ones((4, 2, 4)), jnp.arange(5)), r"positions must have shape \[\.\.\., T\]"),
         (lambda: positional.rope(jnp.ones((4, 4))), r"x must have shape \[\.\.\., T, N, H\]"),
         (lambda: positional.rope_2d(jnp.ones((4, 2, 6)), jnp.arange(4), jnp.arange(4)), "divisible by 4"),
-        (lambda: positional.alibi(0), "num_heads must be a positive int"),
-        (lambda: positional.init_t5_bias(jax.random.key(0), 2, num_buckets=2), "num_buckets must be >= 4"),
+        (lambda: positional.Alibi().bias(0), "num_heads must be a positive int"),
+        (lambda: positional.T5(num_buckets=2), "num_buckets must be >= 4"),
+        (lambda: positional.T5(num_buckets=1, bidirectional=False), "num_buckets must be >= 2"),
+        (lambda: positional.Alibi().score(), "give num_heads"),
+        (lambda: positional.Alibi().score(slopes=jnp.ones((2, 2))), r"slopes must have shape \[N\]"),
     ],
 )
 def test_bad_input(call, match):
@@ -209,11 +240,12 @@ def test_blockwise_with_alibi_and_t5_equals_reference_with_dense_bias():
     T, S = 20, 27
     q, k, v = qkv((2, T, 4, 8), s=S, kv_heads=2, seed=3)
     mask = masks.causal(offset=S - T)
-    alibi = positional.alibi(4)
-    table = positional.init_t5_bias(jax.random.key(4), 4, num_buckets=8, max_distance=16, stddev=1.0).table
+    alibi = positional.Alibi().bias(4)
+    scheme = positional.T5(num_buckets=8, max_distance=16, stddev=1.0)
+    table = scheme.init(jax.random.key(4), num_heads=4)
 
     def loss(q, k, v, table, fast):
-        t5 = positional.T5Bias(table, max_distance=16)
+        t5 = scheme.bias(4, table)
         if fast:
             both = lambda qi, ki: alibi(qi, ki) + t5(qi, ki)  # noqa: E731
             out = kernels.blockwise_attention(q, k, v, mask=mask, bias=both, block_sizes=kernels.BlockSizes(8, 8))
@@ -224,9 +256,69 @@ def test_blockwise_with_alibi_and_t5_equals_reference_with_dense_bias():
     g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True), static_argnums=4)
     (grads, out), (grads_r, out_r) = g(q, k, v, table, True), g(q, k, v, table, False)
     np.testing.assert_allclose(out, out_r, atol=2e-5, rtol=2e-5)
-    dense = np.asarray(alibi.dense(T, S)) + np.asarray(positional.T5Bias(table, max_distance=16).dense(T, S))
+    dense = np.asarray(alibi.dense(T, S)) + np.asarray(scheme.bias(4, table).dense(T, S))
     expected, _ = np_attention(q, k, v, mask=np.asarray(mask.dense(T, S)), bias=dense)
     np.testing.assert_allclose(out, expected, atol=2e-5)
     for a, b in zip(grads, grads_r, strict=True):  # dq, dk, dv and d table
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
     assert float(jnp.abs(grads[3]).sum()) > 0
+
+
+def _t5_by_hand(key, n, buckets, max_distance, stddev):
+    table = stddev * jax.random.normal(key, (buckets, n), jnp.float32)
+    return lambda T, S: jnp.moveaxis(
+        table[
+            positional.t5_bucket(
+                jnp.arange(S)[None, :] - jnp.arange(T)[:, None], num_buckets=buckets, max_distance=max_distance
+            )
+        ],
+        -1,
+        0,
+    )
+
+
+# each deprecated name -> (how it was used, the same thing through the one name); both must give the same numbers
+DEPRECATED = {
+    "alibi": (lambda old: old(4).dense(5, 7), lambda: positional.Alibi().bias(4).dense(5, 7)),
+    "AlibiBias": (
+        lambda old: old().bias(3, None).dense(4, 4),
+        lambda: positional.Alibi().bias(3, None).dense(4, 4),
+    ),
+    "init_t5_bias": (
+        lambda old: old(jax.random.key(2), 3, num_buckets=8, max_distance=16, stddev=1.0).dense(5, 6),
+        lambda: _t5_by_hand(jax.random.key(2), 3, 8, 16, 1.0)(5, 6),
+    ),
+    "T5Bias": (
+        lambda old: old(jnp.arange(24.0).reshape(8, 3), max_distance=16).dense(5, 6),
+        lambda: positional.T5(8, 16).bias(3, jnp.arange(24.0).reshape(8, 3)).dense(5, 6),
+    ),
+    "Scheme": (lambda old: old, lambda: positional.Encoding),
+}
+
+
+@pytest.mark.parametrize("name", list(DEPRECATED))
+def test_deprecated_names_warn_and_give_the_same(name):
+    use_old, use_new = DEPRECATED[name]
+    with pytest.warns(DeprecationWarning, match=rf"positional\.{name} is deprecated: use positional\."):
+        old = getattr(positional, name)
+    got, want = use_old(old), use_new()
+    if isinstance(want, type):
+        assert got is want
+    else:
+        np.testing.assert_array_equal(got, want)
+    assert name not in positional.__all__
+
+
+def test_deprecated_alibi_mod_warns_and_gives_the_same():
+    from attnlab import scores
+
+    q, k = qkv((5, 4, 8), s=7)[:2]
+    with pytest.warns(DeprecationWarning, match=r"scores\.alibi_mod is deprecated: use positional\.Alibi\(\)\.score"):
+        old = scores.ScoreMod(scores.alibi_mod, jnp.asarray(positional.alibi_slopes(4)))
+    new = positional.Alibi().score(4)
+    np.testing.assert_array_equal(old(q, k), new(q, k))
+    assert old.head_axes == new.head_axes == (0,)
+    # and the same attention as the bias form, against numpy
+    expected = np.asarray(scores.dot_product(q, k)) + np.asarray(positional.Alibi().bias(4).dense(5, 7))
+    np.testing.assert_allclose(new(q, k), expected, atol=1e-6)
+    assert "alibi_mod" not in scores.__all__

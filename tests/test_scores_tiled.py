@@ -14,7 +14,7 @@ import pytest
 from conftest import compare, qkv, tol
 
 import attnlab
-from attnlab import masks, scores
+from attnlab import masks, positional, scores
 from attnlab.kernels import blockwise
 from experiments import sweep
 from experiments.configs import sweep as sweep_configs
@@ -48,7 +48,7 @@ def test_traced_score_arrays_reuse_the_compiled_program():
     @jax.jit
     @chex.assert_max_traces(n=1)
     def run(slopes, w):
-        a = blockwise.blockwise_attention(q, k, v, score=scores.ScoreMod(scores.alibi_mod, slopes))
+        a = blockwise.blockwise_attention(q, k, v, score=positional.Alibi().score(slopes=slopes))
         b = blockwise.blockwise_attention(q, k, v, score=scores.Additive(w))
         return a, b
 
@@ -56,17 +56,17 @@ def test_traced_score_arrays_reuse_the_compiled_program():
         slopes = jnp.asarray(np.random.default_rng(seed).random(2), jnp.float32)
         w = jnp.asarray(np.random.default_rng(seed).normal(size=(2, 8)), jnp.float32)
         a, b = run(slopes, w)
-        alibi = scores.ScoreMod(scores.alibi_mod, slopes)
+        alibi = positional.Alibi().score(slopes=slopes)
         compare(a, attnlab.attention_reference(q, k, v, score=alibi), tol(jnp.float32))
         compare(b, attnlab.attention_reference(q, k, v, score=scores.Additive(w)), tol(jnp.float32))
 
 
 def test_score_mod_alibi_equals_the_alibi_bias():
-    """ScoreMod(alibi_mod, slopes) is the same attention as the positional ALiBi bias (two routes)."""
+    """Alibi().score (a ScoreMod) is the same attention as the positional ALiBi bias (two routes)."""
     q, k, v = qkv((2, 70, 4, 8))
     slopes = jnp.asarray(attnlab.positional.alibi_slopes(4), jnp.float32)
-    by_mod = blockwise.blockwise_attention(q, k, v, score=scores.ScoreMod(scores.alibi_mod, slopes))
-    by_bias = attnlab.attention_reference(q, k, v, bias=attnlab.positional.alibi(4))
+    by_mod = blockwise.blockwise_attention(q, k, v, score=positional.Alibi().score(slopes=slopes))
+    by_bias = attnlab.attention_reference(q, k, v, bias=attnlab.positional.Alibi().bias(4))
     compare(by_mod, by_bias, tol(jnp.float32))
 
 
@@ -145,7 +145,7 @@ def test_from_spec():
 
 def test_score_mod_head_axes():
     slopes, table = jnp.ones(4), jnp.ones((3, 4))
-    assert scores.ScoreMod(scores.alibi_mod, slopes).head_axes == (0,)  # alibi_mod declares its own
+    assert positional.Alibi().score(slopes=slopes).head_axes == (0,)  # ALiBi's fn declares its own
     assert scores.ScoreMod(lambda s, qi, ki, w: s, slopes).head_axes is None  # unknown: per-head kernels decline
     assert scores.ScoreMod(lambda s, qi, ki, a, b: s, slopes, table, head_axes=(0, -1)).head_axes == (0, 1)
     assert scores.ScoreMod(lambda s, qi, ki: s, head_axes=()).tile_form().head_axes == ()  # known: none per head
@@ -160,7 +160,7 @@ def test_score_mod_head_axes():
             scores.ScoreMod(lambda s, qi, ki, a, b: s, slopes, table, head_axes=bad)
     with pytest.raises(ValueError, match="out of range for array 0 of shape"):
         scores.ScoreMod(lambda s, qi, ki, t: s * t, 0.5, head_axes=(0,))  # a scalar has no head axis
-    leaves, treedef = jax.tree_util.tree_flatten(scores.ScoreMod(scores.alibi_mod, slopes, head_axes=(0,)))
+    leaves, treedef = jax.tree_util.tree_flatten(positional.Alibi().score(slopes=slopes))
     assert treedef.unflatten(leaves).head_axes == (0,)  # a pytree round trip keeps them
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnlab import scores
+from attnlab import positional, scores
 from attnlab.kernels import tile_core as core
 from attnlab.kernels.xla_loops import Dots
 
@@ -103,7 +103,7 @@ SCORES = {
     "dot": lambda N, H: scores.Dot(),
     "dot_scaled": lambda N, H: scores.Dot(0.3),
     "softcap": lambda N, H: scores.SoftCap(2.0),
-    "alibi": lambda N, H: scores.ScoreMod(scores.alibi_mod, jnp.linspace(0.1, 0.5, N)),
+    "alibi": lambda N, H: positional.Alibi().score(slopes=jnp.linspace(0.1, 0.5, N)),
     "additive_per_head": lambda N, H: scores.Additive(jax.random.normal(jax.random.key(3), (N, H)) * 0.5),
     "additive_shared": lambda N, H: scores.Additive(jax.random.normal(jax.random.key(4), (H,)) * 0.5),
 }

@@ -281,7 +281,7 @@ class MultiHeadAttention(nnx.Module):
     def __call__(self, x_q, x_kv=None, *, mask=None, bias=None, return_weights=False, rotary=None, kv_lengths=None):
         """``[..., T, D]`` (and ``[..., S, Dkv]``) -> ``[..., T, D]`` (, weights ``[..., N, T, S]``).
 
-        ``bias`` (an array or a callable ``bias(q_idx, k_idx)`` such as ``positional.alibi(N)``) and
+        ``bias`` (an array or a callable ``bias(q_idx, k_idx)`` such as ``positional.Alibi().bias(N)``) and
         ``rotary`` (e.g. ``positional.rope``, applied to q and k) are as in ``multi_head_attention``.
         ``kv_lengths`` (int ``[...]``) is the padding of the O(N) kinds; softmax takes a mask instead.
         """
@@ -370,7 +370,7 @@ class Encoder(nnx.Module):
             rotate q and k, and what bias to add to the logits of every layer:
             ``NoPosition()``, ``Sinusoidal(max_len=512)`` (Vaswani 2017, added; the default ``"sinusoidal"``),
             ``Learned(max_len=512)`` (a ``[max_len, D]`` table ``pos_table``, added), ``Rope()``
-            (``positional.rope`` on q and k), ``AlibiBias()`` (``positional.alibi(N)``, a callable
+            (``positional.rope`` on q and k), ``Alibi()`` (``Alibi().bias(N)``, a callable
             bias), ``T5(num_buckets=32, max_distance=128)`` (bucketed relative bias, a learnable
             ``t5_table [num_buckets, N]`` shared by all layers), ``Sinusoidal2D(height, width)`` (for
             grids of image patches or pixels, T = height * width), or your own subclass. Callable
