@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnlab import scores
+from attnlab import _pytree, scores  # _pytree: register_dataclass with the class in the treedef
 
 __all__ = [
     "SCHEMES",
@@ -300,7 +300,7 @@ class _T5Bias:
         return self(jnp.arange(T), jnp.arange(S))
 
 
-jax.tree_util.register_dataclass(_T5Bias, data_fields=["table"], meta_fields=["bidirectional", "max_distance"])
+_pytree.register_dataclass(_T5Bias, data_fields=["table"], meta_fields=["bidirectional", "max_distance"])
 
 
 # ------------------------------------------------------------------------------------------

@@ -49,6 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attnlab import _pytree  # register_dataclass with the class in the treedef
+
 __all__ = [
     "dot_product",
     "additive",
@@ -544,10 +546,10 @@ def _unflatten_mod(aux, arrays):
     return m
 
 
-jax.tree_util.register_dataclass(Dot, data_fields=[], meta_fields=["scale"])
-jax.tree_util.register_dataclass(Additive, data_fields=["w"], meta_fields=[])
-jax.tree_util.register_dataclass(Custom, data_fields=[], meta_fields=["fn"])
-jax.tree_util.register_dataclass(SoftCap, data_fields=[], meta_fields=["cap", "scale"])
+_pytree.register_dataclass(Dot, data_fields=[], meta_fields=["scale"])
+_pytree.register_dataclass(Additive, data_fields=["w"], meta_fields=[])
+_pytree.register_dataclass(Custom, data_fields=[], meta_fields=["fn"])
+_pytree.register_dataclass(SoftCap, data_fields=[], meta_fields=["cap", "scale"])
 jax.tree_util.register_pytree_node(
     ScoreMod,
     lambda m: (m.arrays, (m.fn, m.scale, m.head_axes)),

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnlab import dropin, masks  # dropin: its ArrayMask is a shipped Mask subclass too
+from attnlab import dropin, masks, scores  # dropin: its ArrayMask is a shipped Mask subclass too
 
 ADJ = np.random.default_rng(0).random((6, 6)) < 0.5
 
@@ -56,6 +56,22 @@ def _subclasses(cls):
     for sub in cls.__subclasses__():
         yield sub
         yield from _subclasses(sub)
+
+
+def test_each_class_is_its_own_treedef():
+    """Masks (and scores) whose static fields hold equal values are still different trees: jax 0.10's own
+    register_dataclass made causal(offset=8) and chunks(8) equal treedefs, and a jit cache then ran the
+    causal program for the chunks mask (attnlab._pytree registers the class in the aux data)."""
+    pairs = [(masks.causal(offset=8), masks.chunks(8)), (masks.window(2, 2), masks.dilated(2, 2, 1))]
+    pairs.append((scores.Dot(0.5), scores.SoftCap(0.5)))
+    for a, b in pairs:
+        assert jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b), (a, b)
+    structures = [jax.tree_util.tree_structure(m) for m in EXAMPLES.values()]
+    assert all(s != t for i, s in enumerate(structures) for t in structures[i + 1 :])
+    # one jitted function, the two masks as arguments: each gets its own program
+    f = jax.jit(lambda m: m.dense(5, 5))
+    np.testing.assert_array_equal(f(masks.causal(offset=3)), masks.causal(offset=3).dense(5, 5))
+    np.testing.assert_array_equal(f(masks.chunks(3)), masks.chunks(3).dense(5, 5))
 
 
 def test_every_mask_class_has_an_example():

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attnlab import _pytree  # register_dataclass with the class in the treedef
 from attnlab.nn.attention import AttentionFn
 from attnlab.nn.layers import MultiHeadAttention
 
@@ -72,7 +73,7 @@ class LayerCapture:
     lse: Any = None
 
 
-jax.tree_util.register_dataclass(
+_pytree.register_dataclass(
     LayerCapture, data_fields=["q", "k", "v", "out", "weights", "lse"], meta_fields=["name", "kind", "rows"]
 )
 
@@ -107,7 +108,7 @@ class Capture:
         return self.layers[layer]
 
 
-jax.tree_util.register_dataclass(Capture, data_fields=["output", "layers"], meta_fields=[])
+_pytree.register_dataclass(Capture, data_fields=["output", "layers"], meta_fields=[])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +119,7 @@ class Inputs:
     kwargs: dict = dataclasses.field(default_factory=dict)
 
 
-jax.tree_util.register_dataclass(Inputs, data_fields=["args", "kwargs"], meta_fields=[])
+_pytree.register_dataclass(Inputs, data_fields=["args", "kwargs"], meta_fields=[])
 
 
 def inputs(*args, **kwargs) -> Inputs:

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attnlab import _pytree  # register_dataclass with the class in the treedef
+
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
 
@@ -30,7 +32,7 @@ def mask_class(cls):
     """
     cls = dataclasses.dataclass(frozen=True)(cls)
     fields = dataclasses.fields(cls)
-    jax.tree_util.register_dataclass(
+    _pytree.register_dataclass(
         cls,
         data_fields=[f.name for f in fields if f.metadata.get("leaf")],
         meta_fields=[f.name for f in fields if not f.metadata.get("leaf")],
