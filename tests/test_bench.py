@@ -198,8 +198,11 @@ def test_flex_cap_isa_caps_both_sides_with_a_fresh_inductor_cache(monkeypatch):
     from benchmarks import flex
 
     monkeypatch.setenv("XLA_FLAGS", "--xla_foo=1")
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    for name in ("ATEN_CPU_CAPABILITY", "TORCHINDUCTOR_CACHE_DIR"):
+        # setenv first: delenv of an unset variable records nothing, and cap_isa's values (avx2, a cache
+        # folder removed below) would outlive the test and reach later tests' torch subprocesses
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     assert flex.cap_isa(None) == {} and os.environ["XLA_FLAGS"] == "--xla_foo=1"
     first = flex.cap_isa("avx2")
     assert os.environ["XLA_FLAGS"] == "--xla_foo=1 --xla_cpu_max_isa=AVX2" == first["XLA_FLAGS"]
