@@ -224,14 +224,17 @@ def flex(folder, name: str = "flex.json") -> str:
     )
 
 
-def adopt(folder, name: str = "adopt.json") -> str:
-    """``make adopt-bench`` (``benchmarks.adopt``): each pair's best ms and the ratio (theirs / attnlab's: > 1 is
-    attnlab faster), with attnlab's kernel and whether the compiled programs are the same, from ``name``."""
-    data = json.loads((Path(folder) / name).read_text())
+def adopt(folder, names: tuple[str, ...] = ("adopt.json",)) -> str:
+    """``make adopt-bench`` (``benchmarks.adopt``): per row, the first run's best ms on each side and every run's
+    ratio (peer / attnlab: > 1 is attnlab faster), with what attnlab ran (its kernel, or jax.nn's own program)."""
+    runs = [json.loads((Path(folder) / name).read_text())["records"] for name in names]
+    ratios = [{(r["case"], r["mode"]): r["ratio"] for r in records} for records in runs]
     rows = []
-    for r in data["records"]:
+    for r in runs[0]:
         theirs = r["jax_nn_ms"] if r["suite"] == "jax_nn" else r["stock_ms"]
         peer = "jax.nn" if r["suite"] == "jax_nn" else "stock Flax"
         same = "" if r["suite"] != "jax_nn" else ("same program" if r["same_program"] else r["implementation"])
-        rows.append([r["case"], r["mode"], peer, ms(theirs), ms(r["attnlab_ms"]), f"{r['ratio']:.2f}", same])
-    return _md(["case", "direction", "peer", "peer ms", "attnlab ms", "peer / attnlab", "attnlab runs"], rows)
+        per_run = [f"{rs[r['case'], r['mode']]:.2f}" for rs in ratios]
+        rows.append([r["case"], r["mode"], peer, ms(theirs), ms(r["attnlab_ms"]), *per_run, same])
+    head = ["peer / attnlab"] if len(runs) == 1 else [f"peer / attnlab, run {i + 1}" for i in range(len(runs))]
+    return _md(["case", "direction", "peer", "peer ms", "attnlab ms", *head, "attnlab runs"], rows)

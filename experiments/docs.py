@@ -124,7 +124,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-wide": table("experiments.bench_tables:compare", BENCH, name="compare_wide.json"),
     "compare-tilecore": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f.json"),
     "compare-tilecore-run2": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_run2.json"),
-    "adopt": table("experiments.bench_tables:adopt", BENCH),
+    "adopt": table("experiments.bench_tables:adopt", BENCH, names=("adopt.json", "adopt_run2.json")),
     "packed-docs": table("experiments.bench_tables:packed_docs", BENCH),
     "scores": table("experiments.bench_tables:scores", BENCH),
     "flex": table("experiments.bench_tables:flex", BENCH),
