@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+from pathlib import Path
 
 import jax
 
-__all__ = ["target", "lowering_for", "normalize"]
+__all__ = ["target", "lowering_for", "normalize", "host_cpu"]
 
 
 def _define_state():
@@ -90,3 +92,19 @@ def lowering_for(backend: str):
         yield
     finally:
         _TARGET.reset(token)
+
+
+@functools.cache
+def host_cpu() -> tuple[str, frozenset[str]]:
+    """This host's CPU model name and its feature flags, from ``/proc/cpuinfo`` (``("", frozenset())`` where
+    there is none). What tuning keys and benchmark records say about the CPU."""
+    model, flags = "", frozenset()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                flags = frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return model, flags

@@ -56,15 +56,7 @@ def cache_path() -> Path:
 @functools.cache
 def _cpu_model() -> str:
     """The CPU's model name and its widest vector extension (AVX-512 and AVX2 hosts tune differently)."""
-    model, flags = "", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    model, flags = platform.host_cpu()
     if not model:
         import platform as host  # noqa: PLC0415
 

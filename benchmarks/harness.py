@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attnlab import platform as attnlab_platform  # host_cpu: the CPU model and flags, as tuning reads them
 from attnlab import testing
 
 __all__ = [
@@ -215,15 +216,7 @@ def compile_all(jobs: Sequence[tuple[Callable, Sequence]], workers: int) -> list
 def cpu_info() -> dict:
     """The host: name, CPU model, the SIMD flags that move CPU ratios (AVX2, AVX-512, AMX), CPU
     count, load average (1, 5, 15 min) and OS platform."""
-    model, flags_ = "", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags_:
-                flags_ = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    model, flags_ = attnlab_platform.host_cpu()
     simd = sorted(f for f in flags_ if f.startswith(("avx", "fma", "amx")))
     return {
         "hostname": socket.gethostname(),
