@@ -16,8 +16,9 @@ so ``attnlab.dispatch`` can pick a kernel that skips the tiles they empty (a ±1
 not computed densely). attnlab's extras are keywords: ``mask=`` may be an ``attnlab.masks`` object
 (documents, predicates, BigBird, ...), ``score=`` an ``attnlab.scores`` score, ``implementation=``
 any of attnlab's names. Where attnlab would run dense XLA anyway (small calls) and the call has no
-bias, mask argument or score, jax.nn's own program runs as it is (``_runs_as_jax_nn``), so such a call
-is never slower than jax.nn; ``explain(...)`` says which implementation a call runs.
+bias, score or attnlab mask, jax.nn's own program runs as it is (``_runs_as_jax_nn``): with a mask
+array only under ``empty_rows="mean"`` (finding the rows a mask array empties costs a pass over it);
+``explain(...)`` says which implementation a call runs.
 
 The one place attnlab and jax.nn disagree is a query row with no key to attend to (a mask row of
 all False, ``key_value_seq_lengths`` of 0): jax.nn spreads it uniformly over all S keys (the mean
@@ -311,7 +312,7 @@ def dot_product_attention(
         query, key, value, bias, mask, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
         key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
     )  # fmt: skip
-    if _runs_as_jax_nn(c, score, scale, implementation):
+    if _runs_as_jax_nn(c, score, scale, implementation, empty_rows):
         out, lse = _jax_nn_xla(c, scale, empty_rows, return_residual)
     else:
         out, lse = attend(
@@ -381,6 +382,7 @@ class _Translated:
     window: tuple[int, int] | None = None
     kv_len: jax.Array | None = None
     mask_given: bool = False
+    mask_array: jax.Array | None = None  # the bool mask argument, 4-D (None for none or an attnlab mask)
 
 
 def _translate(
@@ -441,6 +443,7 @@ def _translate(
     return _Translated(
         q, k, v, masks_lib.and_all(parts), bias, q_len, out_shape, causal=bool(is_causal), window=window,
         kv_len=kv_len, mask_given=mask is not None,
+        mask_array=None if mask is None or isinstance(mask, masks_lib.Mask) else mask,
     )  # fmt: skip
 
 
@@ -448,13 +451,21 @@ def _translate(
 # Small dense calls: jax.nn's own XLA program
 
 
-def _runs_as_jax_nn(c: _Translated, score, scale, implementation) -> bool:
+def _runs_as_jax_nn(c: _Translated, score, scale, implementation, empty_rows="zeros") -> bool:
     """True when the call goes to dense XLA (attnlab's choice, or implementation="xla") and jax.nn can take
-    it in its own form: no bias, no mask argument, no score, no empty T or S. jax.nn's program then runs as
-    it is (its is_causal / window / lengths, not attnlab's mask as an fp32 bias), with only the rows that
-    have no key zeroed, found from the structure in O(B * T) (without a bias no allowed logit is near
-    jax.nn's fill value -0.7 * max, so its masking is exactly attnlab's)."""
-    if c.bias is not None or score is not None or c.mask_given or c.q.shape[1] == 0 or c.k.shape[1] == 0:
+    it in its own form: no score, no bias, no attnlab mask object, no empty T or S, and no mask argument
+    unless ``empty_rows="mean"``. jax.nn's program then runs as it is (its is_causal / window / lengths /
+    mask, not attnlab's mask as an fp32 bias).
+
+    With ``empty_rows="zeros"`` only the rows that have no key are zeroed, found from the structure in
+    O(B * T): without a bias or mask array no allowed logit is near jax.nn's fill value -0.7 * max, so its
+    masking is exactly attnlab's. A mask array can empty any row, and finding those rows is a pass over it;
+    with ``empty_rows="mean"`` (jax.nn's convention for them) nothing is zeroed and jax.nn's program is the
+    answer. A bias always takes attnlab's "xla": a row whose bias is all -inf is NaN in jax.nn, zeros or
+    the mean here, and finding it is a pass over the bias (docs/adopt.md measures what that costs)."""
+    if score is not None or c.bias is not None or c.q.shape[1] == 0 or c.k.shape[1] == 0:
+        return False
+    if c.mask_given and (c.mask_array is None or empty_rows != "mean"):
         return False
     if implementation == "xla":
         return True
@@ -490,7 +501,7 @@ def _jax_nn_xla(c: _Translated, scale, empty_rows, return_residual):
     compute = numerics.compute_dtype(c.q.dtype)
     q, k, v = (x.astype(compute) for x in (c.q, c.k, c.v))
     res = jax.nn.dot_product_attention(
-        q, k, v, scale=scale, is_causal=c.causal, query_seq_lengths=c.q_len, key_value_seq_lengths=c.kv_len,
+        q, k, v, mask=c.mask_array, scale=scale, is_causal=c.causal, query_seq_lengths=c.q_len, key_value_seq_lengths=c.kv_len,
         local_window_size=c.window, implementation="xla", return_residual=return_residual,
     )  # fmt: skip
     out, lse = res if return_residual else (res, None)

@@ -231,17 +231,47 @@ def test_small_dense_calls_run_jax_nn_as_it_is():
 
     q = _x(1, 16, 2, 8)
 
-    def routed(implementation=None, bias=None, mask=None, **kw):
+    def routed(implementation=None, bias=None, mask=None, empty_rows="zeros", **kw):
         c = dropin._translate(q, q, q, bias, mask, **{**NO_STRUCTURE, **kw})
-        return dropin._runs_as_jax_nn(c, None, None, implementation)
+        return dropin._runs_as_jax_nn(c, None, None, implementation, empty_rows)
 
     assert routed() and routed(is_causal=True) and routed(local_window_size=(3, 2), is_causal=True)
     assert routed(key_value_seq_lengths=jnp.array([3], jnp.int32), implementation="xla")
     assert not routed(bias=_x(1, 1, 16, 16)) and not routed(mask=jnp.ones((1, 1, 16, 16), bool))
+    # jax.nn's convention for empty rows: a mask array goes to jax.nn's program as it is (a bias does not:
+    # a row it empties is NaN in jax.nn, the mean here)
+    assert routed(mask=jnp.ones((1, 1, 16, 16), bool), is_causal=True, empty_rows="mean")
+    assert not routed(bias=_x(1, 1, 16, 16), empty_rows="mean")
+    assert not routed(mask=masks.causal(), empty_rows="mean")  # an attnlab mask: attnlab runs it
     assert not routed(implementation="blockwise")
     big = _x(1, 1024, 2, 8)
     c = dropin._translate(big, big, big, None, None, **{**NO_STRUCTURE, "is_causal": True})
     assert not dropin._runs_as_jax_nn(c, None, None, None)  # attnlab chooses blockwise there
+
+
+def test_empty_rows_mean_with_a_mask_array_is_jax_nns_program():
+    """empty_rows="mean" with a mask array (at dense XLA's size): jax.nn's own compiled program, outputs and
+    gradients bit for bit, rows the mask empties included (the mean of the values, as jax.nn)."""
+    from benchmarks.adopt import _same_program
+
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 16, 4, 8)), jnp.float32) for _ in range(3))
+    mask = np.asarray(rng.random((2, 1, 16, 16)) > 0.3)
+    mask[1, 0, 5] = False  # an empty row
+    kw = dict(is_causal=True, key_value_seq_lengths=jnp.array([16, 9], jnp.int32))
+
+    def loss(fn, **extra):
+        return jax.jit(jax.value_and_grad(
+            lambda q, k, v, m: jnp.sum(fn(q, k, v, mask=m, **kw, **extra) ** 2), argnums=(0, 1, 2)
+        ))  # fmt: skip
+
+    ours, peer = loss(attnlab.dot_product_attention, empty_rows="mean"), loss(jax.nn.dot_product_attention)
+    args = (q, k, v, jnp.asarray(mask))
+    assert _same_program([ours, peer], args)
+    for a, b in zip(jax.tree.leaves(ours(*args)), jax.tree.leaves(peer(*args)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    out = attnlab.dot_product_attention(q, k, v, mask=jnp.asarray(mask), empty_rows="mean")
+    compare(out[1, 5], v[1].mean(0), testing.tolerance(jnp.float32))
 
 
 NO_STRUCTURE = dict(is_causal=False, query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None)
