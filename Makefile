@@ -103,7 +103,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long sweep-repeat plots \
-	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench gpu-check gpu-wheels compare-main claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
+	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench gpu-check gpu-wheels compare-main compare-flex claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -348,6 +348,9 @@ gpu-wheels: $(DEPS)  ## the wheels a lent GPU machine lacks (tokamax and its nee
 
 compare-main: $(DEPS)  ## CPU before/after: the same attention calls on 160a7db and this tree, alternating, in one run -> results/compare/
 	$(PY) -m benchmarks.compare_commits --base 160a7db --out results/compare $(COMPARE_FLAGS)
+
+compare-flex: $(BENCH_DEPS)  ## make flex's run on 04a795f (before the tile core) and on this tree, alternating, in one run: flex / attnlab then and now (bench extra) -> results/compare-flex/
+	$(PY) -m benchmarks.compare_commits --base 04a795f --bench flex --rounds 2 --out results/compare-flex $(COMPARE_FLAGS)
 
 ring-memory: $(DEPS)  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
 	$(PY) -m benchmarks.ring_memory --out results/ring_memory

@@ -11,6 +11,16 @@ Command (what ``make compare-main`` runs; ~10 min on the shared 2-core CPU):
     python -m benchmarks.compare_commits --base 160a7db --out results/compare
 
 Writes ``<out>/compare.json`` and prints a table.
+
+With ``--bench`` (a key of ``BENCHES``, e.g. ``flex``) it runs that benchmark program instead, each
+tree's own copy of it on that tree's attnlab, alternating base and head the same way: the peer's
+time is measured beside attnlab's in each run, so "the ratio against torch is no lower than before"
+is a statement from one session on one host:
+
+    python -m benchmarks.compare_commits --base 04a795f --bench flex --rounds 2 --out results/compare-flex
+
+Writes ``<out>/compare_<bench>.json`` (each run's records, and per record the best of each field over
+the rounds, per tree) and prints a table.
 """
 
 from __future__ import annotations
@@ -42,12 +52,26 @@ CELLS = {
     "padding 128 x8 fwd": ("padding", 128, 8, 4, 32, False),
     "padding 128 x8 fwd+bwd": ("padding", 128, 8, 4, 32, True),
     "full 256 fwd": ("full", 256, 4, 8, 64, False),
+    "graph 20000 nodes x10 edges fwd+bwd": ("graph", 20_000, 1, 8, 64, True),
+}
+
+# --bench: a benchmark program each tree runs with its own copy, its output file, the fields that
+# name a record and the timed fields (seconds; best over rounds kept) and the peer / attnlab ratios
+# formed from them.
+BENCHES = {
+    "flex": {
+        "module": "benchmarks.flex",
+        "file": "flex.json",
+        "key": ("mask", "T"),
+        "times": ("attnlab_s", "attnlab_devices_s", "flex_s"),
+        "ratios": {"flex / attnlab": ("flex_s", "attnlab_s"), "flex / attnlab (host devices)": ("flex_s", "attnlab_devices_s")},
+    },
 }
 
 
 def define_flags():
     """Defines the command-line flags; only when run as a program (tests import this module beside others)."""
-    global _BASE, _HEAD, _ROUNDS, _REPEATS, _CELLS, _OUT, _WORKER
+    global _BASE, _HEAD, _ROUNDS, _REPEATS, _CELLS, _OUT, _WORKER, _BENCH
     _BASE = flags.DEFINE_string("base", "160a7db", "The commit to compare against.")
     _HEAD = flags.DEFINE_string("head", ".", "The tree to compare ('.' = this working tree) or a commit.")
     _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds (each tree times every cell once per round).")
@@ -55,6 +79,7 @@ def define_flags():
     _CELLS = flags.DEFINE_list("cells", list(CELLS), "Cells to time.")
     _OUT = flags.DEFINE_string("out", "results/compare", "Output folder for compare.json.")
     _WORKER = flags.DEFINE_string("worker", None, "Internal: time the cells with the attnlab on PYTHONPATH.")
+    _BENCH = flags.DEFINE_enum("bench", None, list(BENCHES), "Run this benchmark program in each tree instead.")
 
 
 def _worker(cells: list[str], repeats: int) -> dict:
@@ -78,6 +103,9 @@ def _worker(cells: list[str], repeats: int) -> dict:
         q, k, v = (jax.random.normal(kk, (B, T, N, H), jnp.float32) for kk in ks)
         lengths = jnp.asarray([T - 7 * i for i in range(B)], jnp.int32)
         cuts = np.sort(np.random.default_rng(0).choice(np.arange(1, T), size=15, replace=False))
+        if kind == "graph":  # T nodes, 10 * T random edges (unique), self loops: the sparse kernel
+            flat = np.random.default_rng(0).choice(T * T, size=10 * T, replace=False)
+            src, dst = np.concatenate([flat // T, np.arange(T)]), np.concatenate([flat % T, np.arange(T)])
         ids = jnp.asarray(np.repeat(np.arange(16), np.diff(np.concatenate([[0], cuts, [T]])))[None], jnp.int32)
         mask = {
             "full": None,
@@ -85,6 +113,7 @@ def _worker(cells: list[str], repeats: int) -> dict:
             "window": masks.window(128, 128),
             "padding": masks.padding(lengths, lengths),
             "documents": masks.document(ids),  # 16 documents of random lengths, ids traced (a jit argument)
+            "graph": masks.graph_edges(jnp.asarray(src), jnp.asarray(dst), T) if kind == "graph" else None,
         }[kind]
         if bwd:
             f = jax.jit(jax.grad(lambda q, k, v, m: attnlab.attention(q, k, v, mask=m).sum(), argnums=(0, 1, 2)))
@@ -126,6 +155,9 @@ def main(argv):
     if _WORKER.value:  # before anything from this tree is imported (see _worker)
         print(json.dumps(_worker(_WORKER.value.split(","), _REPEATS.value)))
         return
+    if _BENCH.value:
+        _main_bench(BENCHES[_BENCH.value])
+        return
     unknown = sorted(set(_CELLS.value) - set(CELLS))
     if unknown:
         raise ValueError(f"--cells: unknown {unknown}; choose from {list(CELLS)}")
@@ -156,6 +188,58 @@ def main(argv):
     header = ["cell", f"base {base_name} ms", f"head {head_name} ms", "head / base"]
     print(harness.markdown_table(header, [[r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['ratio']:.2f}"]
                                           for r in rows]))  # fmt: skip
+
+
+def _run_bench(tree: Path, spec: dict, out: Path) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    cmd = [sys.executable, "-m", spec["module"], f"--out={out}"]
+    res = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    if res.returncode:
+        raise RuntimeError(f"compare_commits: {spec['module']} in {tree} failed:\n{res.stderr[-3000:]}")
+    return json.loads((out / spec["file"]).read_text())["records"]
+
+
+def bench_rows(spec: dict, runs: dict) -> list[dict]:
+    """Per record key: the best of each timed field over a tree's runs, and the ratios from those bests."""
+    rows = []
+    for rec in runs["head"][0]:
+        key = {k: rec[k] for k in spec["key"]}
+        row = dict(key)
+        for side in ("base", "head"):
+            recs = [r for run in runs[side] for r in run if all(r[k] == v for k, v in key.items())]
+            best = {f: min(r[f] for r in recs if r.get(f) is not None) for f in spec["times"] if any(r.get(f) for r in recs)}
+            row[side] = best
+            for name, (num, den) in spec["ratios"].items():
+                if num in best and den in best:
+                    row.setdefault("ratios", {}).setdefault(name, {})[side] = best[num] / best[den]
+        rows.append(row)
+    return rows
+
+
+def _main_bench(spec: dict):
+    from benchmarks import harness  # noqa: PLC0415
+
+    runs = {"base": [], "head": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        base, base_name = _tree(_BASE.value, Path(tmp), "base")
+        head, head_name = _tree(_HEAD.value, Path(tmp), "head")
+        try:
+            for r in range(_ROUNDS.value):
+                for side, tree in (("base", base), ("head", head)) if r % 2 == 0 else (("head", head), ("base", base)):
+                    t0 = time.perf_counter()
+                    runs[side].append(_run_bench(tree, spec, Path(tmp) / f"out-{side}-{r}"))
+                    print(f"round {r + 1}/{_ROUNDS.value} {side}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        finally:
+            for path in (base, head):
+                if path != ROOT:
+                    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+    rows = bench_rows(spec, runs)
+    meta = harness.run_record() | {"base": base_name, "head": head_name, "rounds": _ROUNDS.value, "bench": spec["module"]}
+    harness.write_json(Path(_OUT.value) / f"compare_{_BENCH.value}.json", {"meta": meta, "rows": rows, "runs": runs})
+    header = [*spec["key"], "ratio", f"base {base_name}", f"head {head_name}"]
+    table = [[*(str(r[k]) for k in spec["key"]), name, f"{v['base']:.2f}", f"{v['head']:.2f}"]
+             for r in rows for name, v in r.get("ratios", {}).items()]  # fmt: skip
+    print(harness.markdown_table(header, table))
 
 
 if __name__ == "__main__":

@@ -14,5 +14,37 @@ def test_worker_times_a_cell():
 @pytest.mark.parametrize("name", sorted(compare_commits.CELLS))
 def test_cells_are_well_formed(name):
     kind, T, B, N, H, bwd = compare_commits.CELLS[name]
-    assert kind in ("full", "causal", "window", "padding", "documents") and T > 0 and B > 0 and N > 0 and H > 0
+    assert kind in ("full", "causal", "window", "padding", "documents", "graph") and T > 0 and B > 0 and N > 0 and H > 0
     assert isinstance(bwd, bool) and (("bwd" in name) == bwd) and str(T) in name
+
+
+def test_graph_cell_runs_the_edge_list_kernel():
+    """The graph cell's mask is an edge list, which dispatch sends to the sparse kernel."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import attnlab
+    from attnlab import masks
+
+    T = 64
+    src, dst = np.arange(T), (np.arange(T) + 1) % T
+    x = jnp.zeros((1, T, 2, 8))
+    assert attnlab.explain(x, x, x, mask=masks.graph_edges(jnp.asarray(src), jnp.asarray(dst), T)).implementation == "sparse"
+
+
+def test_bench_rows_take_each_trees_best_and_form_ratios():
+    """--bench: per record key, the best (least) time over a tree's runs, and the ratios from the bests."""
+    spec = compare_commits.BENCHES["flex"]
+
+    def rec(mask, a, d, f):
+        return {"mask": mask, "T": 16, "attnlab_s": a, "attnlab_devices_s": d, "flex_s": f, "other": 1}
+
+    runs = {
+        "base": [[rec("window", 2.0, 1.0, 4.0)], [rec("window", 1.0, 2.0, 5.0)]],
+        "head": [[rec("window", 0.5, 0.8, 6.0)], [rec("window", 0.4, 1.0, 3.0)]],
+    }
+    (row,) = compare_commits.bench_rows(spec, runs)
+    assert row["base"] == {"attnlab_s": 1.0, "attnlab_devices_s": 1.0, "flex_s": 4.0}
+    assert row["head"] == {"attnlab_s": 0.4, "attnlab_devices_s": 0.8, "flex_s": 3.0}
+    assert row["ratios"]["flex / attnlab"] == {"base": 4.0, "head": 7.5}
+    assert row["ratios"]["flex / attnlab (host devices)"] == {"base": 4.0, "head": 3.75}
