@@ -501,7 +501,8 @@ def _jax_nn_xla(c: _Translated, scale, empty_rows, return_residual):
     compute = numerics.compute_dtype(c.q.dtype)
     q, k, v = (x.astype(compute) for x in (c.q, c.k, c.v))
     res = jax.nn.dot_product_attention(
-        q, k, v, mask=c.mask_array, scale=scale, is_causal=c.causal, query_seq_lengths=c.q_len, key_value_seq_lengths=c.kv_len,
+        q, k, v, mask=c.mask_array, scale=scale, is_causal=c.causal, query_seq_lengths=c.q_len,
+        key_value_seq_lengths=c.kv_len,
         local_window_size=c.window, implementation="xla", return_residual=return_residual,
     )  # fmt: skip
     out, lse = res if return_residual else (res, None)

@@ -64,7 +64,10 @@ BENCHES = {
         "file": "flex.json",
         "key": ("mask", "T"),
         "times": ("attnlab_s", "attnlab_devices_s", "flex_s"),
-        "ratios": {"flex / attnlab": ("flex_s", "attnlab_s"), "flex / attnlab (host devices)": ("flex_s", "attnlab_devices_s")},
+        "ratios": {
+            "flex / attnlab": ("flex_s", "attnlab_s"),
+            "flex / attnlab (host devices)": ("flex_s", "attnlab_devices_s"),
+        },
     },
 }
 
@@ -207,7 +210,9 @@ def bench_rows(spec: dict, runs: dict) -> list[dict]:
         row = dict(key)
         for side in ("base", "head"):
             recs = [r for run in runs[side] for r in run if all(r[k] == v for k, v in key.items())]
-            best = {f: min(r[f] for r in recs if r.get(f) is not None) for f in spec["times"] if any(r.get(f) for r in recs)}
+            best = {
+                f: min(r[f] for r in recs if r.get(f) is not None) for f in spec["times"] if any(r.get(f) for r in recs)
+            }
             row[side] = best
             for name, (num, den) in spec["ratios"].items():
                 if num in best and den in best:
@@ -234,7 +239,8 @@ def _main_bench(spec: dict):
                 if path != ROOT:
                     subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
     rows = bench_rows(spec, runs)
-    meta = harness.run_record() | {"base": base_name, "head": head_name, "rounds": _ROUNDS.value, "bench": spec["module"]}
+    meta = harness.run_record() | {"base": base_name, "head": head_name, "rounds": _ROUNDS.value}
+    meta["bench"] = spec["module"]
     harness.write_json(Path(_OUT.value) / f"compare_{_BENCH.value}.json", {"meta": meta, "rows": rows, "runs": runs})
     header = [*spec["key"], "ratio", f"base {base_name}", f"head {head_name}"]
     table = [[*(str(r[k]) for k in spec["key"]), name, f"{v['base']:.2f}", f"{v['head']:.2f}"]

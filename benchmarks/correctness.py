@@ -114,6 +114,21 @@ def _empty_rows(case: CorrCase, B: int, N: int):
     return np.broadcast_to(~dense.any(-1).transpose(0, 2, 1), (B, case.T, N))  # [B, 1, T] -> [B, T, N]
 
 
+# Variants checked beside the registered implementations: (name, the implementation that decides support,
+# the configuration it runs with). The Mosaic kernel with its own backward (the default runs the Triton one).
+VARIANTS = {"mosaic+mosaic_bwd": "mosaic"}
+
+
+def _variant_attend(name: str):
+    """``attention(q, k, v, **kw)`` for a variant: the Mosaic forward with the Mosaic backward kernels."""
+    from attnlab.call import bind  # noqa: PLC0415
+    from attnlab.kernels import mosaic_gpu  # noqa: PLC0415 (only where the variant is asked for)
+
+    assert name == "mosaic+mosaic_bwd", name
+    config = mosaic_gpu.MosaicConfig(backward=mosaic_gpu.MosaicBackward())
+    return lambda q, k, v, **kw: mosaic_gpu.attend(bind(q, k, v, **kw), config=config)
+
+
 def _first_form(case: CorrCase, sds, score, name: str):
     """(the first form of the case's mask ``name`` supports, None) or (None, the first form's reason)."""
     reasons = []
@@ -140,11 +155,16 @@ def _jobs(sz, rec: harness.Recorder, names):
                 sds = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
                 for name in names:
                     row = dict(H=H, T=case.T, mask=case.mask, dtype=dtype, implementation=name, score=case.score)
-                    form, why = _first_form(case, sds, score, name)
+                    form, why = _first_form(case, sds, score, VARIANTS.get(name, name))
+                    if why is None and name in VARIANTS and H > 128:
+                        why = "the Mosaic backward takes H <= 128"
                     if why is not None:
                         rec.add(row | dict(status="unsupported", reason=why))
                         continue
-                    attend = lambda q, k, v, name=name, **kw: attnlab.attention(q, k, v, implementation=name, **kw)  # noqa: E731
+                    if name in VARIANTS:
+                        attend = _variant_attend(name)
+                    else:
+                        attend = lambda q, k, v, name=name, **kw: attnlab.attention(q, k, v, implementation=name, **kw)  # noqa: E731
                     yield row, args, (_fwd_bwd(attend, form), args), ref_key, ref_job, case
 
 

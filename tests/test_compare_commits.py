@@ -29,7 +29,8 @@ def test_graph_cell_runs_the_edge_list_kernel():
     T = 64
     src, dst = np.arange(T), (np.arange(T) + 1) % T
     x = jnp.zeros((1, T, 2, 8))
-    assert attnlab.explain(x, x, x, mask=masks.graph_edges(jnp.asarray(src), jnp.asarray(dst), T)).implementation == "sparse"
+    m = masks.graph_edges(jnp.asarray(src), jnp.asarray(dst), T)
+    assert attnlab.explain(x, x, x, mask=m).implementation == "sparse"
 
 
 def test_bench_rows_take_each_trees_best_and_form_ratios():

@@ -297,3 +297,18 @@ def test_torch_worker_skips_what_it_cannot_time_before_its_deadline(tmp_path):
     ]
     out.write_text(out.read_text() + '{"cut short')  # a worker killed mid-line: the line is skipped
     assert len(torch_peers.collect(out)) == 2
+
+
+@pytest.mark.slow
+def test_correctness_checks_the_mosaic_forward_with_its_own_backward_too():
+    """With "mosaic" among the contenders the correctness section also runs "mosaic+mosaic_bwd" (the Mosaic
+    backward kernels, which the default configuration leaves to Triton): at H = 64 in the GPU interpreter here,
+    equal to the reference; at the smoke's H = 8 both say why not."""
+    opts = gpu_check.Options(contenders=("mosaic",), repeats=1, minutes=tuple((s, 10.0) for s in gpu_check.SECTIONS))
+    sizes = {"corr_heads": (8, 64), "corr_shape": (1, 40, 2, 1), "corr_dtypes": ("bfloat16",), "corr_scores": ()}
+    result = gpu_check.run(smoke=True, sections=("correctness",), out=None, opts=opts, sizes=sizes)
+    rows = [r for r in result["correctness"] if r["mask"] == "causal"]
+    by = {(r["implementation"], r["H"]): r for r in rows}
+    assert {i for i, _ in by} == {"mosaic", "mosaic+mosaic_bwd"}
+    assert all(by[i, 8]["status"] == "unsupported" for i in ("mosaic", "mosaic+mosaic_bwd"))
+    assert by["mosaic+mosaic_bwd", 64]["status"] == "ok", by["mosaic+mosaic_bwd", 64]

@@ -28,8 +28,10 @@ from attnlab.testing import assert_close
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backward", ["triton", "mosaic"])
 @pytest.mark.parametrize("mask_name", ["causal_padding", "window_softcap"])
-def test_mosaic_forward_and_triton_backward_match_the_reference(mask_name):
+def test_mosaic_forward_and_backward_match_the_reference(mask_name, backward):
+    """The Mosaic forward with either backward (the Triton dq and dk/dv kernels, or the Mosaic ones)."""
     mg = pytest.importorskip("attnlab.kernels.mosaic_gpu")
     T, S, N, K, H = 130, 120, 2, 1, 64  # odd lengths, GQA
     r = np.random.default_rng(0)
@@ -40,7 +42,8 @@ def test_mosaic_forward_and_triton_backward_match_the_reference(mask_name):
         "causal_padding": (masks.causal() & masks.padding(kv_lengths=jnp.asarray([100])), "dot"),
         "window_softcap": (masks.window(40, 8), scores.SoftCap(5.0)),
     }[mask_name]
-    config = mg.MosaicConfig(64, 64, 2, mg.pallas_flash.PallasConfig(64, 64, 4, 2))  # 2 slots for 2 key tiles
+    bwd = mg.pallas_flash.PallasConfig(64, 64, 4, 2) if backward == "triton" else mg.MosaicBackward(64, 64, 2)
+    config = mg.MosaicConfig(64, 64, 2, bwd)  # 2 slots for 2 key tiles
 
     def fn(q, k, v):
         return mg.attend(bind(q, k, v, mask=m, score=score), config=config)
@@ -78,6 +81,58 @@ def test_mosaic_lowers_for_cuda_to_one_mosaic_kernel_and_the_triton_backward(mas
     text = _export(grad, q, kv, kv)
     assert text.count("@mosaic_gpu_v2(") == 1
     assert re.findall(r'name = "(attnlab_flash_[a-z]+)"', text) == ["attnlab_flash_dq", "attnlab_flash_dkv"]
+
+
+@pytest.mark.parametrize(
+    "mask, score",
+    [
+        (None, "dot"),
+        (masks.causal(), "dot"),
+        (masks.window(128, 0) & masks.padding(kv_lengths=[900]), scores.SoftCap(30.0)),
+    ],
+)
+def test_mosaic_backward_lowers_for_cuda_to_three_mosaic_kernels(mask, score):
+    """With ``MosaicBackward`` the gradient is three Mosaic GPU kernels (forward, dq, dk/dv) and no Triton:
+    the lowering checks each kernel's TMA copies, layouts and wgmma operands (not its speed)."""
+    mg = pytest.importorskip("attnlab.kernels.mosaic_gpu")
+    q = jax.ShapeDtypeStruct((1, 1024, 4, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 1000, 2, 128), jnp.bfloat16)
+    config = mg.MosaicConfig(64, 128, 2, mg.MosaicBackward(64, 64, 2))
+
+    def grad(q, k, v):
+        fwd = lambda q, k, v: mg.attend(bind(q, k, v, mask=mask, score=score), config=config)  # noqa: E731
+        return jax.grad(lambda *a: fwd(*a).astype(jnp.float32).sum(), (0, 1, 2))(q, k, v)
+
+    text = _export(grad, q, kv, kv)
+    assert text.count("@mosaic_gpu_v2(") == 3 and not re.findall(r'name = "attnlab_flash_', text)
+
+
+def test_mosaic_backward_config_is_checked_and_tuned():
+    """MosaicBackward's fields are validated; the tuning space offers it at H <= 128 and round-trips it."""
+    mg = pytest.importorskip("attnlab.kernels.mosaic_gpu")
+    with pytest.raises(ValueError, match="block_q_dkv"):
+        mg.MosaicBackward(64, 96, 2)
+    with pytest.raises(ValueError, match="backward must be"):
+        mg.MosaicConfig(64, 128, 2, backward=(64, 64))
+    x = jax.ShapeDtypeStruct((1, 1024, 4, 128), jnp.bfloat16)
+    space = MOSAIC.tunable.space(bind(x, x, x), "gpu")
+    mosaic_bwd = [c for c in space if isinstance(c.backward, mg.MosaicBackward)]
+    assert mosaic_bwd and all(MOSAIC.tunable.from_json(MOSAIC.tunable.to_json(c)) == c for c in space)
+    x256 = jax.ShapeDtypeStruct((1, 1024, 4, 256), jnp.bfloat16)
+    space256 = MOSAIC.tunable.space(bind(x256, x256, x256), "gpu")
+    assert not [c for c in space256 if isinstance(c.backward, mg.MosaicBackward)]
+    # the tuned candidate fits a Hopper thread block's shared memory at H = 128; a larger one does not
+    assert max(mg.backward_smem_bytes(mg.MosaicBackward(64, 64, 2), 64, 128)) <= mg.SMEM_BYTES
+    dq_bytes = (2 * 2 * 64 * 128 + 2 * 3 * 64 * 128) * 2 + 2 * 2 * 64 * 4  # q, do; 2 slots of k^T, v^T, k; lse, delta
+    dkv_bytes = (2 * 2 * 64 * 128 + 2 * 4 * 64 * 128) * 2 + 2 * 2 * 64 * 4  # k, v; 2 slots of q, do, q^T, do^T; stats
+    assert mg.backward_smem_bytes(mg.MosaicBackward(64, 64, 2), 64, 128) == (dq_bytes, dkv_bytes)
+    assert max(mg.backward_smem_bytes(mg.MosaicBackward(128, 128, 3), 64, 128)) > mg.SMEM_BYTES
+    big = mg.MosaicConfig(64, 128, 2, mg.MosaicBackward(128, 128, 3))
+    with pytest.raises(ValueError, match="shared memory at H = 128"):  # planned for a GPU (the export's trace)
+        _export(lambda q, k, v: mg.attend(bind(q, k, v), config=big), x, x, x)
+    with pytest.raises(ValueError, match="H <= 128"):
+        mg.attend(bind(jnp.zeros((1, 64, 1, 256), jnp.bfloat16), *(jnp.zeros((1, 64, 1, 256), jnp.bfloat16),) * 2),
+                  config=mg.MosaicConfig(64, 64, 2, mg.MosaicBackward()))  # fmt: skip
 
 
 def test_mosaic_supports_from_shapes():

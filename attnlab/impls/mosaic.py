@@ -1,9 +1,10 @@
-"""The Hopper (sm90) Mosaic GPU forward as an implementation: ``attnlab.kernels.mosaic_gpu``, loaded lazily.
+"""The Hopper (sm90) Mosaic GPU kernels as an implementation: ``attnlab.kernels.mosaic_gpu``, loaded lazily.
 
 GPU (Hopper): a warp-specialised forward (TMA producer, two wgmma consumers) on attnlab's schedules,
-with the Triton dq and dk/dv kernels as its backward; bf16/fp16, head dims that are multiples of 64 up
-to 256, Hv == H, the dot product or SoftCap, masks that are padding lengths and an interval
-(full, causal, windows). Planned for a CPU it runs in Pallas' GPU interpret mode (slow: for tests).
+with the Triton dq and dk/dv kernels as its backward or (``MosaicBackward``, H <= 128) Mosaic ones;
+bf16/fp16, head dims that are multiples of 64 up to 256, Hv == H, the dot product or SoftCap, masks that
+are padding lengths and an interval (full, causal, windows). Planned for a CPU it runs in Pallas' GPU
+interpret mode (slow: for tests).
 
 Dispatch tries it before the Triton kernel on a GPU, and takes it where it pays off: where a tuning
 table (``attnlab.tuning``: the user's, then the committed one) holds a time for this device, dtype,
@@ -40,7 +41,7 @@ def mask_reason(call) -> str | None:
 
 
 class Mosaic(LazyImplementation):
-    """The Mosaic GPU forward (``attnlab.kernels.mosaic_gpu``) with the Triton backward."""
+    """The Mosaic GPU forward (``attnlab.kernels.mosaic_gpu``) with the Triton or the Mosaic backward."""
 
     def __init__(self):
         super().__init__("mosaic", "attnlab.kernels.mosaic_gpu")
@@ -103,7 +104,7 @@ def _best_ms(implementation, call, backend):
 
 class MosaicTuning:
     """The Mosaic kernel's tunable parameters (``mosaic_gpu.MosaicConfig``): key tile, slots in flight, and the
-    Triton backward's configuration."""
+    backward (the Mosaic kernels' or the Triton ones' configuration)."""
 
     def _module(self):
         from attnlab.kernels import mosaic_gpu  # noqa: PLC0415 (loaded lazily)
@@ -111,8 +112,12 @@ class MosaicTuning:
         return mosaic_gpu
 
     def space(self, call, backend):
+        """Key tiles x slots in flight x backward kernels: two Triton configurations and, at H <= 128,
+        the Mosaic backward (64-key dq tiles, 64-row dk/dv steps, 2 slots: what fits in shared memory)."""
         mg = self._module()
         bwd = [mg.pallas_flash.PallasConfig(64, 64, 4, 2), mg.pallas_flash.PallasConfig(128, 64, 8, 2)]
+        if call.H <= 128:
+            bwd.append(mg.MosaicBackward(64, 64, 2))
         kv = (64, 128) if call.H <= 128 else (64,)
         return [mg.MosaicConfig(64, bk, c, b) for bk in kv for c in (2, 3, 4) for b in bwd]
 
@@ -120,15 +125,25 @@ class MosaicTuning:
         return MOSAIC.run_with(call, config)
 
     def to_json(self, config):
+        """The backward as ``[block_q, block_k, num_warps, num_stages]`` (Triton) or ``{"mosaic": [block_kv_dq,
+        block_q_dkv, max_concurrent_steps]}``."""
         b = config.backward
+        if isinstance(b, self._module().MosaicBackward):
+            backward = {"mosaic": [b.block_kv_dq, b.block_q_dkv, b.max_concurrent_steps]}
+        else:
+            backward = [b.block_q, b.block_k, b.num_warps, b.num_stages]
         return {
             "block_q": config.block_q, "block_kv": config.block_kv, "max_concurrent_steps": config.max_concurrent_steps,
-            "backward": [b.block_q, b.block_k, b.num_warps, b.num_stages],
+            "backward": backward,
         }  # fmt: skip
 
     def from_json(self, d):
         mg = self._module()
-        bwd = mg.pallas_flash.PallasConfig(*(int(x) for x in d["backward"]))
+        b = d["backward"]
+        if isinstance(b, dict):
+            bwd = mg.MosaicBackward(*(int(x) for x in b["mosaic"]))
+        else:
+            bwd = mg.pallas_flash.PallasConfig(*(int(x) for x in b))
         return mg.MosaicConfig(int(d["block_q"]), int(d["block_kv"]), int(d["max_concurrent_steps"]), bwd)
 
 
