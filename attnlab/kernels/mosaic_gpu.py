@@ -171,6 +171,14 @@ def _iota(plgpu, st: _Static, shape, axis):
     return plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
 
 
+def _program(counts_ref, axis: str):
+    """This thread block's (batch, head, block along ``axis``), its warpgroup, and its schedule row's
+    FULL count and total steps."""
+    b, h, i = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index(axis)
+    n_full = counts_ref[i, 0]
+    return b, h, i, lax.axis_index("wg"), n_full, n_full + counts_ref[i, 1]
+
+
 def _two_loops(st: _Static, n_full, total, step, carry):
     """Steps ``[0, n_full)`` (FULL tiles: no mask code) then ``[n_full, total)`` (PARTIAL), each loop only
     where the schedule holds that kind: ``step(s, carry, partial)``."""
@@ -204,10 +212,7 @@ def _fwd(q, kt, v, index, counts, lens, *, st: _Static):
         qo_smem2, kt_smem, v_smem, lse_smem2, p_smem2 = smem
         kt_bar, v_bar, q_bar = bars
         kt_done, v_done = consumed
-        b, h, i = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q_seq")
-        wg = lax.axis_index("wg")
-        n_full, n_part = counts_ref[i, 0], counts_ref[i, 1]
-        total = n_full + n_part
+        b, h, i, wg, n_full, total = _program(counts_ref, "q_seq")
 
         @pl.when(wg < 2)
         def _consumer():
@@ -398,10 +403,7 @@ def _dq(q, do, kt, vt, k, lse, delta, index, counts, lens, *, st: _Static, bk: i
                scoped):  # fmt: skip
         (q_smem2, do_smem2, lse_smem2, delta_smem2, kt_smem, vt_smem, k_smem, ds_smem2), bars, done = scoped
         row_bar, kt_bar, vt_bar, k_bar = bars
-        b, h, i = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q_seq")
-        wg = lax.axis_index("wg")
-        n_full, n_part = counts_ref[i, 0], counts_ref[i, 1]
-        total = n_full + n_part
+        b, h, i, wg, n_full, total = _program(counts_ref, "q_seq")
 
         @pl.when(wg < 2)
         def _consumer():
@@ -519,10 +521,7 @@ def _dkv(q, do, qt, dot, k, v, ld, index_t, counts_t, lens, *, st: _Static, bq: 
                dv_ref, scoped):  # fmt: skip
         (k_smem2, v_smem2, q_smem, do_smem, qt_smem, dot_smem, ld_smem, p_smem2), bars, done = scoped
         kv_bar, q_bar, do_bar, qt_bar, dot_bar, ld_bar = bars
-        b, h, j = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("kv_seq")
-        wg = lax.axis_index("wg")
-        n_full, n_part = counts_ref[j, 0], counts_ref[j, 1]
-        total = n_full + n_part
+        b, h, j, wg, n_full, total = _program(counts_ref, "kv_seq")
 
         @pl.when(wg < 2)
         def _consumer():
