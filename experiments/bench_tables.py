@@ -153,6 +153,21 @@ def compare(folder, name: str) -> str:
     return _md(["cell", f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
 
 
+def compare_bench(folder, names: tuple) -> str:
+    """``make compare-flex`` (``compare_commits --bench``): per record and ratio, base and head in each run
+    (the runs side by side), from the committed ``names`` JSON."""
+    runs = [json.loads((Path(folder) / n).read_text()) for n in names]
+    base = runs[0]["meta"]["base"]
+    rows = []
+    for i, r in enumerate(runs[0]["rows"]):
+        for ratio in r["ratios"]:
+            cells = [f"{run['rows'][i]['ratios'][ratio]['base']:.2f} / {run['rows'][i]['ratios'][ratio]['head']:.2f}"
+                     for run in runs]  # fmt: skip
+            rows.append([f"{r['mask']} {r['T']:,}", ratio, *cells])
+    header = ["mask, T", "ratio", *(f"run {k + 1}: {base} / after" for k in range(len(runs)))]
+    return _md(header, rows)
+
+
 def packed_docs(folder) -> str:
     """``make packed-docs``: packed documents with traced vs concrete ids vs dense XLA, and the scaling rows."""
     data = json.loads((Path(folder) / "packed.json").read_text())

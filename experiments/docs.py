@@ -124,6 +124,12 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-wide": table("experiments.bench_tables:compare", BENCH, name="compare_wide.json"),
     "compare-tilecore": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f.json"),
     "compare-tilecore-run2": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_run2.json"),
+    "compare-flex": table(
+        "experiments.bench_tables:compare_bench", BENCH,
+        names=("compare_flex_04a795f.json", "compare_flex_04a795f_run2.json"),
+    ),  # fmt: skip
+    "compare-graph": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_graph.json"),
+    "compare-graph-run2": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_graph_run2.json"),
     "adopt": table("experiments.bench_tables:adopt", BENCH, names=("adopt.json", "adopt_run2.json")),
     "packed-docs": table("experiments.bench_tables:packed_docs", BENCH),
     "scores": table("experiments.bench_tables:scores", BENCH),
