@@ -125,7 +125,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-tilecore": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f.json"),
     "compare-tilecore-run2": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_run2.json"),
     "compare-flex": table(
-        "experiments.bench_tables:compare_bench", BENCH,
+        "experiments.bench_tables:compare_bench",
+        BENCH,
         names=("compare_flex_04a795f.json", "compare_flex_04a795f_run2.json"),
     ),  # fmt: skip
     "compare-graph": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_graph.json"),

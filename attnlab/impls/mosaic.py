@@ -3,8 +3,8 @@
 GPU (Hopper): a warp-specialised forward (TMA producer, two wgmma consumers) on attnlab's schedules,
 with the Triton dq and dk/dv kernels as its backward or (``MosaicBackward``, H <= 128) Mosaic ones;
 bf16/fp16, head dims that are multiples of 64 up to 256, Hv == H, the dot product or SoftCap, masks that
-are padding lengths and an interval (full, causal, windows). Planned for a CPU it runs in Pallas' GPU
-interpret mode (slow: for tests).
+are padding lengths, an interval (full, causal, windows) and one document mask (H <= 128). Planned for a
+CPU it runs in Pallas' GPU interpret mode (slow: for tests).
 
 Dispatch tries it before the Triton kernel on a GPU, and takes it where it pays off: where a tuning
 table (``attnlab.tuning``: the user's, then the committed one) holds a time for this device, dtype,
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from attnlab import masks as masks_lib
 from attnlab import scores as scores_lib
 from attnlab import tuning
 from attnlab.impls.base import LazyImplementation, static_scale_reason
@@ -27,17 +28,38 @@ __all__ = ["MOSAIC", "Mosaic"]
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def mask_reason(call) -> str | None:
-    """None when the mask is padding lengths and an interval (``t + lo <= s <= t + hi``), else why not."""
+def mosaic_mask(call):
+    """The call's mask as ``(padding factors, interval bounds or None, document or None)``, or None when it has
+    no such form: padding lengths, an interval (full, causal, windows) and at most one document mask."""
     if call.mask is None:
+        return (), None, None
+    pads, rest = call.mask.split_padding()
+    if rest is None or rest.is_full:
+        return pads, None, None
+    parts = rest.conjuncts()
+    docs = [c for c in parts if isinstance(c, masks_lib.Document)]
+    others = masks_lib.and_all([c for c in parts if not isinstance(c, masks_lib.Document)])
+    if len(docs) > 1:
         return None
-    _, rest = call.mask.split_padding()
-    if rest is None or rest.is_full or rest.interval() is not None:
+    bounds = None if others is None or others.is_full else others.interval()
+    if others is not None and not others.is_full and bounds is None:
         return None
-    return (
-        "mosaic: masks with an interval form (causal, windows) and padding lengths only "
-        f"(got {type(rest).__name__}: 'pallas' takes every mask)"
-    )
+    return pads, bounds, (docs[0] if docs else None)
+
+
+def mask_reason(call) -> str | None:
+    """None when the mask is padding lengths, an interval (``t + lo <= s <= t + hi``) and at most one document
+    mask (at H <= 128: documents take the Mosaic backward), else why not."""
+    form = mosaic_mask(call)
+    if form is None:
+        _, rest = call.mask.split_padding()
+        return (
+            "mosaic: masks with an interval form (causal, windows), one document mask and padding lengths only "
+            f"(got {type(rest).__name__}: 'pallas' takes every mask)"
+        )
+    if form[2] is not None and call.H > 128:
+        return f"mosaic: a document mask at H <= 128 (its backward is the Mosaic one), got H = {call.H}"
+    return None
 
 
 class Mosaic(LazyImplementation):

@@ -13,11 +13,13 @@ same with attnlab's schedules:
 * the schedule is ``attnlab.kernels.schedule``'s, built for the thread block's ``2 * block_q`` rows:
   its FULL tiles, then its PARTIAL ones; the consumers run the first ``n_full`` steps with no mask
   code, then the PARTIAL steps with the mask (its ``interval()`` form ``t + lo <= s <= t + hi`` from
-  ``iota`` positions, and the padding lengths); EMPTY tiles are never loaded, and a schedule refined
-  on device from traced padding lengths is read the same way;
-* scores: the dot product and elementwise mods (``SoftCap``); masks: padding lengths and masks with
-  an interval form (full, causal, windows); bf16 / fp16, head dims that are multiples of 64 up to
-  256, Hv == H. Everything else goes to the Triton kernel (``supports`` says why).
+  ``iota`` positions, the padding lengths, and a document mask's segment ids: the consumers load their
+  rows' ids once, the producer streams each key tile's ids beside it); EMPTY tiles are never loaded,
+  and a schedule refined on device from traced lengths or ids is read the same way;
+* scores: the dot product and elementwise mods (``SoftCap``); masks: padding lengths, an interval form
+  (full, causal, windows) and one document mask (H <= 128: its backward is the Mosaic one, since the
+  Triton kernels read documents from tile bitmaps); bf16 / fp16, head dims that are multiples of 64 up
+  to 256, Hv == H. Everything else goes to the Triton kernel (``supports`` says why).
 
 The backward (``MosaicConfig.backward``) is either the Triton dq and dk/dv kernels of ``pallas_flash`` on
 the forward's output and base-2 log-sum-exp (the same conventions; the default, the one measured on a
@@ -39,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +52,7 @@ from jax.experimental import pallas as pl
 from attnlab import masks as masks_lib
 from attnlab import platform
 from attnlab.call import Call
+from attnlab.impls.mosaic import mosaic_mask
 from attnlab.kernels import pallas_flash, pallas_mask_info, schedule
 from attnlab.kernels import tile_core as core
 
@@ -105,6 +109,7 @@ class _Static:
     K: int
     H: int
     interval: tuple | None  # (lo, hi) of the mask's interval form, or None (no mask beyond lengths)
+    doc: tuple | None  # (padding_id,) with a document mask (segment ids compared per tile), else None
     kinds: frozenset
     interpret: bool
 
@@ -189,7 +194,34 @@ def _two_loops(st: _Static, n_full, total, step, carry):
     return carry
 
 
-def _fwd(q, kt, v, index, counts, lens, *, st: _Static):
+def _allowed(st: _Static, q_pos, k_pos, q_len, kv_len, q_ids=None, k_ids=None):
+    """A PARTIAL tile's element mask: inside the lengths, the mask's interval ``lo <= s - t <= hi`` and, with
+    a document mask, the same segment id (``q_ids``, ``k_ids``: the ids broadcast to the tile)."""
+    ok = (k_pos < jnp.minimum(kv_len, st.core.S)) & (q_pos < q_len)
+    if st.interval is not None:
+        lo, hi = st.interval
+        if lo is not None:
+            ok = ok & (k_pos - q_pos >= lo)
+        if hi is not None:
+            ok = ok & (k_pos - q_pos <= hi)
+    if st.doc is not None:
+        ok = ok & (q_ids == k_ids)
+        if st.doc[0] is not None:
+            ok = ok & (q_ids != st.doc[0])
+    return ok
+
+
+def _vec(plgpu, st: _Static, ref, layout):
+    """A vector from shared memory in a register layout (as it is in the GPU interpreter)."""
+    return ref[...] if st.interpret else plgpu.load(ref, (), layout=layout)
+
+
+def _along(x, like, axis: int):
+    """A vector broadcast along the other axis of a 2-D tile ``like`` (``axis`` 0: one value per row)."""
+    return lax.broadcast_in_dim(x, like.shape, (axis,))
+
+
+def _fwd(q, kt, v, ids, index, counts, lens, *, st: _Static):
     """q [B, Tp, N, H], kt [B, K, H, Sp], v [B, Sp, K, H] (bf16/fp16; q pre-scaled by the core's factor),
     index [nq2, J], counts [nq2, 2] int32 (the schedule for 2*bq-row blocks), lens [B, 2] int32
     -> out [B, Tp, N, H] (input dtype), lse [B, N, Tp] fp32 (base 2; +inf on empty rows)."""
@@ -207,10 +239,12 @@ def _fwd(q, kt, v, index, counts, lens, *, st: _Static):
     def iota(axis):
         return _iota(plgpu, st, (bq, bk), axis)
 
-    def kernel(q_ref, kt_ref, v_ref, index_ref, counts_ref, lens_ref, out_ref, lse_ref, scoped):
+    col = plgpu.Layout.WGMMA.reduce(0)
+
+    def kernel(q_ref, kt_ref, v_ref, ids_ref, index_ref, counts_ref, lens_ref, out_ref, lse_ref, scoped):
         smem, bars, consumed = scoped
-        qo_smem2, kt_smem, v_smem, lse_smem2, p_smem2 = smem
-        kt_bar, v_bar, q_bar = bars
+        qo_smem2, kt_smem, v_smem, lse_smem2, p_smem2, qid_smem2, kid_smem = smem
+        kt_bar, v_bar, q_bar, kid_bar = bars
         kt_done, v_done = consumed
         b, h, i, wg, n_full, total = _program(counts_ref, "q_seq")
 
@@ -219,7 +253,11 @@ def _fwd(q, kt, v, index, counts, lens, *, st: _Static):
             qo_smem, lse_smem = qo_smem2.at[wg], lse_smem2.at[wg]
             base = i * (2 * bq) + wg * bq
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(base, bq), h], qo_smem, q_bar.at[wg])
+            if st.doc is not None:
+                plgpu.copy_gmem_to_smem(ids_ref.at[b, 0, pl.ds(base, bq)], qid_smem2.at[wg], q_bar.at[2 + wg])
+                plgpu.barrier_wait(q_bar.at[2 + wg])
             plgpu.barrier_wait(q_bar.at[wg])
+            qid = _vec(plgpu, st, qid_smem2.at[wg], row) if st.doc is not None else None
             q_len, kv_len = lens_ref[b, 0], lens_ref[b, 1]
 
             def step(s, carry, partial):
@@ -236,17 +274,13 @@ def _fwd(q, kt, v, index, counts, lens, *, st: _Static):
                 kb = index_ref[i, s]
                 if st.core.form == "mod":  # an elementwise mod (SoftCap), natural units
                     t = st.core.score(()).tile_form().mod(t)
+                ids = (None, None)
+                if st.doc is not None:  # every step waits for its slot's key ids (one barrier phase per load)
+                    plgpu.barrier_wait(kid_bar.at[slot])
+                    ids = (_along(qid, t, 0), _along(_vec(plgpu, st, kid_smem.at[slot], col), t, 1))
                 ok = None
                 if partial:
-                    q_pos = iota(0) + base
-                    k_pos = iota(1) + kb * bk
-                    ok = (k_pos < jnp.minimum(kv_len, st.core.S)) & (q_pos < q_len)
-                    if st.interval is not None:
-                        lo, hi = st.interval
-                        if lo is not None:
-                            ok = ok & (k_pos - q_pos >= lo)
-                        if hi is not None:
-                            ok = ok & (k_pos - q_pos <= hi)
+                    ok = _allowed(st, iota(0) + base, iota(1) + kb * bk, q_len, kv_len, *ids)
                 m, l, alpha, p = core.softmax_step(m, l, t, ok, base2=st.core.base2)
                 acc = acc * core.rows(alpha, acc)
                 plgpu.barrier_wait(v_bar.at[slot])
@@ -285,6 +319,8 @@ def _fwd(q, kt, v, index, counts, lens, *, st: _Static):
                 kb = index_ref[i, s]
                 plgpu.copy_gmem_to_smem(kt_ref.at[b, kvh, :, pl.ds(kb * bk, bk)], kt_smem.at[slot], kt_bar.at[slot])
                 plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(kb * bk, bk), kvh], v_smem.at[slot], v_bar.at[slot])
+                if st.doc is not None:
+                    plgpu.copy_gmem_to_smem(ids_ref.at[b, 1, pl.ds(kb * bk, bk)], kid_smem.at[slot], kid_bar.at[slot])
 
             def wait_done(slot):  # both tiles of the slot consumed (k^T early, after q k^T; v after p v)
                 plgpu.barrier_wait(kt_done.at[slot])
@@ -299,14 +335,19 @@ def _fwd(q, kt, v, index, counts, lens, *, st: _Static):
         plgpu.SMEM((C, bk, H), dtype, **tiles),
         plgpu.SMEM((2, bq), jnp.float32),
         plgpu.SMEM((2, bq, bk), dtype, **tiles) if st.interpret else None,
+        plgpu.SMEM((2, bq), jnp.int32),
+        plgpu.SMEM((C, bk), jnp.int32),
     )
-    bars = (plgpu.Barrier(num_barriers=C), plgpu.Barrier(num_barriers=C), plgpu.Barrier(num_barriers=2))
+    bars = (
+        plgpu.Barrier(num_barriers=C), plgpu.Barrier(num_barriers=C), plgpu.Barrier(num_barriers=4),
+        plgpu.Barrier(num_barriers=C),
+    )  # fmt: skip
     consumed = (plgpu.Barrier(num_arrivals=2, num_barriers=C), plgpu.Barrier(num_arrivals=2, num_barriers=C))
     out_type = (jax.ShapeDtypeStruct((B, Tp, N, H), dtype), jax.ShapeDtypeStruct((B, N, Tp), jnp.float32))
     grid = (N, Tp // (2 * bq), B)
     return _launch(
-        plgpu, st, kernel, (smem, bars, consumed), grid, ("heads", "q_seq", "batch"), out_type, q, kt, v, index,
-        counts, lens,
+        plgpu, st, kernel, (smem, bars, consumed), grid, ("heads", "q_seq", "batch"), out_type, q, kt, v, ids,
+        index, counts, lens,
     )  # fmt: skip
 
 
@@ -359,18 +400,6 @@ def backward_smem_bytes(cfg: MosaicBackward, bq: int, H: int, itemsize: int = 2)
     return dq, dkv
 
 
-def _allowed(st: _Static, q_pos, k_pos, q_len, kv_len):
-    """A PARTIAL tile's element mask: inside the lengths and the mask's interval ``lo <= s - t <= hi``."""
-    ok = (k_pos < jnp.minimum(kv_len, st.core.S)) & (q_pos < q_len)
-    if st.interval is not None:
-        lo, hi = st.interval
-        if lo is not None:
-            ok = ok & (k_pos - q_pos >= lo)
-        if hi is not None:
-            ok = ok & (k_pos - q_pos <= hi)
-    return ok
-
-
 def _mod_vjp(st: _Static, t):
     """The score's elementwise mod on raw logits ``t`` and its pullback (identity for the dot product).
 
@@ -382,27 +411,29 @@ def _mod_vjp(st: _Static, t):
     return t, lambda ds: ds * slope
 
 
-def _dq(q, do, kt, vt, k, lse, delta, index, counts, lens, *, st: _Static, bk: int, C: int):
+def _dq(q, do, kt, vt, k, lse, delta, ids, index, counts, lens, *, st: _Static, bk: int, C: int):
     """q (pre-scaled), do [B, N, Tp, H]; kt, vt [B, K, H, Sp] (keys and values transposed), k [B, Sp, K, H];
-    lse / delta [B, N, Tp] fp32 (lse in the forward's units); the schedule of 2*bq-row blocks and
+    lse / delta [B, N, Tp] fp32 (lse in the forward's units); ids the segment ids ([B, 2, L] int32: the
+    queries', the keys'; read with a document mask); the schedule of 2*bq-row blocks and
     ``bk``-key tiles -> dq [B, Tp, N, H] (input dtype), w.r.t. the unscaled queries."""
     plgpu = _plgpu()
     B, N, Tp, H = q.shape
     bq = st.bq
     G = st.N // st.K
     dtype = q.dtype
-    row, wgmma = _row_layout(plgpu), plgpu.Layout.WGMMA
+    row, col, wgmma = _row_layout(plgpu), plgpu.Layout.WGMMA.reduce(0), plgpu.Layout.WGMMA
 
     def vec(ref):
-        return ref[...] if st.interpret else plgpu.load(ref, (), layout=row)
+        return _vec(plgpu, st, ref, row)
 
     def iota(axis):
         return _iota(plgpu, st, (bq, bk), axis)
 
-    def kernel(q_ref, do_ref, kt_ref, vt_ref, k_ref, lse_ref, delta_ref, index_ref, counts_ref, lens_ref, dq_ref,
-               scoped):  # fmt: skip
-        (q_smem2, do_smem2, lse_smem2, delta_smem2, kt_smem, vt_smem, k_smem, ds_smem2), bars, done = scoped
-        row_bar, kt_bar, vt_bar, k_bar = bars
+    def kernel(q_ref, do_ref, kt_ref, vt_ref, k_ref, lse_ref, delta_ref, ids_ref, index_ref, counts_ref,
+               lens_ref, dq_ref, scoped):  # fmt: skip
+        smem, bars, done = scoped
+        q_smem2, do_smem2, lse_smem2, delta_smem2, kt_smem, vt_smem, k_smem, ds_smem2, qid_smem2, kid_smem = smem
+        row_bar, kt_bar, vt_bar, k_bar, kid_bar = bars
         b, h, i, wg, n_full, total = _program(counts_ref, "q_seq")
 
         @pl.when(wg < 2)
@@ -412,11 +443,15 @@ def _dq(q, do, kt, vt, k, lse, delta, index, counts, lens, *, st: _Static, bk: i
             base = i * (2 * bq) + wg * bq
             rows = pl.ds(base, bq)
             pairs = ((q_ref, q_smem), (do_ref, do_smem), (lse_ref, lse_smem), (delta_ref, delta_smem))
+            pairs = [(src.at[b, h, rows], dst) for src, dst in pairs]
+            if st.doc is not None:
+                pairs.append((ids_ref.at[b, 0, rows], qid_smem2.at[wg]))
             for n, (src, dst) in enumerate(pairs):
-                plgpu.copy_gmem_to_smem(src.at[b, h, rows], dst, row_bar.at[2 * n + wg])
-            for n in range(4):
+                plgpu.copy_gmem_to_smem(src, dst, row_bar.at[2 * n + wg])
+            for n in range(len(pairs)):
                 plgpu.barrier_wait(row_bar.at[2 * n + wg])
             lse, delta = vec(lse_smem), vec(delta_smem)
+            qid = vec(qid_smem2.at[wg]) if st.doc is not None else None
             q_len, kv_len = lens_ref[b, 0], lens_ref[b, 1]
 
             def step(s, dq, partial):
@@ -435,9 +470,13 @@ def _dq(q, do, kt, vt, k, lse, delta, index, counts, lens, *, st: _Static, bk: i
                     return acc_ref[...]
 
                 dp = pl.run_scoped(dov, plgpu.ACC((bq, bk), jnp.float32))
+                ids = (None, None)
+                if st.doc is not None:  # every step waits for its slot's key ids (one barrier phase per load)
+                    plgpu.barrier_wait(kid_bar.at[slot])
+                    ids = (_along(qid, t, 0), _along(_vec(plgpu, st, kid_smem.at[slot], col), t, 1))
                 ok = None
                 if partial:
-                    ok = _allowed(st, iota(0) + base, iota(1) + index_ref[i, s] * bk, q_len, kv_len)
+                    ok = _allowed(st, iota(0) + base, iota(1) + index_ref[i, s] * bk, q_len, kv_len, *ids)
                 p = core.probs(t, core.rows(lse, t), 0.0, ok, base2=st.core.base2)
                 ds = pull(core.dlogits(p, dp, delta)).astype(dtype)
                 if st.interpret:  # the GPU interpreter's wgmma reads its A operand from shared memory only
@@ -471,6 +510,8 @@ def _dq(q, do, kt, vt, k, lse, delta, index, counts, lens, *, st: _Static, bk: i
                 plgpu.copy_gmem_to_smem(kt_ref.at[b, kvh, :, keys], kt_smem.at[slot], kt_bar.at[slot])
                 plgpu.copy_gmem_to_smem(vt_ref.at[b, kvh, :, keys], vt_smem.at[slot], vt_bar.at[slot])
                 plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kvh], k_smem.at[slot], k_bar.at[slot])
+                if st.doc is not None:
+                    plgpu.copy_gmem_to_smem(ids_ref.at[b, 1, keys], kid_smem.at[slot], kid_bar.at[slot])
 
             _producer(load, lambda slot: plgpu.barrier_wait(done.at[slot]), total, C)
 
@@ -484,20 +525,23 @@ def _dq(q, do, kt, vt, k, lse, delta, index, counts, lens, *, st: _Static, bk: i
         plgpu.SMEM((C, H, bk), dtype, **tiles),
         plgpu.SMEM((C, bk, H), dtype, **tiles),
         plgpu.SMEM((2, bq, bk), dtype, **tiles) if st.interpret else None,
+        plgpu.SMEM((2, bq), jnp.int32),
+        plgpu.SMEM((C, bk), jnp.int32),
     )
-    bars = (plgpu.Barrier(num_barriers=8), *(plgpu.Barrier(num_barriers=C) for _ in range(3)))
+    bars = (plgpu.Barrier(num_barriers=10), *(plgpu.Barrier(num_barriers=C) for _ in range(4)))
     done = plgpu.Barrier(num_arrivals=2, num_barriers=C)
     out_type = jax.ShapeDtypeStruct((B, Tp, N, H), dtype)
     grid = (N, Tp // (2 * bq), B)
     return _launch(
         plgpu, st, kernel, (smem, bars, done), grid, ("heads", "q_seq", "batch"), out_type, q, do, kt, vt, k, lse,
-        delta, index, counts, lens,
+        delta, ids, index, counts, lens,
     )  # fmt: skip
 
 
-def _dkv(q, do, qt, dot, k, v, ld, index_t, counts_t, lens, *, st: _Static, bq: int, C: int):
+def _dkv(q, do, qt, dot, k, v, ld, ids, index_t, counts_t, lens, *, st: _Static, bq: int, C: int):
     """q (pre-scaled), do [B, N, Tp, H]; qt, dot [B, N, H, Tp] (the same transposed); k, v [B, K, Sp, H];
-    ld [B, N, 2, Tp] fp32 (lse in the forward's units, delta); the transposed schedule (128-key blocks,
+    ld [B, N, 2, Tp] fp32 (lse in the forward's units, delta); ids the segment ids ([B, 2, L] int32: the
+    queries', the keys'; read with a document mask); the transposed schedule (128-key blocks,
     ``bq``-row query blocks) -> dk, dv [B, Sp, N, H] per query head in the input dtype (the caller sums the
     G heads of a kv head)."""
     plgpu = _plgpu()
@@ -506,21 +550,22 @@ def _dkv(q, do, qt, dot, k, v, ld, index_t, counts_t, lens, *, st: _Static, bq: 
     bk = _BK_DKV
     G = st.N // st.K
     dtype = q.dtype
-    col, wgmma = plgpu.Layout.WGMMA.reduce(0), plgpu.Layout.WGMMA
+    row, col, wgmma = _row_layout(plgpu), plgpu.Layout.WGMMA.reduce(0), plgpu.Layout.WGMMA
 
     def vec(ref):
-        return ref[...] if st.interpret else plgpu.load(ref, (), layout=col)
+        return _vec(plgpu, st, ref, col)
 
     def iota(axis):
         return _iota(plgpu, st, (bk, bq), axis)
 
     def cols(x, like):  # per-column values [bq] along the rows of like [bk, bq]
-        return lax.broadcast_in_dim(x, like.shape, (1,))
+        return _along(x, like, 1)
 
-    def kernel(q_ref, do_ref, qt_ref, dot_ref, k_ref, v_ref, ld_ref, index_ref, counts_ref, lens_ref, dk_ref,
-               dv_ref, scoped):  # fmt: skip
-        (k_smem2, v_smem2, q_smem, do_smem, qt_smem, dot_smem, ld_smem, p_smem2), bars, done = scoped
-        kv_bar, q_bar, do_bar, qt_bar, dot_bar, ld_bar = bars
+    def kernel(q_ref, do_ref, qt_ref, dot_ref, k_ref, v_ref, ld_ref, ids_ref, index_ref, counts_ref,
+               lens_ref, dk_ref, dv_ref, scoped):  # fmt: skip
+        smem, bars, done = scoped
+        k_smem2, v_smem2, q_smem, do_smem, qt_smem, dot_smem, ld_smem, p_smem2, kid_smem2, qid_smem = smem
+        kv_bar, q_bar, do_bar, qt_bar, dot_bar, ld_bar, qid_bar = bars
         b, h, j, wg, n_full, total = _program(counts_ref, "kv_seq")
 
         @pl.when(wg < 2)
@@ -530,8 +575,12 @@ def _dkv(q, do, qt, dot, k, v, ld, index_t, counts_t, lens, *, st: _Static, bq: 
             keys, kvh = pl.ds(kbase, bk), lax.div(h, G)
             plgpu.copy_gmem_to_smem(k_ref.at[b, kvh, keys], k_smem, kv_bar.at[wg])
             plgpu.copy_gmem_to_smem(v_ref.at[b, kvh, keys], v_smem, kv_bar.at[2 + wg])
+            if st.doc is not None:
+                plgpu.copy_gmem_to_smem(ids_ref.at[b, 1, keys], kid_smem2.at[wg], kv_bar.at[4 + wg])
+                plgpu.barrier_wait(kv_bar.at[4 + wg])
             plgpu.barrier_wait(kv_bar.at[wg])
             plgpu.barrier_wait(kv_bar.at[2 + wg])
+            kid = _vec(plgpu, st, kid_smem2.at[wg], row) if st.doc is not None else None
             q_len, kv_len = lens_ref[b, 0], lens_ref[b, 1]
 
             def step(s, carry, partial):
@@ -553,9 +602,13 @@ def _dkv(q, do, qt, dot, k, v, ld, index_t, counts_t, lens, *, st: _Static, bq: 
                 dpt = pl.run_scoped(vdo, plgpu.ACC((bk, bq), jnp.float32))
                 plgpu.barrier_wait(ld_bar.at[slot])
                 lse, delta = vec(ld_smem.at[slot, 0]), vec(ld_smem.at[slot, 1])
+                ids = (None, None)
+                if st.doc is not None:  # every step waits for its slot's query ids (one barrier phase per load)
+                    plgpu.barrier_wait(qid_bar.at[slot])
+                    ids = (cols(vec(qid_smem.at[slot]), tt), _along(kid, tt, 0))
                 ok = None
                 if partial:
-                    ok = _allowed(st, iota(1) + index_ref[j, s] * bq, iota(0) + kbase, q_len, kv_len)
+                    ok = _allowed(st, iota(1) + index_ref[j, s] * bq, iota(0) + kbase, q_len, kv_len, *ids)
                 pt = core.probs(tt, cols(lse, tt), 0.0, ok, base2=st.core.base2)
                 dst = pull(pt * (dpt - cols(delta, dpt))).astype(dtype)
                 pt = pt.astype(dtype)
@@ -600,6 +653,8 @@ def _dkv(q, do, qt, dot, k, v, ld, index_t, counts_t, lens, *, st: _Static, bq: 
                 plgpu.copy_gmem_to_smem(ld_ref.at[b, h, :, rows], ld_smem.at[slot], ld_bar.at[slot])
                 plgpu.copy_gmem_to_smem(do_ref.at[b, h, rows], do_smem.at[slot], do_bar.at[slot])
                 plgpu.copy_gmem_to_smem(q_ref.at[b, h, rows], q_smem.at[slot], q_bar.at[slot])
+                if st.doc is not None:
+                    plgpu.copy_gmem_to_smem(ids_ref.at[b, 0, rows], qid_smem.at[slot], qid_bar.at[slot])
 
             _producer(load, lambda slot: plgpu.barrier_wait(done.at[slot]), total, C)
 
@@ -613,18 +668,20 @@ def _dkv(q, do, qt, dot, k, v, ld, index_t, counts_t, lens, *, st: _Static, bq: 
         plgpu.SMEM((C, H, bq), dtype, **tiles),
         plgpu.SMEM((C, 2, bq), jnp.float32),
         plgpu.SMEM((2, 2, bk, bq), dtype, **tiles) if st.interpret else None,
+        plgpu.SMEM((2, bk), jnp.int32),
+        plgpu.SMEM((C, bq), jnp.int32),
     )
-    bars = (plgpu.Barrier(num_barriers=4), *(plgpu.Barrier(num_barriers=C) for _ in range(5)))
+    bars = (plgpu.Barrier(num_barriers=6), *(plgpu.Barrier(num_barriers=C) for _ in range(6)))
     done = plgpu.Barrier(num_arrivals=2, num_barriers=C)
     out_type = (jax.ShapeDtypeStruct((B, Sp, N, H), dtype),) * 2
     grid = (N, Sp // (2 * bk), B)
     return _launch(
         plgpu, st, kernel, (smem, bars, done), grid, ("heads", "kv_seq", "batch"), out_type, q, do, qt, dot, k, v,
-        ld, index_t, counts_t, lens,
+        ld, ids, index_t, counts_t, lens,
     )  # fmt: skip
 
 
-def _mosaic_backward(st, cfg: MosaicBackward, q, k, v, lens, sched_dq, sched_dkv, out, lse, do):
+def _mosaic_backward(st, cfg: MosaicBackward, q, k, v, ids, lens, sched_dq, sched_dkv, out, lse, do):
     """dq, dk, dv from the forward's residuals with the two Mosaic kernels (dk, dv summed over G in fp32)."""
     B, Tp, N, H = q.shape
     K, G, Sp = st.K, st.N // st.K, k.shape[1]
@@ -633,11 +690,11 @@ def _mosaic_backward(st, cfg: MosaicBackward, q, k, v, lens, sched_dq, sched_dkv
     qs = jnp.transpose((q.astype(jnp.float32) * st.core.q_factor).astype(q.dtype), (0, 2, 1, 3))  # [B, N, Tp, H]
     dos = jnp.transpose(do.astype(q.dtype), (0, 2, 1, 3))
     kt, vt = jnp.transpose(k, (0, 2, 3, 1)), jnp.transpose(v, (0, 2, 3, 1))  # [B, K, H, Sp]
-    dq = _dq(qs, dos, kt, vt, k, lse, delta, *sched_dq, lens, st=st, bk=cfg.block_kv_dq, C=C)
+    dq = _dq(qs, dos, kt, vt, k, lse, delta, ids, *sched_dq, lens, st=st, bk=cfg.block_kv_dq, C=C)
     kh, vh = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))  # [B, K, Sp, H]
     ld = jnp.stack([lse, delta], 2)  # [B, N, 2, Tp]
     dk, dv = _dkv(
-        qs, dos, jnp.swapaxes(qs, -1, -2), jnp.swapaxes(dos, -1, -2), kh, vh, ld, *sched_dkv, lens, st=st,
+        qs, dos, jnp.swapaxes(qs, -1, -2), jnp.swapaxes(dos, -1, -2), kh, vh, ld, ids, *sched_dkv, lens, st=st,
         bq=cfg.block_q_dkv, C=C,
     )  # fmt: skip
     dk, dv = (x.astype(jnp.float32).reshape(B, Sp, K, G, H).sum(3) for x in (dk, dv))  # G heads per kv head
@@ -649,29 +706,32 @@ def _mosaic_backward(st, cfg: MosaicBackward, q, k, v, lens, sched_dq, sched_dkv
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _flash(st, bwd, q, k, v, lens, sched, sched_bwd):
-    """bwd: ``("mosaic", MosaicBackward)`` or ``("triton", pallas_flash._Static)``; sched_bwd the pair of
-    schedules its two kernels read: (dq's rows, dk/dv's transposed rows)."""
-    return _forward(st, q, k, v, lens, sched)[0]
+def _flash(st, bwd, q, k, v, ids, lens, sched, sched_bwd):
+    """bwd: ``("mosaic", MosaicBackward)`` or ``("triton", pallas_flash._Static)``; ids the segment ids
+    ``[B, 2, L]`` int32 (queries', keys'; read with a document mask); sched_bwd the pair of schedules the backward's
+    two kernels read: (dq's rows, dk/dv's transposed rows)."""
+    return _forward(st, q, k, v, ids, lens, sched)[0]
 
 
-def _forward(st, q, k, v, lens, sched):
+def _forward(st, q, k, v, ids, lens, sched):
     qs = (q.astype(jnp.float32) * st.core.q_factor).astype(q.dtype)
     kt = jnp.transpose(k, (0, 2, 3, 1))  # [B, Sp, K, H] -> [B, K, H, Sp]: the q k^T product's B operand
-    return _fwd(qs, kt, v, *sched, lens, st=st)
+    return _fwd(qs, kt, v, ids, *sched, lens, st=st)
 
 
-def _flash_fwd(st, bwd, q, k, v, lens, sched, sched_bwd):
-    out, lse = _forward(st, q, k, v, lens, sched)
-    return out, (q, k, v, lens, sched, sched_bwd, out, lse)
+def _flash_fwd(st, bwd, q, k, v, ids, lens, sched, sched_bwd):
+    out, lse = _forward(st, q, k, v, ids, lens, sched)
+    return out, (q, k, v, ids, lens, sched, sched_bwd, out, lse)
 
 
 def _flash_bwd(st, bwd, res, do):
-    q, k, v, lens, sched, sched_bwd, out, lse = res
+    q, k, v, ids, lens, sched, sched_bwd, out, lse = res
     (index, counts), (index_t, counts_t) = sched_bwd
     kind, cfg = bwd
     if kind == "mosaic":
-        dq, dk, dv = _mosaic_backward(st, cfg, q, k, v, lens, (index, counts), (index_t, counts_t), out, lse, do)
+        dq, dk, dv = _mosaic_backward(
+            st, cfg, q, k, v, ids, lens, (index, counts), (index_t, counts_t), out, lse, do
+        )  # fmt: skip
     else:
         delta = jnp.transpose(core.softmax_delta(out, do), (0, 2, 1))  # [B, Tp, N] -> [B, N, Tp]
         do = do.astype(q.dtype)
@@ -682,22 +742,26 @@ def _flash_bwd(st, bwd, res, do):
         dk, dv = pallas_flash._dkv_call(
             q, k, v, do, lse, delta, (index_t, counts_t), lens, None, (), st=cfg, interpret=interpret
         )
-    zeros = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, jax.dtypes.float0), (lens, sched, sched_bwd))
+    zeros = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, jax.dtypes.float0), (ids, lens, sched, sched_bwd))
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), *zeros)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def interval_mask(call: Call):
-    """The call's mask as (padding factors, interval bounds or None), or None when it has no such form."""
-    if call.mask is None:
-        return (), None
-    pads, rest = call.mask.split_padding()
-    if rest is None or rest.is_full:
-        return pads, None
-    bounds = rest.interval()
-    return (pads, bounds) if bounds is not None else None
+def _segment_ids(doc, lead, T: int, S: int, L: int):
+    """A document mask's ids as one int32 ``[B, 2, L]`` (row 0 the queries', row 1 the keys', each padded to L;
+    zeros without one). One array, not two: equal q and kv ids would be one buffer passed twice, which
+    Pallas' GPU interpreter cannot run (its threads stop); the padded tails are outside the lengths."""
+    B = math.prod(lead)
+    if doc is None:
+        return jnp.zeros((B, 2, L), jnp.int32)
+
+    def one(ids, n):
+        ids = jnp.broadcast_to(jnp.asarray(ids, jnp.int32), (*lead, n)).reshape(B, n)
+        return jnp.pad(ids, ((0, 0), (0, L - n)))
+
+    return jnp.stack([one(doc.q_ids, T), one(doc.kv_ids, S)], 1)
 
 
 def attend(call: Call, *, config: MosaicConfig | None = None):
@@ -709,7 +773,13 @@ def attend(call: Call, *, config: MosaicConfig | None = None):
     backend = platform.target()
     lead, T, S, N, K, H = call.lead, call.T, call.S, call.N, call.K, call.H
     bq, bk = config.block_q, config.block_kv
+    form = mosaic_mask(call)
+    if form is None:
+        raise ValueError(f"mask: the Mosaic kernels take padding, an interval and a document mask, got {call.mask}")
+    pads, bounds, doc = form
     bwd = config.backward
+    if doc is not None and not isinstance(bwd, MosaicBackward):  # the Triton kernels read documents as bitmaps
+        bwd = MosaicBackward()  # (H <= 128: ``supports`` says so for documents above)
     mosaic_bwd = isinstance(bwd, MosaicBackward)
     if mosaic_bwd and H > 128:
         raise ValueError(
@@ -727,7 +797,6 @@ def attend(call: Call, *, config: MosaicConfig | None = None):
         q_blocks, k_blocks = (bwd.block_q,), (bwd.block_k,)
     align_q, align_k = np.lcm.reduce([2 * bq, *q_blocks]), np.lcm.reduce([bk, *k_blocks])
     Tp, Sp = -(-T // align_q) * align_q, -(-S // align_k) * align_k
-    pads, bounds = interval_mask(call)
     m = call.mask
 
     def plan(bq_, bk_, transposed=False):
@@ -750,6 +819,7 @@ def attend(call: Call, *, config: MosaicConfig | None = None):
         K=K,
         H=H,
         interval=bounds,
+        doc=None if doc is None else (doc.padding_id,),
         kinds=fwd_sched.kinds,
         interpret=backend != "gpu",
     )
@@ -786,7 +856,8 @@ def attend(call: Call, *, config: MosaicConfig | None = None):
     vp = jnp.pad(call.v.reshape(B, S, K, H), ((0, 0), (0, Sp - S), (0, 0), (0, 0)))
     sched = (jnp.asarray(fwd_sched.index), jnp.asarray(fwd_sched.counts))
     sched_bwd = tuple(tuple(jnp.asarray(x) for x in r) for r in (rows_dq, rows_dkv))
-    out = _flash(st, bwd_arg, qp, kp, vp, lens, sched, sched_bwd)
+    ids = _segment_ids(doc, lead, T, S, max(Tp, Sp))
+    out = _flash(st, bwd_arg, qp, kp, vp, ids, lens, sched, sched_bwd)
     return out[:, :T].reshape(*lead, T, N, H).astype(call.q.dtype)
 
 
