@@ -751,8 +751,7 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 def _segment_ids(doc, lead, T: int, S: int, L: int):
     """A document mask's ids as one int32 ``[B, 2, L]`` (row 0 the queries', row 1 the keys', each padded to L;
-    zeros without one). One array, not two: equal q and kv ids would be one buffer passed twice, which
-    Pallas' GPU interpreter cannot run (its threads stop); the padded tails are outside the lengths."""
+    zeros without one): one operand for the three kernels; the padded tails are outside the lengths."""
     B = math.prod(lead)
     if doc is None:
         return jnp.zeros((B, 2, L), jnp.int32)
