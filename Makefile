@@ -77,12 +77,15 @@ endef
 export HAVE_PY
 
 # Installs the extras $(1) into .venv unless INSTALL=0, or (INSTALL=auto) they are all present.
+# setuptools prints an "Editable installation" notice on every editable install (InformationOnly:
+# folders named like the package may shadow it); it is filtered so that a passing make test reads clean.
 define pip_install
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if [ "$(INSTALL)" != 1 ] && $(PY) -c "$$HAVE_PY" $(1) >/dev/null 2>&1; then \
 	  echo "install: $(VENV) already has every package for [$(1)] (INSTALL=1 reinstalls)"; \
 	else \
-	  $(PIP) --upgrade pip && $(PIP) -e ".[$(subst $(space),$(comma),$(strip $(1)))]"; \
+	  $(PIP) --upgrade pip && PYTHONWARNINGS="ignore:Editable installation" \
+	    $(PIP) -e ".[$(subst $(space),$(comma),$(strip $(1)))]"; \
 	fi
 endef
 comma := ,
