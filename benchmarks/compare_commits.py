@@ -135,13 +135,38 @@ def _worker(cells: list[str], repeats: int) -> dict:
     return out
 
 
-def _run(tree: Path, cells, repeats) -> dict:
+def _in_tree(tree: Path, args: list[str], what: str) -> str:
+    """``python <args>`` with ``tree`` as the working directory and on PYTHONPATH -> its stdout."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, str(Path(__file__).resolve()), f"--worker={','.join(cells)}", f"--repeats={repeats}"]
-    res = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    res = subprocess.run([sys.executable, *args], env=env, cwd=tree, capture_output=True, text=True, check=False)
     if res.returncode:
-        raise RuntimeError(f"compare_commits: the worker in {tree} failed:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"compare_commits: {what} in {tree} failed:\n{res.stderr[-3000:]}")
+    return res.stdout
+
+
+def _run(tree: Path, cells, repeats) -> dict:
+    args = [str(Path(__file__).resolve()), f"--worker={','.join(cells)}", f"--repeats={repeats}"]
+    return json.loads(_in_tree(tree, args, "the worker").strip().splitlines()[-1])
+
+
+def _alternate(run) -> tuple[dict, str, str]:
+    """``run(tree, out folder)`` on the base and head trees in ``--rounds`` alternating rounds (base first in
+    even rounds) -> ``({"base": [...], "head": [...]}, base name, head name)``; worktrees removed after."""
+    runs = {"base": [], "head": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        base, base_name = _tree(_BASE.value, Path(tmp), "base")
+        head, head_name = _tree(_HEAD.value, Path(tmp), "head")
+        try:
+            for r in range(_ROUNDS.value):
+                for side, tree in (("base", base), ("head", head)) if r % 2 == 0 else (("head", head), ("base", base)):
+                    t0 = time.perf_counter()
+                    runs[side].append(run(tree, Path(tmp) / f"out-{side}-{r}"))
+                    print(f"round {r + 1}/{_ROUNDS.value} {side}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        finally:
+            for path in (base, head):
+                if path != ROOT:
+                    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+    return runs, base_name, head_name
 
 
 def _tree(spec: str, tmp: Path, name: str) -> tuple[Path, str]:
@@ -164,20 +189,7 @@ def main(argv):
     unknown = sorted(set(_CELLS.value) - set(CELLS))
     if unknown:
         raise ValueError(f"--cells: unknown {unknown}; choose from {list(CELLS)}")
-    with tempfile.TemporaryDirectory() as tmp:
-        base, base_name = _tree(_BASE.value, Path(tmp), "base")
-        head, head_name = _tree(_HEAD.value, Path(tmp), "head")
-        try:
-            runs = {"base": [], "head": []}
-            for r in range(_ROUNDS.value):
-                for side, tree in (("base", base), ("head", head)) if r % 2 == 0 else (("head", head), ("base", base)):
-                    t0 = time.perf_counter()
-                    runs[side].append(_run(tree, _CELLS.value, _REPEATS.value))
-                    print(f"round {r + 1}/{_ROUNDS.value} {side}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-        finally:
-            for path in (base, head):
-                if path != ROOT:
-                    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+    runs, base_name, head_name = _alternate(lambda tree, out: _run(tree, _CELLS.value, _REPEATS.value))
     rows = []
     for name in _CELLS.value:
         b = min(run[name]["best_ms"] for run in runs["base"])
@@ -194,11 +206,7 @@ def main(argv):
 
 
 def _run_bench(tree: Path, spec: dict, out: Path) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, "-m", spec["module"], f"--out={out}"]
-    res = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
-    if res.returncode:
-        raise RuntimeError(f"compare_commits: {spec['module']} in {tree} failed:\n{res.stderr[-3000:]}")
+    _in_tree(tree, ["-m", spec["module"], f"--out={out}"], spec["module"])
     return json.loads((out / spec["file"]).read_text())["records"]
 
 
@@ -224,20 +232,7 @@ def bench_rows(spec: dict, runs: dict) -> list[dict]:
 def _main_bench(spec: dict):
     from benchmarks import harness  # noqa: PLC0415
 
-    runs = {"base": [], "head": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        base, base_name = _tree(_BASE.value, Path(tmp), "base")
-        head, head_name = _tree(_HEAD.value, Path(tmp), "head")
-        try:
-            for r in range(_ROUNDS.value):
-                for side, tree in (("base", base), ("head", head)) if r % 2 == 0 else (("head", head), ("base", base)):
-                    t0 = time.perf_counter()
-                    runs[side].append(_run_bench(tree, spec, Path(tmp) / f"out-{side}-{r}"))
-                    print(f"round {r + 1}/{_ROUNDS.value} {side}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-        finally:
-            for path in (base, head):
-                if path != ROOT:
-                    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+    runs, base_name, head_name = _alternate(lambda tree, out: _run_bench(tree, spec, out))
     rows = bench_rows(spec, runs)
     meta = harness.run_record() | {"base": base_name, "head": head_name, "rounds": _ROUNDS.value}
     meta["bench"] = spec["module"]

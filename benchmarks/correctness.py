@@ -114,18 +114,18 @@ def _empty_rows(case: CorrCase, B: int, N: int):
     return np.broadcast_to(~dense.any(-1).transpose(0, 2, 1), (B, case.T, N))  # [B, 1, T] -> [B, T, N]
 
 
-# Variants checked beside the registered implementations: (name, the implementation that decides support,
-# the configuration it runs with). The Mosaic kernel with its own backward (the default runs the Triton one).
-VARIANTS = {"mosaic+mosaic_bwd": "mosaic"}
+# Variants checked beside the registered implementations: name -> (the implementation whose ``supports``
+# decides, the largest head dim the variant takes). The Mosaic forward with the Mosaic backward kernels
+# (its default configuration runs the Triton ones), which take H <= 128.
+VARIANTS = {"mosaic+mosaic_bwd": ("mosaic", 128)}
 
 
 def _variant_attend(name: str):
-    """``attention(q, k, v, **kw)`` for a variant: the Mosaic forward with the Mosaic backward kernels."""
+    """``attention(q, k, v, **kw)`` for a variant of ``VARIANTS``."""
     from attnlab.call import bind  # noqa: PLC0415
     from attnlab.kernels import mosaic_gpu  # noqa: PLC0415 (only where the variant is asked for)
 
-    assert name == "mosaic+mosaic_bwd", name
-    config = mosaic_gpu.MosaicConfig(backward=mosaic_gpu.MosaicBackward())
+    config = {"mosaic+mosaic_bwd": mosaic_gpu.MosaicConfig(backward=mosaic_gpu.MosaicBackward())}[name]
     return lambda q, k, v, **kw: mosaic_gpu.attend(bind(q, k, v, **kw), config=config)
 
 
@@ -155,9 +155,10 @@ def _jobs(sz, rec: harness.Recorder, names):
                 sds = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
                 for name in names:
                     row = dict(H=H, T=case.T, mask=case.mask, dtype=dtype, implementation=name, score=case.score)
-                    form, why = _first_form(case, sds, score, VARIANTS.get(name, name))
-                    if why is None and name in VARIANTS and H > 128:
-                        why = "the Mosaic backward takes H <= 128"
+                    base, max_h = VARIANTS.get(name, (name, None))
+                    form, why = _first_form(case, sds, score, base)
+                    if why is None and max_h is not None and H > max_h:
+                        why = f"{name}: head dims up to {max_h}"
                     if why is not None:
                         rec.add(row | dict(status="unsupported", reason=why))
                         continue

@@ -154,7 +154,7 @@ class Context:
 def correctness(ctx: Context) -> None:
     """Every registered implementation (cuDNN's wrapper too) against the reference (``benchmarks.correctness``)."""
     names = [n for n in ctx.opts.contender_names() if n in contenders.registered()]
-    names += [v for v, base in check.VARIANTS.items() if base in names]  # the Mosaic forward with its own backward
+    names += [v for v, (base, _) in check.VARIANTS.items() if base in names]  # the Mosaic forward with its own backward
     check.check_all(ctx.sz, names, ctx.recorder("correctness"), ctx.lock, ctx.opts.compile_workers)
 
 

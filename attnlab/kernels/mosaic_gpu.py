@@ -148,10 +148,23 @@ def _tiles(plgpu):
     return dict(transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
 
 
-def _producer(load, wait_done, total, C):
+def _producer(plgpu, copies, done, total, C):
     """The producer warpgroup's loop: fill the ``C`` slots, then reload each slot once both consumers are
     done with it, then observe the last steps' consumption (every barrier phase is waited on once: the
-    GPU interpreter checks it)."""
+    GPU interpreter checks it).
+
+    ``copies(s)``: step ``s``'s TMA copies as ``(gmem view, smem slots, barriers)``, each landing in
+    ``slots.at[slot]`` and signalling ``barriers.at[slot]``; ``done``: the barriers (one per slot each) the
+    consumers arrive at when they no longer read a slot."""
+
+    def load(s, slot):
+        for src, slots, bars in copies(s):
+            plgpu.copy_gmem_to_smem(src, slots.at[slot], bars.at[slot])
+
+    def wait_done(slot):
+        for bars in done:
+            plgpu.barrier_wait(bars.at[slot])
+
     for s in range(C):
 
         @pl.when(s < total)
@@ -315,18 +328,13 @@ def _fwd(q, kt, v, ids, index, counts, lens, *, st: _Static):
         def _producer_wg():
             kvh = lax.div(h, G)
 
-            def load(s, slot):
-                kb = index_ref[i, s]
-                plgpu.copy_gmem_to_smem(kt_ref.at[b, kvh, :, pl.ds(kb * bk, bk)], kt_smem.at[slot], kt_bar.at[slot])
-                plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(kb * bk, bk), kvh], v_smem.at[slot], v_bar.at[slot])
-                if st.doc is not None:
-                    plgpu.copy_gmem_to_smem(ids_ref.at[b, 1, pl.ds(kb * bk, bk)], kid_smem.at[slot], kid_bar.at[slot])
+            def copies(s):
+                keys = pl.ds(index_ref[i, s] * bk, bk)
+                out = [(kt_ref.at[b, kvh, :, keys], kt_smem, kt_bar), (v_ref.at[b, keys, kvh], v_smem, v_bar)]
+                return out + ([(ids_ref.at[b, 1, keys], kid_smem, kid_bar)] if st.doc is not None else [])
 
-            def wait_done(slot):  # both tiles of the slot consumed (k^T early, after q k^T; v after p v)
-                plgpu.barrier_wait(kt_done.at[slot])
-                plgpu.barrier_wait(v_done.at[slot])
-
-            _producer(load, wait_done, total, C)
+            # a slot is free once both tiles are consumed (k^T early, after q k^T; v after p v)
+            _producer(plgpu, copies, (kt_done, v_done), total, C)
 
     tiles = _tiles(plgpu)
     smem = (
@@ -505,15 +513,15 @@ def _dq(q, do, kt, vt, k, lse, delta, ids, index, counts, lens, *, st: _Static, 
         def _producer_wg():
             kvh = lax.div(h, G)
 
-            def load(s, slot):
+            def copies(s):
                 keys = pl.ds(index_ref[i, s] * bk, bk)
-                plgpu.copy_gmem_to_smem(kt_ref.at[b, kvh, :, keys], kt_smem.at[slot], kt_bar.at[slot])
-                plgpu.copy_gmem_to_smem(vt_ref.at[b, kvh, :, keys], vt_smem.at[slot], vt_bar.at[slot])
-                plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kvh], k_smem.at[slot], k_bar.at[slot])
-                if st.doc is not None:
-                    plgpu.copy_gmem_to_smem(ids_ref.at[b, 1, keys], kid_smem.at[slot], kid_bar.at[slot])
+                out = [
+                    (kt_ref.at[b, kvh, :, keys], kt_smem, kt_bar), (vt_ref.at[b, kvh, :, keys], vt_smem, vt_bar),
+                    (k_ref.at[b, keys, kvh], k_smem, k_bar),
+                ]  # fmt: skip
+                return out + ([(ids_ref.at[b, 1, keys], kid_smem, kid_bar)] if st.doc is not None else [])
 
-            _producer(load, lambda slot: plgpu.barrier_wait(done.at[slot]), total, C)
+            _producer(plgpu, copies, (done,), total, C)
 
     tiles = _tiles(plgpu)
     smem = (
@@ -646,17 +654,16 @@ def _dkv(q, do, qt, dot, k, v, ld, ids, index_t, counts_t, lens, *, st: _Static,
 
         @pl.when(wg == 2)
         def _producer_wg():
-            def load(s, slot):
+            def copies(s):
                 rows = pl.ds(index_ref[j, s] * bq, bq)
-                plgpu.copy_gmem_to_smem(qt_ref.at[b, h, :, rows], qt_smem.at[slot], qt_bar.at[slot])
-                plgpu.copy_gmem_to_smem(dot_ref.at[b, h, :, rows], dot_smem.at[slot], dot_bar.at[slot])
-                plgpu.copy_gmem_to_smem(ld_ref.at[b, h, :, rows], ld_smem.at[slot], ld_bar.at[slot])
-                plgpu.copy_gmem_to_smem(do_ref.at[b, h, rows], do_smem.at[slot], do_bar.at[slot])
-                plgpu.copy_gmem_to_smem(q_ref.at[b, h, rows], q_smem.at[slot], q_bar.at[slot])
-                if st.doc is not None:
-                    plgpu.copy_gmem_to_smem(ids_ref.at[b, 0, rows], qid_smem.at[slot], qid_bar.at[slot])
+                out = [
+                    (qt_ref.at[b, h, :, rows], qt_smem, qt_bar), (dot_ref.at[b, h, :, rows], dot_smem, dot_bar),
+                    (ld_ref.at[b, h, :, rows], ld_smem, ld_bar), (do_ref.at[b, h, rows], do_smem, do_bar),
+                    (q_ref.at[b, h, rows], q_smem, q_bar),
+                ]  # fmt: skip
+                return out + ([(ids_ref.at[b, 0, rows], qid_smem, qid_bar)] if st.doc is not None else [])
 
-            _producer(load, lambda slot: plgpu.barrier_wait(done.at[slot]), total, C)
+            _producer(plgpu, copies, (done,), total, C)
 
     tiles = _tiles(plgpu)
     smem = (
