@@ -532,12 +532,20 @@ class Conformance:
         dense = jnp.zeros((4, 6), jnp.float32).at[2].set(-jnp.inf).at[1, :3].set(FMIN)
         bias = dense if form == "array" else (lambda qi, ki: dense[qi][:, ki])
         self.require(q, k, v, bias=bias)
-        out, grads = fwd_and_grads(lambda q, k, v: self.attention(q, k, v, bias=bias), q, k, v)
+        args = (q, k, v) if callable(bias) else (q, k, v, bias)  # an array bias is differentiated too
+        out, grads = fwd_and_grads(lambda q, k, v, *b: self.attention(q, k, v, bias=b[0] if b else bias), *args)
         expected, _ = np_attention(q, k, v, bias=dense)
         assert (expected[:, 2] == 0).all()
         compare(out, expected, tol(jnp.float32))
-        for g in grads:
+        _, grads_r = fwd_and_grads(
+            lambda q, k, v, *b: attnlab.attention_reference(q, k, v, bias=b[0] if b else bias), *args
+        )
+        for g, g_r in zip(grads, grads_r, strict=True):
             assert np.isfinite(np.asarray(g)).all()
+            compare(g, g_r, grad_tol(jnp.float32))
+        np.testing.assert_array_equal(np.asarray(grads[0])[:, 2], 0.0)  # dq of the empty row
+        if not callable(bias):
+            np.testing.assert_array_equal(np.asarray(grads[3])[2], 0.0)  # dbias of the empty row
 
     @pytest.mark.parametrize("score", ["dot", "additive"])
     def test_out_of_range_edges_are_dropped(self, score):

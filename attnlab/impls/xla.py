@@ -1,11 +1,15 @@
-"""``jax.nn.dot_product_attention(implementation="xla")`` as an attnlab implementation.
+"""Dense XLA attention: ``jax.nn.dot_product_attention(implementation="xla")``'s program as an attnlab implementation.
 
-Dot score, Hv == H. attnlab's conventions on top of jax.nn: the mask goes in as ``-inf`` in an fp32
-bias (jax.nn fills masked logits with a finite ``-0.7 * max``, which would beat an allowed logit of
-``finfo.min``), and a row with nothing to attend to returns zeros (jax.nn spreads it uniformly).
+Dot score, Hv == H. The same einsums and fp32 softmax as jax.nn (``dense_attention``), with attnlab's
+conventions: the mask goes in as ``-inf`` in an fp32 bias (jax.nn fills masked logits with a finite
+``-0.7 * max``, which would beat an allowed logit of ``finfo.min``), and a row with nothing to attend
+to returns zeros with zero gradients (jax.nn spreads it uniformly, or gives NaN when a bias empties it).
 """
 
 from __future__ import annotations
+
+import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +18,7 @@ from attnlab import numerics
 from attnlab.call import Call
 from attnlab.impls.base import Implementation
 from attnlab.impls.reference import dense_bias
+from attnlab.kernels import tile_core
 
 __all__ = ["XLA", "XLA_MAX_LOGITS_BYTES"]
 
@@ -31,30 +36,64 @@ def _to_bnts(x, lead):
     return x.reshape((-1,) + x.shape[len(lead) :])
 
 
+def _dense_one_group(q, k, v, bias, allowed, empty, scale):
+    """One query head per key head: ``q [B, T, K, H]``, ``k, v [B, S, K, H]``, ``bias`` / ``allowed``
+    ``[B|1, K|1, T|1, S|1]``, ``empty [B|1, K|1, T|1, 1]`` (each may be None)."""
+    logits = jnp.einsum("BTNH,BSNH->BNTS", q, k, preferred_element_type=jnp.float32)
+    logits = logits * jnp.asarray(scale, jnp.float32)
+    if bias is not None:
+        logits = logits + bias
+    if allowed is not None:
+        logits = jnp.where(allowed, logits, -jnp.inf)  # a select in the logits' kernel, as jax.nn's mask
+    if empty is None:
+        return jnp.einsum("BNTS,BSNH->BTNH", jax.nn.softmax(logits, axis=-1).astype(v.dtype), v)
+    probs = tile_core.softmax_rows(logits, empty)
+    out = jnp.einsum("BNTS,BSNH->BTNH", probs.astype(v.dtype), v)
+    return jnp.where(jnp.swapaxes(empty, 1, 2), 0.0, out)  # [B|1, T|1, K|1, 1]
+
+
+def dense_attention(q, k, v, bias=None, allowed=None, empty=None, scale=None):
+    """jax.nn's XLA program, with attnlab's empty rows: ``q [B, T, N, H]``, ``k, v [B, S, K, H]``, an fp32
+    ``bias`` and a bool ``allowed`` ``[B|1, N|1, T|1, S|1]`` and ``empty [B|1, N|1, T|1, 1]`` (the rows
+    with no allowed key above a -inf bias; needed whenever there is a bias or a mask) -> ``[B, T, N, H]``.
+
+    The same einsums, layouts and fp32 softmax as ``jax.nn.dot_product_attention(implementation="xla")``
+    (one key head per query head, mapped over the G query heads of a key head; the mask a select on the
+    logits), so XLA fuses them alike. An empty row is zeroed after the product
+    (``tile_core.softmax_rows``), a select on the output where a guarded softmax would split XLA:CPU's
+    fused logits kernel.
+    """
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    scale = 1.0 / math.sqrt(H) if scale is None else scale
+    one = functools.partial(_dense_one_group, scale=scale)
+    if K == N:
+        return one(q, k, v, bias, allowed, empty)
+    extras, axes = [], []
+    for x in (bias, allowed, empty):
+        grouped = x is not None and x.shape[1] != 1
+        extras.append(x.reshape(x.shape[0], K, N // K, *x.shape[2:]) if grouped else x)
+        axes.append(2 if grouped else None)
+    group = jax.vmap(lambda qg, xs: one(qg, k, v, *xs), in_axes=(3, tuple(axes)), out_axes=3)
+    return group(q.reshape(B, T, K, N // K, H), tuple(extras)).reshape(B, T, N, -1)
+
+
 def run_xla(call: Call):
     if call.empty:  # T = 0 or S = 0: jax.nn cannot reshape empty arrays
         return call.zeros()
     lead, dtype = call.lead, call.dtype
-    allowed = None if call.mask is None or call.mask.is_full else call.mask.dense(call.T, call.S)
     bias = dense_bias(call)
-    if bias is not None:
-        bias = bias.astype(jnp.float32)  # stays fp32: jax.nn adds it to fp32 logits
-        finite = bias != -jnp.inf  # a -inf bias means "not allowed", as in the reference
-        allowed = finite if allowed is None else allowed & finite
-    b4 = None if bias is None else _to_bnts(bias, lead)  # [B|1, N|1, T|1, S|1]
-    any4 = None
-    if allowed is not None:
-        a4 = _to_bnts(allowed, lead)
-        any4 = jnp.any(a4, axis=-1, keepdims=True)  # [B|1, N|1, T|1, 1]
-        b4 = jnp.where(a4, jnp.float32(0) if b4 is None else b4, -jnp.inf)
-        b4 = jnp.where(any4, b4, 0.0)  # a row with nothing allowed: any finite row (no NaN), zeroed below
-    # XLA:CPU has no fp16 x fp16 -> fp32 dot (jax.nn's backward needs it) and its small-shape bf16
-    # emitter rejects jax.nn's BF16_BF16_F32 dot: half precision is computed in fp32 there.
+    b4 = None if bias is None else _to_bnts(bias.astype(jnp.float32), lead)  # [B|1, N|1, T|1, S|1], fp32 as jax.nn
+    a4 = None if call.mask is None or call.mask.is_full else _to_bnts(call.mask.dense(call.T, call.S), lead)
+    empty4 = None  # a -inf bias means "not allowed", as in the reference; a row with nothing allowed is zeroed
+    if b4 is not None or a4 is not None:
+        ok = (b4 != -jnp.inf) if a4 is None else a4 if b4 is None else a4 & (b4 != -jnp.inf)
+        empty4 = ~jnp.any(ok, axis=-1, keepdims=True)  # [B|1, N|1, T|1, 1]
+    # XLA:CPU has no fp16 x fp16 -> fp32 dot and its small-shape bf16 emitter rejects a BF16_BF16_F32
+    # dot: half precision is computed in fp32 there.
     compute = numerics.compute_dtype(dtype)
     q4, k4, v4 = (x.astype(compute).reshape((-1,) + x.shape[-3:]) for x in (call.q, call.k, call.v))  # [B, T, N, H]
-    out = jax.nn.dot_product_attention(q4, k4, v4, bias=b4, scale=call.score.scale, implementation="xla")
-    if any4 is not None:
-        out = out * jnp.swapaxes(any4[..., 0], -1, -2)[..., None].astype(out.dtype)  # -> [B|1, T|1, N|1, 1]
+    out = dense_attention(q4, k4, v4, b4, a4, empty4, call.score.scale)
     return out.reshape(lead + out.shape[1:]).astype(dtype)
 
 

@@ -453,6 +453,28 @@ def softmax_once(t, ok, pv, *, base2: bool, finite: bool = False):
     return m, jnp.where(empty, 0.0, jnp.sum(p, axis=-1)), jnp.where(rows(empty, acc), 0.0, acc)
 
 
+@jax.custom_jvp
+def softmax_rows(t, empty):
+    """A whole row's softmax in one pass (dense XLA): fp32 ``t [..., cols]``, ``empty [..., 1]`` True on rows
+    with nothing allowed (every logit -inf).
+
+    No guard on the row max, so XLA:CPU fuses the logits' matmul, the max and the exponential into one
+    kernel (as in ``softmax_once``); an empty row comes out NaN and the caller zeroes it after the
+    product, from ``empty``. Under differentiation the rule's primal and tangent are 0 on empty rows,
+    so no NaN reaches a gradient (the caller's zeroing makes the two primals agree on its output).
+    """
+    del empty
+    return jax.nn.softmax(t, axis=-1)
+
+
+@softmax_rows.defjvp
+def _softmax_rows_jvp(primals, tangents):
+    t, empty = primals
+    dt, _ = tangents
+    p = jnp.where(empty, 0.0, jax.nn.softmax(t, axis=-1))
+    return p, p * (dt - jnp.sum(p * dt, axis=-1, keepdims=True))
+
+
 def softmax_finalize(m, l, acc, *, base2: bool):
     """``(out = acc / l, (m, log l))`` (``log2`` when ``base2``); a row with nothing allowed -> ``out`` 0
     and ``(0, +inf)``.
