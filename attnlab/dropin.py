@@ -461,8 +461,8 @@ def _runs_as_jax_nn(c: _Translated, score, scale, implementation, empty_rows="ze
     O(B * T): without a bias or mask array no allowed logit is near jax.nn's fill value -0.7 * max, so its
     masking is exactly attnlab's. A mask array can empty any row, and finding those rows is a pass over it;
     with ``empty_rows="mean"`` (jax.nn's convention for them) nothing is zeroed and jax.nn's program is the
-    answer. A bias always takes attnlab's "xla": a row whose bias is all -inf is NaN in jax.nn, zeros or
-    the mean here, and finding it is a pass over the bias (docs/adopt.md measures what that costs)."""
+    answer. A bias always takes attnlab's "xla" (jax.nn's program written out, ``impls.xla``): a row whose
+    bias is all -inf is NaN in jax.nn, zeros or the mean here (docs/adopt.md measures both sides)."""
     if score is not None or c.bias is not None or c.q.shape[1] == 0 or c.k.shape[1] == 0:
         return False
     if c.mask_given and (c.mask_array is None or empty_rows != "mean"):
