@@ -327,6 +327,9 @@ flex: $(BENCH_DEPS)  ## blockwise vs torch.compile(flex_attention) on the CPU, d
 flex-avx2: $(BENCH_DEPS)  ## make flex with both sides' generated code capped at AVX2 (a stand-in for an AVX2 host; see docs/kernels.md) -> results/flex-avx2/
 	$(PY) -m benchmarks.flex --cap_isa avx2 --out results/flex-avx2
 
+profile-window: $(DEPS)  ## where the CPU window target's time goes (±128 at 16K, fwd+bwd, blockwise), op by op and by kind -> results/profile_window16k.json
+	$(PY) -m benchmarks.profile_ops --out results/profile_window16k.json
+
 ring-balance: $(DEPS)  ## causal ring on 8 host devices: tiles per device, critical path, fwd+bwd time, contiguous vs zig-zag -> benchmarks/results/cpu-2core-shared/ring_balance.json
 	$(PY) -m benchmarks.ring_balance --out benchmarks/results/cpu-2core-shared/ring_balance.json
 

@@ -2,7 +2,8 @@
 
 Every program under ``benchmarks/`` builds on these pieces instead of its own copy:
 
-* **timing**: ``time_call`` (warm-up calls apart, then the best and the median of n; the first
+* **timing**: ``op_profile`` (one call's time per compiled op, from a ``jax.profiler`` trace),
+  ``time_call`` (warm-up calls apart, then the best and the median of n; the first
   call, compile included, is recorded separately), ``interleaved`` (several contenders timed in
   alternating rounds, so machine load hits all alike), ``blocking`` (a JAX call that waits for
   its result: ``jax.block_until_ready``), ``compile_all`` (ahead-of-time compiles in a thread
@@ -31,14 +32,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import gzip
 import importlib.metadata
 import json
 import math
 import os
 import platform
+import re
 import socket
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -184,6 +188,41 @@ def blocking(fn: Callable, *args) -> Callable[[], Any]:
 def best_of(fn: Callable, args: Sequence, repeats: int) -> float:
     """Seconds of the best of ``repeats`` calls of ``fn(*args)`` after one warm-up call."""
     return time_call(blocking(fn, *args), repeats=repeats).best_s
+
+
+def op_profile(fn: Callable, *args, warmup: int = 1) -> dict:
+    """Where one call of the jitted ``fn(*args)`` spends its time, op by op: ``{"wall_ms", "ops": [{"op",
+    "ms", "calls"}, ...]}``, ops by total time, from a ``jax.profiler`` trace of one call after ``warmup``
+    untimed ones.
+
+    An op is an instruction of the compiled HLO (``fn.lower(*args).compile().as_text()``) that the runtime
+    ran as one unit (on XLA:CPU a thunk: a fusion, a library matmul, a copy); the ops of a loop body count
+    once per iteration. Loops and calls themselves (``while``, ``conditional``, ``call``: their time is
+    their body's) and the runtime's and Python's events are left out. Tracing adds time per op, so
+    compare ops with each other, not ``ms`` with an untraced timing.
+    """
+    hlo = fn.lower(*args).compile().as_text()
+    ops = {m.group(1) for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = .*? ([\w\-]+)\(", hlo, re.M)
+           if m.group(2) not in ("while", "conditional", "call", "parameter", "constant", "tuple",
+                                 "get-tuple-element")}  # fmt: skip
+    run = blocking(fn, *args)
+    for _ in range(warmup):
+        run()
+    with tempfile.TemporaryDirectory() as folder:
+        t0 = time.perf_counter()
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            run()
+        wall = time.perf_counter() - t0
+        (trace,) = Path(folder).rglob("*.trace.json.gz")
+        events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    total, calls = {}, {}
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") == "X" and name in ops and "dur" in e:
+            total[name] = total.get(name, 0.0) + e["dur"] / 1e3
+            calls[name] = calls.get(name, 0) + 1
+    rows = [{"op": n, "ms": round(ms, 2), "calls": calls[n]} for n, ms in sorted(total.items(), key=lambda x: -x[1])]
+    return {"wall_ms": round(wall * 1e3, 1), "ops": rows}
 
 
 def compile_all(jobs: Sequence[tuple[Callable, Sequence]], workers: int) -> list[tuple[Any, float]]:

@@ -3,7 +3,8 @@
 One function per benchmark, each taking the results folder and the committed file's name and
 returning markdown: ``suite`` / ``graph`` / ``memory`` (``make bench``), ``ring_memory``,
 ``traced_padding``, ``ring_balance``, ``inspect_memory``, ``compare`` (``make compare-main``),
-``packed_docs``, ``scores``, ``flex``, ``adopt`` (``make adopt-bench``). ``experiments/docs.py`` calls
+``packed_docs``, ``scores``, ``flex``, ``adopt`` (``make adopt-bench``), ``profile_ops``
+(``make profile-window``). ``experiments/docs.py`` calls
 them; what each benchmark records is described in its own module under ``benchmarks/``.
 """
 
@@ -259,3 +260,23 @@ def adopt(folder, names: tuple[str, ...] = ("adopt.json",)) -> str:
     head = ["peer / attnlab"] if len(runs) == 1 else [f"peer / attnlab, run {i + 1}" for i in range(len(runs))]
     aa_head = "A/A: jax.nn / jax.nn" + ("" if len(runs) == 1 else ", runs")
     return _md(["case", "direction", "peer", "peer ms", "attnlab ms", *head, aa_head, "attnlab runs"], rows)
+
+
+def profile_ops(folder, names: tuple) -> str:
+    """``make profile-window`` (``benchmarks.profile_ops``): the profiled call's time per kind of op, each
+    run's ms and share of the ops' total, from the committed ``names`` JSON."""
+    runs = [json.loads((Path(folder) / n).read_text()) for n in names]
+    totals = [sum(r["kinds_ms"].values()) for r in runs]
+    rows = []
+    for kind in sorted(runs[0]["kinds_ms"], key=lambda k: -runs[0]["kinds_ms"][k]):
+        rows.append(
+            [
+                kind,
+                *(
+                    f"{r['kinds_ms'][kind]:.0f} ({r['kinds_ms'][kind] / t:.0%})"
+                    for r, t in zip(runs, totals, strict=True)
+                ),
+            ]
+        )
+    rows.append(["all ops", *(f"{t:.0f}" for t in totals)])
+    return _md(["kind of op", *(f"run {i + 1}: ms (share)" for i in range(len(runs)))], rows)

@@ -132,6 +132,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-graph": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_graph.json"),
     "compare-graph-run2": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_graph_run2.json"),
     "adopt": table("experiments.bench_tables:adopt", BENCH, names=("adopt.json", "adopt_run2.json")),
+    "profile-window": table(
+        "experiments.bench_tables:profile_ops", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
+    ),
     "packed-docs": table("experiments.bench_tables:packed_docs", BENCH),
     "scores": table("experiments.bench_tables:scores", BENCH),
     "flex": table("experiments.bench_tables:flex", BENCH),

@@ -76,6 +76,41 @@ def test_blocking_and_best_of_wait_for_jax():
     assert harness.best_of(f, (x,), 2) > 0
 
 
+def test_op_profile_names_the_compiled_programs_ops_and_counts_loop_steps():
+    """A 7-step loop over a matmul and an exponential: each op of the compiled HLO, counted per step."""
+
+    def f(x):
+        return jax.lax.fori_loop(0, 7, lambda i, y: jnp.exp(y @ x * 1e-3), x)
+
+    fn = jax.jit(f)
+    x = jnp.ones((256, 256), jnp.float32)
+    hlo = fn.lower(x).compile().as_text()
+    prof = harness.op_profile(fn, x)
+    assert prof["wall_ms"] > 0 and prof["ops"]
+    names = [o["op"] for o in prof["ops"]]
+    assert all(f"%{n} = " in hlo for n in names), names  # instructions of the compiled program
+    assert not any(n.startswith("while") for n in names)  # the loop's time is its body's: not counted twice
+    in_loop = [o for o in prof["ops"] if o["calls"] == 7]
+    assert in_loop and all(o["ms"] > 0 for o in in_loop)  # the body's ops, once per iteration
+    assert [o["ms"] for o in prof["ops"]] == sorted((o["ms"] for o in prof["ops"]), reverse=True)
+
+
+def test_profile_ops_sorts_ops_by_kind():
+    from benchmarks import profile_ops
+
+    small = profile_ops.profile(256, 2, 16, 8, "fwd+bwd", "blockwise", top=1000)  # every op kept
+    assert small["call"]["T"] == 256 and small["kinds_ms"]["matmul"] > 0
+    assert sum(small["kinds_ms"].values()) == pytest.approx(sum(o["ms"] for o in small["ops"]), abs=0.05)
+
+    assert [profile_ops.kind(n) for n in ("ynn_fusion.3", "dot_general.26", "wrapped_dynamic-slice.1")] == [
+        "matmul", "matmul", "dynamic-slice",
+    ]  # fmt: skip
+    assert profile_ops.kind("add_dynamic-update-slice_fusion") == "dynamic-update-slice"
+    assert profile_ops.kind("copy_bitcast_fusion.1") == "copy" and profile_ops.kind("multiply_exponential_fusion") == (
+        "elementwise"
+    )
+
+
 def test_compile_all_compiles_in_threads_and_returns_errors_per_job():
     good = (lambda x: x * 2, (jnp.arange(3.0),))
 
