@@ -15,10 +15,9 @@ array is a mask whose empty tiles the blockwise kernel finds on device (``ArrayM
 so ``attnlab.dispatch`` can pick a kernel that skips the tiles they empty (a ±128 window at 8K is
 not computed densely). attnlab's extras are keywords: ``mask=`` may be an ``attnlab.masks`` object
 (documents, predicates, BigBird, ...), ``score=`` an ``attnlab.scores`` score, ``implementation=``
-any of attnlab's names. Where attnlab would run dense XLA anyway (small calls) and the call has no
-bias, score or attnlab mask, jax.nn's own program runs as it is (``_runs_as_jax_nn``): with a mask
-array only under ``empty_rows="mean"`` (finding the rows a mask array empties costs a pass over it);
-``explain(...)`` says which implementation a call runs.
+any of attnlab's names. Where attnlab runs dense XLA (small calls), that is jax.nn's program written
+out (``attnlab.impls.xla``) with attnlab's empty rows; ``explain(...)`` says which implementation a call
+runs.
 
 The one place attnlab and jax.nn disagree is a query row with no key to attend to (a mask row of
 all False, ``key_value_seq_lengths`` of 0): jax.nn spreads it uniformly over all S keys (the mean
@@ -40,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnlab import dispatch, numerics
+from attnlab import dispatch
 from attnlab import masks as masks_lib
 from attnlab.call import bind
 from attnlab.impls.reference import weights_lse
@@ -312,13 +311,10 @@ def dot_product_attention(
         query, key, value, bias, mask, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
         key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
     )  # fmt: skip
-    if _runs_as_jax_nn(c, score, scale, implementation, empty_rows):
-        out, lse = _jax_nn_xla(c, scale, empty_rows, return_residual)
-    else:
-        out, lse = attend(
-            c.q, c.k, c.v, mask=c.mask, bias=c.bias, score=score, scale=scale, implementation=implementation,
-            empty_rows=empty_rows, return_lse=return_residual,
-        )  # fmt: skip
+    out, lse = attend(
+        c.q, c.k, c.v, mask=c.mask, bias=c.bias, score=score, scale=scale, implementation=implementation,
+        empty_rows=empty_rows, return_lse=return_residual,
+    )  # fmt: skip
     if c.q_len is not None and empty_rows == "mean":  # jax.nn zeroes the rows past the query lengths
         valid = jnp.arange(c.q.shape[1])[None, :] < c.q_len[:, None]  # [B, T]
         out = jnp.where(valid[:, :, None, None], out, jnp.zeros((), out.dtype))
@@ -377,12 +373,6 @@ class _Translated:
     bias: jax.Array | None
     q_len: jax.Array | None
     out_shape: tuple
-    # jax.nn's own form of the structural parts (for the dense XLA route)
-    causal: bool = False
-    window: tuple[int, int] | None = None
-    kv_len: jax.Array | None = None
-    mask_given: bool = False
-    mask_array: jax.Array | None = None  # the bool mask argument, 4-D (None for none or an attnlab mask)
 
 
 def _translate(
@@ -432,82 +422,10 @@ def _translate(
         raise ValueError(f"{_FN}: is_causal must be a Python bool, got {type(is_causal).__name__}")
     if is_causal:
         parts.append(masks_lib.causal())
-    window = None
     if local_window_size is not None:
-        window = _window_pair(local_window_size)
-        parts.append(_window_mask(window))
+        parts.append(_window_mask(_window_pair(local_window_size)))
     q_len = _check_lengths(query_seq_lengths, "query_seq_lengths", B)
     kv_len = _check_lengths(key_value_seq_lengths, "key_value_seq_lengths", B)
     if q_len is not None or kv_len is not None:
         parts.append(masks_lib.padding(q_lengths=q_len, kv_lengths=kv_len))
-    return _Translated(
-        q, k, v, masks_lib.and_all(parts), bias, q_len, out_shape, causal=bool(is_causal), window=window,
-        kv_len=kv_len, mask_given=mask is not None,
-        mask_array=None if mask is None or isinstance(mask, masks_lib.Mask) else mask,
-    )  # fmt: skip
-
-
-# ------------------------------------------------------------------------------------------
-# Small dense calls: jax.nn's own XLA program
-
-
-def _runs_as_jax_nn(c: _Translated, score, scale, implementation, empty_rows="zeros") -> bool:
-    """True when the call goes to dense XLA (attnlab's choice, or implementation="xla") and jax.nn can take
-    it in its own form: no score, no bias, no attnlab mask object, no empty T or S, and no mask argument
-    unless ``empty_rows="mean"``. jax.nn's program then runs as it is (its is_causal / window / lengths /
-    mask, not attnlab's mask as an fp32 bias).
-
-    With ``empty_rows="zeros"`` only the rows that have no key are zeroed, found from the structure in
-    O(B * T): without a bias or mask array no allowed logit is near jax.nn's fill value -0.7 * max, so its
-    masking is exactly attnlab's. A mask array can empty any row, and finding those rows is a pass over it;
-    with ``empty_rows="mean"`` (jax.nn's convention for them) nothing is zeroed and jax.nn's program is the
-    answer. A bias always takes attnlab's "xla" (jax.nn's program written out, ``impls.xla``): a row whose
-    bias is all -inf is NaN in jax.nn, zeros or the mean here (docs/adopt.md measures both sides)."""
-    if score is not None or c.bias is not None or c.q.shape[1] == 0 or c.k.shape[1] == 0:
-        return False
-    if c.mask_given and (c.mask_array is None or empty_rows != "mean"):
-        return False
-    if implementation == "xla":
-        return True
-    if implementation is not None:
-        return False
-    call = bind(c.q, c.k, c.v, mask=c.mask, scale=scale, fn=_FN)
-    return dispatch.choose(call).name == "xla"
-
-
-def _rows_with_a_key(c: _Translated):
-    """bool ``[B, T]`` (None when every row has one) from is_causal, the window and the lengths."""
-    B, T, S = c.q.shape[0], c.q.shape[1], c.k.shape[1]
-    t = np.arange(T)
-    lo, hi = np.zeros(T, np.int64), np.full(T, S - 1, np.int64)  # the keys row t may see: lo <= s <= hi
-    if c.causal:
-        hi = np.minimum(hi, t)
-    if c.window is not None:
-        lo, hi = np.maximum(lo, t - c.window[0]), np.minimum(hi, t + c.window[1])
-    if c.kv_len is None and c.q_len is None:
-        has = lo <= hi
-        return None if has.all() else jnp.broadcast_to(jnp.asarray(has), (B, T))
-    if c.kv_len is not None:
-        hi = jnp.minimum(jnp.asarray(hi)[None, :], c.kv_len[:, None] - 1)  # [B, T]
-    has = jnp.asarray(lo)[None, :] <= hi
-    if c.q_len is not None:  # padded queries (jax.nn zeroes their output, not their lse)
-        has = has & (jnp.arange(T)[None, :] < c.q_len[:, None])
-    return jnp.broadcast_to(has, (B, T))
-
-
-def _jax_nn_xla(c: _Translated, scale, empty_rows, return_residual):
-    """jax.nn.dot_product_attention(implementation="xla") on the call (half precision computed in fp32 on the
-    CPU, as attnlab's "xla"), empty rows by ``empty_rows`` -> (out [B, T, N, H], lse [B, T, N] or None)."""
-    compute = numerics.compute_dtype(c.q.dtype)
-    q, k, v = (x.astype(compute) for x in (c.q, c.k, c.v))
-    res = jax.nn.dot_product_attention(
-        q, k, v, mask=c.mask_array, scale=scale, is_causal=c.causal, query_seq_lengths=c.q_len,
-        key_value_seq_lengths=c.kv_len,
-        local_window_size=c.window, implementation="xla", return_residual=return_residual,
-    )  # fmt: skip
-    out, lse = res if return_residual else (res, None)
-    has = _rows_with_a_key(c) if empty_rows == "zeros" else None
-    if has is not None:
-        out = jnp.where(has[:, :, None, None], out, jnp.zeros((), out.dtype))
-        lse = None if lse is None else jnp.where(has[:, :, None], lse, -jnp.inf)
-    return out.astype(c.q.dtype), lse
+    return _Translated(q, k, v, masks_lib.and_all(parts), bias, q_len, out_shape)

@@ -242,7 +242,7 @@ def flex(folder, name: str = "flex.json") -> str:
 
 def adopt(folder, names: tuple[str, ...] = ("adopt.json",)) -> str:
     """``make adopt-bench`` (``benchmarks.adopt``): per row, the first run's best ms on each side and every run's
-    ratio (peer / attnlab: > 1 is attnlab faster), with what attnlab ran (its kernel, or jax.nn's own program);
+    ratio (peer / attnlab: > 1 is attnlab faster), with the implementation attnlab ran;
     on the small rows, jax.nn against a second copy of itself in each run (the A/A ratio: the noise)."""
     runs = [json.loads((Path(folder) / name).read_text())["records"] for name in names]
     ratios = [{(r["case"], r["mode"]): r["ratio"] for r in records} for records in runs]
@@ -251,12 +251,12 @@ def adopt(folder, names: tuple[str, ...] = ("adopt.json",)) -> str:
     for r in runs[0]:
         theirs = r["jax_nn_ms"] if r["suite"] == "jax_nn" else r["stock_ms"]
         peer = "jax.nn" if r["suite"] == "jax_nn" else "stock Flax"
-        same = "" if r["suite"] != "jax_nn" else ("same program" if r["same_program"] else r["implementation"])
+        runs_on = r["implementation"] if r["suite"] == "jax_nn" else ""
         key = (r["case"], r["mode"])
         per_run = [f"{rs[key]:.2f}" for rs in ratios]
         aa = [cs.get(key) for cs in controls]
         control = ", ".join(f"{c:.2f}" for c in aa) if all(c is not None for c in aa) else ""
-        rows.append([r["case"], r["mode"], peer, ms(theirs), ms(r["attnlab_ms"]), *per_run, control, same])
+        rows.append([r["case"], r["mode"], peer, ms(theirs), ms(r["attnlab_ms"]), *per_run, control, runs_on])
     head = ["peer / attnlab"] if len(runs) == 1 else [f"peer / attnlab, run {i + 1}" for i in range(len(runs))]
     aa_head = "A/A: jax.nn / jax.nn" + ("" if len(runs) == 1 else ", runs")
     return _md(["case", "direction", "peer", "peer ms", "attnlab ms", *head, aa_head, "attnlab runs"], rows)

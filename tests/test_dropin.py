@@ -223,37 +223,29 @@ def test_shapes_windows_and_lengths_against_jax_nn(shape_q, shape_kv, kw, implem
             compare(g, g_ref, testing.tolerance(jnp.float32, "grad"))
 
 
-def test_small_dense_calls_run_jax_nn_as_it_is():
-    """Where attnlab would run dense XLA anyway and jax.nn can take the call in its own form (no bias, no mask
-    argument, no score), its program runs as it is: is_causal, windows and lengths are jax.nn's, not a
-    dense fp32 bias (that conversion made tiny causal calls ~25% slower than jax.nn)."""
+def test_small_dense_calls_run_attnlabs_dense_program():
+    """At dense XLA's size attnlab runs jax.nn's program written out (impls.xla): outputs and gradients equal to
+    jax.nn's, whatever the structure (is_causal, windows, a mask array)."""
     from attnlab import dropin
 
-    q = _x(1, 16, 2, 8)
-
-    def routed(implementation=None, bias=None, mask=None, empty_rows="zeros", **kw):
-        c = dropin._translate(q, q, q, bias, mask, **{**NO_STRUCTURE, **kw})
-        return dropin._runs_as_jax_nn(c, None, None, implementation, empty_rows)
-
-    assert routed() and routed(is_causal=True) and routed(local_window_size=(3, 2), is_causal=True)
-    assert routed(key_value_seq_lengths=jnp.array([3], jnp.int32), implementation="xla")
-    assert not routed(bias=_x(1, 1, 16, 16)) and not routed(mask=jnp.ones((1, 1, 16, 16), bool))
-    # jax.nn's convention for empty rows: a mask array goes to jax.nn's program as it is (a bias does not:
-    # a row it empties is NaN in jax.nn, the mean here)
-    assert routed(mask=jnp.ones((1, 1, 16, 16), bool), is_causal=True, empty_rows="mean")
-    assert not routed(bias=_x(1, 1, 16, 16), empty_rows="mean")
-    assert not routed(mask=masks.causal(), empty_rows="mean")  # an attnlab mask: attnlab runs it
-    assert not routed(implementation="blockwise")
-    big = _x(1, 1024, 2, 8)
-    c = dropin._translate(big, big, big, None, None, **{**NO_STRUCTURE, "is_causal": True})
-    assert not dropin._runs_as_jax_nn(c, None, None, None)  # attnlab chooses blockwise there
+    q, k, v = _x(2, 16, 2, 8), _x(2, 16, 2, 8), _x(2, 16, 2, 8)
+    for kw in (
+        {},
+        dict(is_causal=True),
+        dict(is_causal=True, local_window_size=(3, 2)),
+        dict(mask=jnp.asarray(np.random.default_rng(0).random((2, 1, 16, 16)) > 0.2)),
+    ):
+        assert dropin.explain(q, k, v, **kw).implementation == "xla"
+        ours = fwd_and_grads(lambda q, k, v, kw=kw: attnlab.dot_product_attention(q, k, v, **kw), q, k, v)
+        theirs = fwd_and_grads(lambda q, k, v, kw=kw: jax.nn.dot_product_attention(q, k, v, **kw), q, k, v)
+        compare(ours[0], theirs[0], testing.tolerance(jnp.float32))
+        for a, b in zip(ours[1], theirs[1], strict=True):
+            compare(a, b, testing.tolerance(jnp.float32, "grad"))
 
 
-def test_empty_rows_mean_with_a_mask_array_is_jax_nns_program():
-    """empty_rows="mean" with a mask array (at dense XLA's size): jax.nn's own compiled program, outputs and
-    gradients bit for bit, rows the mask empties included (the mean of the values, as jax.nn)."""
-    from benchmarks.adopt import _same_program
-
+def test_empty_rows_mean_with_a_mask_array_matches_jax_nn():
+    """empty_rows="mean" with a mask array (at dense XLA's size): jax.nn's outputs and gradients, rows the mask
+    empties included (the mean of the values, as jax.nn)."""
     rng = np.random.default_rng(3)
     q, k, v = (jnp.asarray(rng.normal(size=(2, 16, 4, 8)), jnp.float32) for _ in range(3))
     mask = np.asarray(rng.random((2, 1, 16, 16)) > 0.3)
@@ -267,9 +259,10 @@ def test_empty_rows_mean_with_a_mask_array_is_jax_nns_program():
 
     ours, peer = loss(attnlab.dot_product_attention, empty_rows="mean"), loss(jax.nn.dot_product_attention)
     args = (q, k, v, jnp.asarray(mask))
-    assert _same_program([ours, peer], args)
-    for a, b in zip(jax.tree.leaves(ours(*args)), jax.tree.leaves(peer(*args)), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    (l_ours, g_ours), (l_peer, g_peer) = ours(*args), peer(*args)
+    compare(l_ours, l_peer, testing.tolerance(jnp.float32))
+    for a, b in zip(g_ours, g_peer, strict=True):
+        compare(a, b, testing.tolerance(jnp.float32, "grad"))
     out = attnlab.dot_product_attention(q, k, v, mask=jnp.asarray(mask), empty_rows="mean")
     compare(out[1, 5], v[1].mean(0), testing.tolerance(jnp.float32))
 
