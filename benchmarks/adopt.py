@@ -120,12 +120,15 @@ def _alternate(pairs, args, rounds, repeats):
     """{name: best seconds} over alternating rounds (``harness.interleaved``) for every fn in ``pairs``.
 
     A call under ~0.1 s is repeated more (up to 200 times, ~0.3 s per round; the same count for every
-    contender): a tiny call's best of 3 is mostly the machine's noise."""
+    contender) over at least two rounds per contender, each round starting with the next one: a tiny
+    call's best of 3 is mostly the machine's noise, and its place in the round a bias."""
     runs = {name: blocking(fn, *args) for name, fn in pairs.items()}
     timings = interleaved(runs, rounds=1, repeats=1)  # first calls apart, then one timed call each
     fastest = min(t.best_s for t in timings.values())
     n = max(repeats, min(200, math.ceil(0.3 / max(fastest, 1e-6))))
-    timings = interleaved(runs, rounds=rounds, repeats=n)
+    if n > repeats:  # a sub-0.1 s call: more rounds, each starting with another contender (no order bias)
+        rounds = max(rounds, 2 * len(runs))
+    timings = interleaved(runs, rounds=rounds, repeats=n, rotate=True)
     return {name: t.best_s for name, t in timings.items()}
 
 

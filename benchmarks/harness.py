@@ -144,7 +144,13 @@ def time_call(run: Callable[[], Any], *, repeats: int, warmup: int = 1, max_s: f
 
 
 def interleaved(
-    runs: Mapping[Any, Callable[[], Any]], *, rounds: int, repeats: int = 1, settle: bool = False, progress=None
+    runs: Mapping[Any, Callable[[], Any]],
+    *,
+    rounds: int,
+    repeats: int = 1,
+    settle: bool = False,
+    rotate: bool = False,
+    progress=None,
 ) -> dict:
     """Times several contenders in alternating rounds: ``{name: Timing}``.
 
@@ -152,7 +158,8 @@ def interleaved(
     turn. ``settle``: one untimed call before each contender's calls in a round (torch's OpenMP pool
     and XLA:CPU's Eigen pool spin for a while after their work, so the first call after the other
     framework finds its cores busy: measured at N = 1K, +25% for attnlab after torch).
-    ``progress``: called with a line before each contender's turn (e.g. ``print``).
+    ``rotate``: round r starts with contender r (mod their number), so no contender always follows
+    the same one. ``progress``: called with a line before each contender's turn (e.g. ``print``).
     """
     first = {}
     for name, run in runs.items():
@@ -162,8 +169,10 @@ def interleaved(
         run()
         first[name] = time.perf_counter() - t0
     times = {name: [] for name in runs}
+    order = list(runs.items())
     for r in range(rounds):
-        for name, run in runs.items():
+        shift = r % len(order) if rotate and order else 0
+        for name, run in order[shift:] + order[:shift]:
             if progress:
                 progress(f"round {r + 1}/{rounds}: {name}")
             if settle:

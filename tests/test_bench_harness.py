@@ -69,6 +69,16 @@ def test_interleaved_settles_and_times_the_second_of_each_pair():
         assert out[name].first_s >= 0.002
 
 
+def test_interleaved_rotate_starts_each_round_with_the_next_contender():
+    order = []
+    runs = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    out = harness.interleaved(runs, rounds=4, repeats=2, rotate=True)
+    assert order[:3] == ["a", "b", "c"]  # the first calls, in order
+    rounds = ["".join(order[3 + 6 * r : 9 + 6 * r : 2]) for r in range(4)]  # each contender's 2 calls in a row
+    assert rounds == ["abc", "bca", "cab", "abc"]
+    assert all(out[n].runs == 8 for n in "abc")
+
+
 def test_blocking_and_best_of_wait_for_jax():
     f = jax.jit(lambda x: (x @ x).sum())
     x = jnp.ones((64, 64))
