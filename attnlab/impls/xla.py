@@ -86,9 +86,11 @@ def run_xla(call: Call):
     b4 = None if bias is None else _to_bnts(bias.astype(jnp.float32), lead)  # [B|1, N|1, T|1, S|1], fp32 as jax.nn
     a4 = None if call.mask is None or call.mask.is_full else _to_bnts(call.mask.dense(call.T, call.S), lead)
     empty4 = None  # a -inf bias means "not allowed", as in the reference; a row with nothing allowed is zeroed
-    if b4 is not None or a4 is not None:
-        ok = (b4 != -jnp.inf) if a4 is None else a4 if b4 is None else a4 & (b4 != -jnp.inf)
-        empty4 = ~jnp.any(ok, axis=-1, keepdims=True)  # [B|1, N|1, T|1, 1]
+    if b4 is None and a4 is not None:
+        empty4 = ~jnp.any(a4, axis=-1, keepdims=True)  # [B|1, N|1, T|1, 1]
+    elif b4 is not None:  # a float max: one vectorised reduction (NaN stays NaN: not empty)
+        allowed = b4 if a4 is None else jnp.where(a4, b4, -jnp.inf)
+        empty4 = jnp.max(allowed, axis=-1, keepdims=True) == -jnp.inf
     # XLA:CPU has no fp16 x fp16 -> fp32 dot and its small-shape bf16 emitter rejects a BF16_BF16_F32
     # dot: half precision is computed in fp32 there.
     compute = numerics.compute_dtype(dtype)
