@@ -13,6 +13,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from attnlab import numerics
 from attnlab.call import Call
@@ -55,7 +56,7 @@ def _dense_one_group(q, k, v, bias, allowed, empty, scale):
 def dense_attention(q, k, v, bias=None, allowed=None, empty=None, scale=None):
     """jax.nn's XLA program, with attnlab's empty rows: ``q [B, T, N, H]``, ``k, v [B, S, K, H]``, an fp32
     ``bias`` and a bool ``allowed`` ``[B|1, N|1, T|1, S|1]`` and ``empty [B|1, N|1, T|1, 1]`` (the rows
-    with no allowed key above a -inf bias; needed whenever there is a bias or a mask) -> ``[B, T, N, H]``.
+    with no allowed key above a -inf bias; None only when no row is empty) -> ``[B, T, N, H]``.
 
     The same einsums, layouts and fp32 softmax as ``jax.nn.dot_product_attention(implementation="xla")``
     (one key head per query head, mapped over the G query heads of a key head; the mask a select on the
@@ -78,6 +79,18 @@ def dense_attention(q, k, v, bias=None, allowed=None, empty=None, scale=None):
     return group(q.reshape(B, T, K, N // K, H), tuple(extras)).reshape(B, T, N, -1)
 
 
+# A mask known at trace time (no traced data) is evaluated then, up to this many pairs, to find its empty
+# rows: with none, the call compiles to jax.nn's program with no zeroing at all.
+STATIC_ROWS_PAIRS = 2**22
+
+
+def _static_empty_rows(call: Call):
+    """numpy bool ``[..., T, 1]``, True on the rows the (static) mask empties, or None when it empties none."""
+    with jax.ensure_compile_time_eval():
+        has = np.asarray(jnp.any(call.mask.dense(call.T, call.S), axis=-1, keepdims=True))
+    return None if has.all() else ~has
+
+
 def run_xla(call: Call):
     if call.empty:  # T = 0 or S = 0: jax.nn cannot reshape empty arrays
         return call.zeros()
@@ -87,7 +100,11 @@ def run_xla(call: Call):
     a4 = None if call.mask is None or call.mask.is_full else _to_bnts(call.mask.dense(call.T, call.S), lead)
     empty4 = None  # a -inf bias means "not allowed", as in the reference; a row with nothing allowed is zeroed
     if b4 is None and a4 is not None:
-        empty4 = ~jnp.any(a4, axis=-1, keepdims=True)  # [B|1, N|1, T|1, 1]
+        if call.mask.is_static and call.T * call.S <= STATIC_ROWS_PAIRS:  # found now: nothing at run time
+            empty = _static_empty_rows(call)
+            empty4 = None if empty is None else jnp.asarray(_to_bnts(empty, lead))
+        else:  # traced mask data: one reduction at run time
+            empty4 = ~jnp.any(a4, axis=-1, keepdims=True)  # [B|1, N|1, T|1, 1]
     elif b4 is not None:  # a float max: one vectorised reduction (NaN stays NaN: not empty)
         allowed = b4 if a4 is None else jnp.where(a4, b4, -jnp.inf)
         empty4 = jnp.max(allowed, axis=-1, keepdims=True) == -jnp.inf
