@@ -91,7 +91,7 @@ def _jax_nn_cases(smoke: bool, window_heads: int):
         ("medium/causal+padding", medium, lambda sh: dict(is_causal=True, **lengths(dict(sh, B=1)))),
         (f"long/window ±{w}", long, lambda sh: dict(local_window_size=w)),
     ]
-    if smoke:  # one case of each kind of route: jax.nn's own program, a mask array, a bias, the tiled window
+    if smoke:  # one case of each kind of route: a structural mask, a mask array, a bias (dense XLA), the tiled window
         cases = [c for c in cases if c[0] in ("tiny/causal", "small/custom", "small/bias") or c[0].startswith("long")]
     return cases
 
