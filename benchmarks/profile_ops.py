@@ -22,14 +22,20 @@ import attnlab
 from attnlab import masks
 from benchmarks import harness
 
-_T = flags.DEFINE_integer("T", 16384, "Sequence length.")
-_HEADS = flags.DEFINE_integer("heads", 8, "Heads.")
-_HEAD_DIM = flags.DEFINE_integer("head_dim", 64, "Head dim.")
-_WINDOW = flags.DEFINE_integer("window", 128, "Window half-width (keys t-w .. t+w).")
-_DIRECTION = flags.DEFINE_enum("direction", "fwd+bwd", ["fwd", "fwd+bwd"], "Forward, or the gradient of a loss.")
-_IMPL = flags.DEFINE_string("implementation", "blockwise", "attnlab implementation.")
-_TOP = flags.DEFINE_integer("top", 40, "Ops kept in the file (the kinds sum over all of them).")
-_OUT = flags.DEFINE_string("out", "results/profile_ops.json", "Result JSON.")
+_T = _HEADS = _HEAD_DIM = _WINDOW = _DIRECTION = _IMPL = _TOP = _OUT = None
+
+
+def define_flags():
+    """The command line's flags (defined when run as a program, so importing this module defines none)."""
+    global _T, _HEADS, _HEAD_DIM, _WINDOW, _DIRECTION, _IMPL, _TOP, _OUT
+    _T = flags.DEFINE_integer("T", 16384, "Sequence length.")
+    _HEADS = flags.DEFINE_integer("heads", 8, "Heads.")
+    _HEAD_DIM = flags.DEFINE_integer("head_dim", 64, "Head dim.")
+    _WINDOW = flags.DEFINE_integer("window", 128, "Window half-width (keys t-w .. t+w).")
+    _DIRECTION = flags.DEFINE_enum("direction", "fwd+bwd", ["fwd", "fwd+bwd"], "Forward, or a loss's gradient.")
+    _IMPL = flags.DEFINE_string("implementation", "blockwise", "attnlab implementation.")
+    _TOP = flags.DEFINE_integer("top", 40, "Ops kept in the file (the kinds sum over all of them).")
+    _OUT = flags.DEFINE_string("out", "results/profile_ops.json", "Result JSON.")
 
 
 def kind(op: str) -> str:
@@ -72,4 +78,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
