@@ -1,9 +1,10 @@
 """Dense XLA attention: ``jax.nn.dot_product_attention(implementation="xla")``'s program as an attnlab implementation.
 
 Dot score, Hv == H. The same einsums and fp32 softmax as jax.nn (``dense_attention``), with attnlab's
-conventions: the mask goes in as ``-inf`` in an fp32 bias (jax.nn fills masked logits with a finite
-``-0.7 * max``, which would beat an allowed logit of ``finfo.min``), and a row with nothing to attend
-to returns zeros with zero gradients (jax.nn spreads it uniformly, or gives NaN when a bias empties it).
+conventions: a masked logit is ``-inf`` (jax.nn fills it with a finite ``-0.7 * max``, which would beat
+an allowed logit of ``finfo.min``), a ``-inf`` bias means "not allowed", and a row with nothing to
+attend to returns zeros with zero gradients (jax.nn spreads it uniformly, or gives NaN when a bias
+empties it).
 """
 
 from __future__ import annotations
