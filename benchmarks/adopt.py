@@ -1,7 +1,7 @@
 r"""One line to adopt attnlab, timed: the same calls with and without it, side by side in one run.
 
 Two suites, each row a pair timed in alternating rounds (best of ``--repeats`` per round, best round;
-``benchmarks.harness.interleaved``), outputs checked equal first:
+``benchmarks.harness.alternate_best``), outputs checked equal first:
 
 * ``jax_nn``: ``jax.nn.dot_product_attention(...)`` against ``attnlab.dot_product_attention(...)`` with
   the very same arguments (jax's test shapes with each mask mode, GQA, bf16, 1K, and a ±128 window at
@@ -25,7 +25,6 @@ against a second jit of itself in the same rounds, the noise the row's ratio car
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 
@@ -37,7 +36,7 @@ from absl import app, flags
 import attnlab
 import attnlab.flax
 from attnlab import dropin
-from benchmarks.harness import blocking, interleaved, run_record, write_json
+from benchmarks.harness import alternate_best, run_record, write_json
 
 
 def define_flags():
@@ -116,22 +115,6 @@ def _fns(attention, static, mode):
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def _alternate(pairs, args, rounds, repeats):
-    """{name: best seconds} over alternating rounds (``harness.interleaved``) for every fn in ``pairs``.
-
-    A call under ~0.1 s is repeated more (up to 200 times, ~0.3 s per round; the same count for every
-    contender) over at least two rounds per contender, each round starting with the next one: a tiny
-    call's best of 3 is mostly the machine's noise, and its place in the round a bias."""
-    runs = {name: blocking(fn, *args) for name, fn in pairs.items()}
-    timings = interleaved(runs, rounds=1, repeats=1)  # first calls apart, then one timed call each
-    fastest = min(t.best_s for t in timings.values())
-    n = max(repeats, min(200, math.ceil(0.3 / max(fastest, 1e-6))))
-    if n > repeats:  # a sub-0.1 s call: more rounds, each starting with another contender (no order bias)
-        rounds = max(rounds, 2 * len(runs))
-    timings = interleaved(runs, rounds=rounds, repeats=n, rotate=True)
-    return {name: t.best_s for name, t in timings.items()}
-
-
 # Rows of at most this T also time jax.nn against a second jit of itself (the same program): the ratio
 # of two identical sub-millisecond calls is the run's noise, the yardstick for "never slower".
 CONTROL_UP_TO = 128
@@ -174,7 +157,7 @@ def suite_jax_nn(smoke, repeats, rounds, window_heads):
                 for a, b in zip(jax.tree.leaves(outs["jax.nn"]), jax.tree.leaves(outs["attnlab"]), strict=True)
             )
             compile_s = time.perf_counter() - t0
-            best = _alternate(pairs, (q, k, v, arrays), rounds, repeats)
+            best = alternate_best(pairs, (q, k, v, arrays), rounds=rounds, repeats=repeats)
             control = round(best["jax.nn"] / best["jax.nn again"], 3) if "jax.nn again" in best else None
             rec = {
                 "suite": "jax_nn",
@@ -298,7 +281,7 @@ def suite_flax(smoke, repeats, rounds):
         grad_diff = max(
             float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g_s), jax.tree.leaves(g_o), strict=True)
         )
-        best = _alternate(pair, (x,), rounds, repeats)
+        best = alternate_best(pair, (x,), rounds=rounds, repeats=repeats)
         rec = {
             "suite": "flax",
             "case": name,

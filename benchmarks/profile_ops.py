@@ -6,8 +6,10 @@ The default is the CPU window target of issue 41: ``attention(mask=masks.window(
     PYTHONPATH=. python -m benchmarks.profile_ops --out benchmarks/results/cpu-2core-shared/profile_window16k.json
     PYTHONPATH=. python -m benchmarks.profile_ops --T 1024 --direction fwd --out /tmp/profile.json
 
-The JSON holds the run record, the call, the traced call's wall time, each op's total ms and calls, and
-the ms per kind of op: ``matmul`` (XLA:CPU's library matmul fusions ``ynn_fusion*`` and plain ``dot``s),
+The JSON holds the run record, the call, what the untraced call costs the host per call
+(``call_costs``, from ``harness.call_costs``: wall, user and system CPU time, page faults, XLA's
+temporary and output buffers), the traced call's wall time, each op's total ms and calls, and the ms
+per kind of op: ``matmul`` (XLA:CPU's library matmul fusions ``ynn_fusion*`` and plain ``dot``s),
 ``dynamic-slice`` (copies of a loop step's slice), ``dynamic-update-slice`` (in-place accumulation),
 ``copy`` (relayouts) and ``elementwise`` (every other fusion: exponentials, masks, sums).
 """
@@ -59,12 +61,13 @@ def profile(T, heads, head_dim, window, direction, implementation, top):
         return attnlab.attention(q, k, v, mask=mask, implementation=implementation)
 
     fn = jax.jit(fwd if direction == "fwd" else jax.grad(lambda *a: jnp.sum(fwd(*a) ** 2), argnums=(0, 1, 2)))
+    costs = harness.call_costs(fn, q, k, v)
     prof = harness.op_profile(fn, q, k, v)
     kinds = {}
     for o in prof["ops"]:
         kinds[kind(o["op"])] = round(kinds.get(kind(o["op"]), 0.0) + o["ms"], 2)
     call = dict(T=T, heads=heads, head_dim=head_dim, window=window, direction=direction, implementation=implementation)
-    return {"call": call, "wall_ms": prof["wall_ms"], "kinds_ms": kinds, "ops": prof["ops"][:top]}
+    return {"call": call, "call_costs": costs, "wall_ms": prof["wall_ms"], "kinds_ms": kinds, "ops": prof["ops"][:top]}
 
 
 def main(_):
@@ -74,6 +77,7 @@ def main(_):
     harness.write_json(_OUT.value, run.finish() | result)
     for name, ms in sorted(result["kinds_ms"].items(), key=lambda x: -x[1]):
         print(f"{name:22s} {ms:9.1f} ms")
+    print(f"untraced call: {result['call_costs']}")
     print(f"traced call {result['wall_ms']} ms; wrote {_OUT.value}")
 
 

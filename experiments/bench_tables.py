@@ -3,8 +3,8 @@
 One function per benchmark, each taking the results folder and the committed file's name and
 returning markdown: ``suite`` / ``graph`` / ``memory`` (``make bench``), ``ring_memory``,
 ``traced_padding``, ``ring_balance``, ``inspect_memory``, ``compare`` (``make compare-main``),
-``packed_docs``, ``scores``, ``flex``, ``adopt`` (``make adopt-bench``), ``profile_ops``
-(``make profile-window``). ``experiments/docs.py`` calls
+``packed_docs``, ``scores``, ``flex``, ``adopt`` (``make adopt-bench``), ``profile_ops``, ``call_costs``
+(``make profile-window``), ``crossover`` (``make crossover``). ``experiments/docs.py`` calls
 them; what each benchmark records is described in its own module under ``benchmarks/``.
 """
 
@@ -280,3 +280,48 @@ def profile_ops(folder, names: tuple) -> str:
         )
     rows.append(["all ops", *(f"{t:.0f}" for t in totals)])
     return _md(["kind of op", *(f"run {i + 1}: ms (share)" for i in range(len(runs)))], rows)
+
+
+def crossover(folder, names: tuple) -> str:
+    """``make crossover`` (``benchmarks.crossover``): dense XLA's time over the blockwise kernel's on the same
+    calls (above 1: blockwise faster), per shape, mask and T, as the range over fp32 / bf16 and the committed
+    runs ``names``; one table per direction, forward+backward first. A cell marked "xla" is a call that
+    ``implementation=None`` sends to dense XLA."""
+    records = [r for n in names for r in _records(folder, n)]
+    lengths = sorted({r["T"] for r in records})
+    rows_of = list(dict.fromkeys((r["shape"], r["mask"]) for r in records))
+    out = []
+    for mode in ("fwd+bwd", "fwd"):
+        rows = []
+        for shape, mask in rows_of:
+            cells = []
+            for T in lengths:
+                rs = [r for r in records if (r["shape"], r["mask"], r["T"], r["mode"]) == (shape, mask, T, mode)]
+                if not rs:
+                    cells.append("")
+                    continue
+                lo, hi = min(r["ratio"] for r in rs), max(r["ratio"] for r in rs)
+                cell = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+                cells.append(cell + (" xla" if any(r["chosen"] == "xla" for r in rs) else ""))
+            rows.append([shape, mask, *cells])
+        header = ["B x N x H", "mask", *(f"T = {T}" for T in lengths)]
+        out.append(f"{mode}, xla ms / blockwise ms:\n\n" + _md(header, rows))
+    return "\n".join(out)
+
+
+_COSTS = {
+    "wall_ms": "wall time, untraced (ms)",
+    "user_ms": "user CPU time, all threads (ms)",
+    "sys_ms": "system CPU time (ms)",
+    "fault_mib": "pages first touched (MiB)",
+    "temp_mib": "XLA temporaries (MiB)",
+    "output_mib": "outputs (MiB)",
+}
+
+
+def call_costs(folder, names: tuple) -> str:
+    """``make profile-window``'s ``call_costs`` (``harness.call_costs``): what one untraced call costs the
+    host per call, one column per committed run ``names``."""
+    runs = [json.loads((Path(folder) / n).read_text())["call_costs"] for n in names]
+    rows = [[label, *(f"{r[key]:.0f}" for r in runs)] for key, label in _COSTS.items()]
+    return _md(["per call", *(f"run {i + 1}" for i in range(len(runs)))], rows)

@@ -135,6 +135,10 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "profile-window": table(
         "experiments.bench_tables:profile_ops", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
     ),
+    "crossover": table("experiments.bench_tables:crossover", BENCH, names=("crossover.json", "crossover_run2.json")),
+    "profile-window-costs": table(
+        "experiments.bench_tables:call_costs", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
+    ),
     "packed-docs": table("experiments.bench_tables:packed_docs", BENCH),
     "scores": table("experiments.bench_tables:scores", BENCH),
     "flex": table("experiments.bench_tables:flex", BENCH),

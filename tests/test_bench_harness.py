@@ -121,6 +121,17 @@ def test_profile_ops_sorts_ops_by_kind():
     )
 
 
+def test_call_costs_reports_the_programs_buffers_and_the_hosts_time_per_call():
+    """A 4 MiB argument and a 4 MiB output, as XLA's memory analysis and the array sizes say."""
+    import resource
+
+    x = jnp.ones((1024, 1024), jnp.float32)
+    costs = harness.call_costs(jax.jit(lambda x: x * 2.0 + 1.0), x, repeats=2)
+    assert costs["argument_mib"] == 4.0 and costs["output_mib"] == 4.0
+    assert costs["temp_mib"] >= 0 and costs["wall_ms"] > 0 and costs["user_ms"] >= 0 and costs["sys_ms"] >= 0
+    assert costs["fault_mib"] == pytest.approx(costs["minor_faults"] * resource.getpagesize() / 2**20, abs=0.1)
+
+
 def test_compile_all_compiles_in_threads_and_returns_errors_per_job():
     good = (lambda x: x * 2, (jnp.arange(3.0),))
 
