@@ -106,7 +106,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long sweep-repeat plots \
-	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench gpu-check gpu-wheels compare-main compare-flex claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
+	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover gpu-check gpu-wheels compare-main compare-flex claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -326,6 +326,9 @@ flex: $(BENCH_DEPS)  ## blockwise vs torch.compile(flex_attention) on the CPU, d
 
 flex-avx2: $(BENCH_DEPS)  ## make flex with both sides' generated code capped at AVX2 (a stand-in for an AVX2 host; see docs/kernels.md) -> results/flex-avx2/
 	$(PY) -m benchmarks.flex --cap_isa avx2 --out results/flex-avx2
+
+crossover: $(DEPS)  ## where blockwise starts to pay off on the CPU: dense xla vs blockwise on the same masked calls, T = 128..1024, 3 shapes, fp32/bf16, fwd and fwd+bwd (~20 min) -> results/crossover/crossover.json
+	$(PY) -m benchmarks.crossover --out results/crossover
 
 profile-window: $(DEPS)  ## where the CPU window target's time goes (±128 at 16K, fwd+bwd, blockwise), op by op and by kind -> results/profile_window16k.json
 	$(PY) -m benchmarks.profile_ops --out results/profile_window16k.json

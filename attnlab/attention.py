@@ -136,7 +136,9 @@ def attention(
             1. ``"sparse"`` for a ``masks.graph_edges`` mask (with no bias and a dot/additive score);
             2. ``"blockwise"`` for the dot score when the bias is None or callable and either the
                mask's block layout has an EMPTY tile (window, causal, block-sparse graph, also with
-               traced padding lengths) or there are at least ``BLOCKWISE_MIN_PAIRS`` = 512 x 512 pairs;
+               traced padding lengths) or there are at least ``BLOCKWISE_MIN_PAIRS`` = 512 x 512 pairs
+               (below that, not when its non-empty tiles cover more than ``BLOCKWISE_MAX_VISITED`` = half
+               the pairs with H < 64 and one key head per query head: dense XLA measured faster there);
             3. ``"xla"`` for the dot score with Hv == H (small dense cases);
             4. ``"reference"`` otherwise.
 

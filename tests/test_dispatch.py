@@ -97,6 +97,30 @@ def test_explain_tpu_and_cpu_orders():
     assert attnlab.explain(small, small, small, mask=edges, backend="gpu").implementation == "sparse"
 
 
+def test_cpu_small_masked_calls_take_dense_xla_where_it_measured_faster():
+    """Below BLOCKWISE_MIN_PAIRS an EMPTY tile is not enough on cpu when the kernel would still visit
+    more than half the pairs with narrow heads, one key head per query head (``make crossover``)."""
+    from attnlab.impls import blockwise as impl  # noqa: PLC0415
+
+    def choice(shape, mask, K=None):
+        q = _sds(shape, jnp.float32)
+        kv = q if K is None else _sds(shape[:-2] + (K, shape[-1]), jnp.float32)
+        return attnlab.explain(q, kv, kv, mask=mask, backend="cpu")
+
+    # causal at T = 256: 10 of the 16 64 x 64 tiles are non-empty (62%)
+    ex = choice((2, 256, 4, 32), masks.causal())
+    assert ex.implementation == "xla"
+    assert "(here 62%)" in ex.reason("blockwise") and "K = N = 4" in ex.reason("blockwise")
+    assert 10 / 16 > impl.BLOCKWISE_MAX_VISITED
+    assert choice((2, 256, 4, 64), masks.causal()).implementation == "blockwise"  # H >= 64
+    assert choice((2, 256, 4, 32), masks.causal(), K=1).implementation == "blockwise"  # one key head
+    assert choice((2, 256, 4, 32), masks.chunks(64)).implementation == "blockwise"  # 4 of 16 tiles
+    assert choice((2, 256, 4, 32), masks.window(16, 0)).implementation == "blockwise"  # 7 of 16 tiles
+    # no EMPTY tile: dense; from 512 x 512 pairs: blockwise whatever the tiles
+    assert choice((2, 128, 4, 64), masks.window(64, 64)).implementation == "xla"
+    assert choice((2, 512, 4, 32), masks.causal()).implementation == "blockwise"
+
+
 def test_explain_table_reads():
     x = _sds((1, 1024, 8, 64))
     table = str(attnlab.explain(x, x, x, mask=masks.causal(), backend="gpu"))

@@ -2,18 +2,35 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from attnlab import masks as masks_lib
 from attnlab import scores as scores_lib
 from attnlab import tuning
 from attnlab.impls.base import Implementation, static_scale_reason
 from attnlab.kernels import blockwise as kernel
 
-__all__ = ["BLOCKWISE", "BLOCKWISE_MIN_PAIRS", "PAIR_FORM_DENSE_BYTES"]
+__all__ = [
+    "BLOCKWISE",
+    "BLOCKWISE_MIN_PAIRS",
+    "BLOCKWISE_MAX_VISITED",
+    "BLOCKWISE_MIN_HEAD_DIM",
+    "PAIR_FORM_DENSE_BYTES",
+]
 
 # implementation=None on CPU sends dot-product attention with at least this many (query, key) pairs
 # to the blockwise kernel: on the 2-core CPU it ran the forward 1.3x faster than jax.nn at
 # T = S = 256 and 512 and 2.3x at 1K, fwd+bwd 1.2x at 1K (`make bench`; it compiles ~3x longer).
 BLOCKWISE_MIN_PAIRS = 512 * 512
+
+# Below that, a mask with an EMPTY 64 x 64 tile sends the call to the blockwise kernel, except where its
+# non-empty tiles cover more than BLOCKWISE_MAX_VISITED of the pairs, the head dim is below
+# BLOCKWISE_MIN_HEAD_DIM and every query head has its own key head: there (causal and causal windows at
+# T = 128..384 with H = 32) dense XLA ran forward+backward faster in both runs of `make crossover`
+# (B x N x H = 2 x 4 x 32, the same with one key head, 1 x 8 x 64; T = 128..1024; docs/kernels.md). With
+# H = 64 or one key head the kernel was as fast or faster.
+BLOCKWISE_MAX_VISITED = 0.5
+BLOCKWISE_MIN_HEAD_DIM = 64
 
 # A score with a pair form (additive: tanh(q_t + k_s) for every pair and head dim) takes the blockwise
 # kernel on cpu once the reference's dense [B, T, S, N, H] fp32 intermediate would exceed this.
@@ -58,11 +75,20 @@ class Blockwise(Implementation):
         # The layout is always safe, so it counts even when the mask holds traced data (padding
         # lengths under jit): its structural part (window, causal, BigBird) still has EMPTY tiles.
         m = call.mask
-        if m is not None and not m.is_full and T and S and (m.block_layout(T, S, bq, bk) == masks_lib.EMPTY).any():
+        visited = 1.0
+        if m is not None and not m.is_full and T and S:
+            visited = float((np.asarray(m.block_layout(T, S, bq, bk)) != masks_lib.EMPTY).mean())
+        if visited == 1.0:
+            return (
+                f"pays off on cpu from {BLOCKWISE_MIN_PAIRS} (query, key) pairs or with an EMPTY {bq} x {bk} tile "
+                f"(here {T} x {S}, none empty)"
+            )
+        if visited <= BLOCKWISE_MAX_VISITED or call.H >= BLOCKWISE_MIN_HEAD_DIM or call.K < call.N:
             return None
         return (
-            f"pays off on cpu from {BLOCKWISE_MIN_PAIRS} (query, key) pairs or with an EMPTY {bq} x {bk} tile "
-            f"(here {T} x {S}, none empty)"
+            f"below {BLOCKWISE_MIN_PAIRS} pairs on cpu its non-empty {bq} x {bk} tiles must cover at most "
+            f"{BLOCKWISE_MAX_VISITED:.0%} of the pairs (here {visited:.0%}), or H >= {BLOCKWISE_MIN_HEAD_DIM} "
+            f"(here {call.H}), or K < N (here K = N = {call.N}): dense xla is faster"
         )
 
     def run(self, call):

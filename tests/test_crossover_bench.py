@@ -1,0 +1,50 @@
+"""`make crossover` (benchmarks/crossover.py): its smoke run, the pair shares it records, and its docs table."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from attnlab import masks
+from benchmarks import crossover
+from experiments import bench_tables
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_visited_share_counts_the_non_empty_64_tiles():
+    # causal at T = 256 in 64 x 64 tiles: the 4 diagonal tiles and the 6 below them, of 16
+    assert crossover.visited_share(masks.causal(), 256) == pytest.approx(10 / 16)
+    # chunks of 64: the 4 diagonal tiles; a window of ±32 at T = 128: both tiles of each row
+    assert crossover.visited_share(masks.chunks(64), 256) == pytest.approx(4 / 16)
+    assert crossover.visited_share(masks.window(32, 32), 128) == 1.0
+
+
+@pytest.mark.slow
+def test_crossover_benchmark_runs_small(tmp_path):
+    cmd = [sys.executable, "-m", "benchmarks.crossover", "--smoke", "--out", str(tmp_path), "--repeats=1", "--rounds=1"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "crossover.json").read_text())
+    assert result["host"]["cpu_model"] is not None and isinstance(result["host"]["cpu_simd_flags"], list)
+    recs = result["records"]
+    assert [(r["T"], r["mask"], r["dtype"], r["mode"]) for r in recs] == [
+        (64, "causal", "float32", "fwd"),
+        (64, "causal", "float32", "fwd+bwd"),
+    ]
+    for r in recs:
+        assert r["ratio"] == pytest.approx(r["xla_ms"] / r["blockwise_ms"], rel=0.01)
+        assert r["max_abs_diff"] < 1e-4, r
+        # one 64 x 64 tile, not empty: visited all; causal allows T (T + 1) / 2 of the T^2 pairs
+        assert r["visited"] == 1.0 and r["allowed"] == pytest.approx(64 * 65 / 2 / 64**2, abs=1e-4)
+        assert r["chosen"] == "xla"
+    # the docs' table reads the file: one row per (shape, mask), the ratio in its T column
+    (tmp_path / "run2.json").write_text(json.dumps(result))
+    md = bench_tables.crossover(tmp_path, ("crossover.json", "run2.json"))
+    fwd_bwd = md.split("fwd, xla ms")[0]
+    row = [line for line in fwd_bwd.splitlines() if line.startswith("| 2x4x32 | causal")]
+    assert row == [f"| 2x4x32 | causal | {recs[1]['ratio']:.2f} xla |"], md
+    assert np.isfinite(recs[0]["xla_ms"])
