@@ -13,7 +13,7 @@ import pytest
 from conftest import grad_tol, np_attention, qkv, tol
 
 import attnlab
-from attnlab import dispatch, masks, scores
+from attnlab import dispatch, impls, masks, scores
 from attnlab.kernels import blockwise as bw
 from attnlab.kernels import cudnn
 from attnlab.masks import base as masks_mod  # the layout internals live in masks/base.py
@@ -100,7 +100,6 @@ def test_explain_tpu_and_cpu_orders():
 def test_cpu_small_masked_calls_take_dense_xla_where_it_measured_faster():
     """Below BLOCKWISE_MIN_PAIRS an EMPTY tile is not enough on cpu when the kernel would still visit
     more than half the pairs with narrow heads, one key head per query head (``make crossover``)."""
-    from attnlab.impls import blockwise as impl  # noqa: PLC0415
 
     def choice(shape, mask, K=None):
         q = _sds(shape, jnp.float32)
@@ -111,7 +110,7 @@ def test_cpu_small_masked_calls_take_dense_xla_where_it_measured_faster():
     ex = choice((2, 256, 4, 32), masks.causal())
     assert ex.implementation == "xla"
     assert "(here 62%)" in ex.reason("blockwise") and "K = N = 4" in ex.reason("blockwise")
-    assert 10 / 16 > impl.BLOCKWISE_MAX_VISITED
+    assert 10 / 16 > impls.BLOCKWISE_MAX_VISITED and 32 < impls.BLOCKWISE_MIN_HEAD_DIM
     assert choice((2, 256, 4, 64), masks.causal()).implementation == "blockwise"  # H >= 64
     assert choice((2, 256, 4, 32), masks.causal(), K=1).implementation == "blockwise"  # one key head
     assert choice((2, 256, 4, 32), masks.chunks(64)).implementation == "blockwise"  # 4 of 16 tiles
