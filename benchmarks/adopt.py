@@ -36,7 +36,7 @@ from absl import app, flags
 import attnlab
 import attnlab.flax
 from attnlab import dropin
-from benchmarks.harness import alternate_best, run_record, write_json
+from benchmarks.harness import alternate_best, max_abs_diff, run_record, write_json
 
 
 def define_flags():
@@ -152,10 +152,7 @@ def suite_jax_nn(smoke, repeats, rounds, window_heads):
                 pairs["jax.nn again"] = _fns(jax.nn.dot_product_attention, static, mode)
             t0 = time.perf_counter()
             outs = {n: jax.block_until_ready(f(q, k, v, arrays)) for n, f in pairs.items()}
-            diff = max(
-                float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
-                for a, b in zip(jax.tree.leaves(outs["jax.nn"]), jax.tree.leaves(outs["attnlab"]), strict=True)
-            )
+            diff = max_abs_diff(outs["jax.nn"], outs["attnlab"])
             compile_s = time.perf_counter() - t0
             best = alternate_best(pairs, (q, k, v, arrays), rounds=rounds, repeats=repeats)
             control = round(best["jax.nn"] / best["jax.nn again"], 3) if "jax.nn again" in best else None
@@ -278,9 +275,7 @@ def suite_flax(smoke, repeats, rounds):
         t0 = time.perf_counter()
         (loss_s, g_s), (loss_o, g_o) = (jax.block_until_ready(f(x)) for f in pair.values())
         compile_s = time.perf_counter() - t0
-        grad_diff = max(
-            float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g_s), jax.tree.leaves(g_o), strict=True)
-        )
+        grad_diff = max_abs_diff(g_s, g_o)
         best = alternate_best(pair, (x,), rounds=rounds, repeats=repeats)
         rec = {
             "suite": "flax",

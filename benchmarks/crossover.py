@@ -1,12 +1,13 @@
 r"""Where the blockwise kernel starts to pay off on the CPU: dense XLA and blockwise on the same call.
 
 Dispatch on CPU sends a dot-product call to the blockwise kernel from ``BLOCKWISE_MIN_PAIRS`` (query,
-key) pairs, or when its mask has an EMPTY tile (``attnlab.impls.blockwise``). This sweep times both
-implementations on the same calls, for masks with EMPTY tiles (causal, windows, chunks), T = S from 128
-to 1024, fp32 and bf16, forward and forward+backward, in alternating rounds (``harness.alternate_best``),
-outputs checked equal first. Each record has ``ratio`` = xla ms / blockwise ms (above 1: blockwise is
-faster), the share of the ``[T, S]`` pairs that the kernel's non-empty 64 x 64 tiles cover
-(``visited``), the share the mask allows (``allowed``) and what ``implementation=None`` chooses.
+key) pairs, and below that when its mask has an EMPTY tile and the kernel pays off by the rule this sweep
+measured (``attnlab.impls.blockwise``). It times both implementations on the same calls, for masks with
+EMPTY tiles (causal, windows, chunks), T = S from 128 to 1024, fp32 and bf16, forward and
+forward+backward, in alternating rounds (``harness.alternate_best``), outputs checked equal first. Each
+record has ``ratio`` = xla ms / blockwise ms (above 1: blockwise is faster), the share of the ``[T, S]``
+pairs that the kernel's non-empty 64 x 64 tiles cover (``visited``: ``blockwise.visited_share``, what
+dispatch weighs), the share the mask allows (``allowed``) and what ``implementation=None`` chooses.
 
     make crossover                                        # -> results/crossover/crossover.json
     PYTHONPATH=. python -m benchmarks.crossover --smoke --out /tmp/crossover   # seconds
@@ -20,12 +21,11 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import app, flags
 
 import attnlab
 from attnlab import masks
-from attnlab.kernels import blockwise as blockwise_kernel
+from attnlab.impls.blockwise import visited_share
 from benchmarks import harness
 
 _OUT = _SMOKE = _REPEATS = _ROUNDS = _LENGTHS = _SHAPES = None
@@ -53,15 +53,6 @@ def define_flags():
     _SHAPES = flags.DEFINE_list("shapes", list(SHAPES), f"B x N x H (K=: key heads): any of {list(SHAPES)}.")
 
 
-def visited_share(mask, T: int) -> float:
-    """The share of the ``[T, T]`` pairs that the blockwise kernel's non-empty tiles cover (its
-    default CPU tiles, for a mask with EMPTY tiles)."""
-    bs = blockwise_kernel.default_block_sizes("cpu", sparse=True)
-    bq, bk = min(bs.block_q, T), min(bs.block_k, T)
-    layout = np.asarray(mask.block_layout(T, T, bq, bk))
-    return float((layout != masks.EMPTY).sum() * bq * bk / (-(-T // bq) * bq * -(-T // bk) * bk))
-
-
 def _fn(mask, implementation, mode):
     def fwd(q, k, v):
         return attnlab.attention(q, k, v, mask=mask, implementation=implementation)
@@ -81,10 +72,7 @@ def cell(shape, T, mask_name, dtype, mode, *, rounds, repeats):
     t0 = time.perf_counter()
     outs = {impl: jax.block_until_ready(f(q, k, v)) for impl, f in fns.items()}
     compile_s = time.perf_counter() - t0
-    diff = max(
-        float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
-        for a, b in zip(jax.tree.leaves(outs["xla"]), jax.tree.leaves(outs["blockwise"]), strict=True)
-    )
+    diff = harness.max_abs_diff(outs["xla"], outs["blockwise"])
     best = harness.alternate_best(fns, (q, k, v), rounds=rounds, repeats=repeats)
     return {
         "shape": shape,
@@ -99,7 +87,7 @@ def cell(shape, T, mask_name, dtype, mode, *, rounds, repeats):
         "xla_ms": round(best["xla"] * 1e3, 4),
         "blockwise_ms": round(best["blockwise"] * 1e3, 4),
         "ratio": round(best["xla"] / best["blockwise"], 3),
-        "visited": round(visited_share(mask, T), 4),
+        "visited": round(visited_share(mask, T, T, "cpu"), 4),
         "allowed": round(harness.allowed_pairs(mask, T) / (T * T), 4),
         "chosen": attnlab.explain(q, k, v, mask=mask).implementation,
         "max_abs_diff": diff,

@@ -76,6 +76,7 @@ __all__ = [
     "write_json",
     "Recorder",
     "compare",
+    "max_abs_diff",
     "useful_flops",
     "allowed_pairs",
     "markdown_table",
@@ -481,6 +482,14 @@ def compare(actual, expected, dtype, what: str = "out", *, backend: str | None =
     rel = float(np.max(diff, initial=0.0) / max(1e-6, float(np.max(np.abs(e), initial=0.0))))
     finite = bool(np.isfinite(a).all())
     return {"rel_err": rel, "tol_ratio": ratio, "ok": finite and ratio <= 1.0}
+
+
+def max_abs_diff(a, b) -> float:
+    """The largest ``|a - b|`` over two pytrees of arrays of the same structure, in fp32."""
+    return max(
+        float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
 
 
 def useful_flops(pairs: int, N: int, H: int, direction: str, score: str = "dot") -> float:

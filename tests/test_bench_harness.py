@@ -132,6 +132,14 @@ def test_call_costs_reports_the_programs_buffers_and_the_hosts_time_per_call():
     assert costs["fault_mib"] == pytest.approx(costs["minor_faults"] * resource.getpagesize() / 2**20, abs=0.1)
 
 
+def test_max_abs_diff_over_pytrees_in_fp32():
+    a = {"x": jnp.array([1.0, 2.0], jnp.bfloat16), "y": jnp.zeros((2, 2))}
+    b = {"x": jnp.array([1.0, 2.5], jnp.bfloat16), "y": jnp.full((2, 2), -0.25)}
+    assert harness.max_abs_diff(a, b) == 0.5
+    with pytest.raises(ValueError):  # different structures are an error, not a partial answer
+        harness.max_abs_diff([jnp.zeros(2)], [jnp.zeros(2), jnp.zeros(2)])
+
+
 def test_compile_all_compiles_in_threads_and_returns_errors_per_job():
     good = (lambda x: x * 2, (jnp.arange(3.0),))
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from attnlab import masks
-from benchmarks import crossover
+from attnlab.impls.blockwise import visited_share
 from experiments import bench_tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -17,10 +17,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_visited_share_counts_the_non_empty_64_tiles():
     # causal at T = 256 in 64 x 64 tiles: the 4 diagonal tiles and the 6 below them, of 16
-    assert crossover.visited_share(masks.causal(), 256) == pytest.approx(10 / 16)
+    assert visited_share(masks.causal(), 256, 256) == pytest.approx(10 / 16)
     # chunks of 64: the 4 diagonal tiles; a window of ±32 at T = 128: both tiles of each row
-    assert crossover.visited_share(masks.chunks(64), 256) == pytest.approx(4 / 16)
-    assert crossover.visited_share(masks.window(32, 32), 128) == 1.0
+    assert visited_share(masks.chunks(64), 256, 256) == pytest.approx(4 / 16)
+    assert visited_share(masks.window(32, 32), 128, 128) == 1.0
+    assert visited_share(None, 256, 256) == 1.0 and visited_share(masks.causal(), 0, 256) == 1.0
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ __all__ = [
     "BLOCKWISE_MAX_VISITED",
     "BLOCKWISE_MIN_HEAD_DIM",
     "PAIR_FORM_DENSE_BYTES",
+    "visited_share",
 ]
 
 # implementation=None on CPU sends dot-product attention with at least this many (query, key) pairs
@@ -35,6 +36,19 @@ BLOCKWISE_MIN_HEAD_DIM = 64
 # A score with a pair form (additive: tanh(q_t + k_s) for every pair and head dim) takes the blockwise
 # kernel on cpu once the reference's dense [B, T, S, N, H] fp32 intermediate would exceed this.
 PAIR_FORM_DENSE_BYTES = 64 * 2**20
+
+
+def visited_share(mask, T: int, S: int, backend: str = "cpu") -> float:
+    """The share of the ``[T, S]`` tiles (the backend's sparse tiles) that ``mask``'s block layout leaves
+    non-empty: what the blockwise kernel still visits. 1.0 for no mask, a full mask or an empty shape.
+
+    The layout is always safe, so it counts even when the mask holds traced data (padding lengths under
+    jit): its structural part (window, causal, BigBird) still has EMPTY tiles."""
+    if mask is None or mask.is_full or not T or not S:
+        return 1.0
+    bs = kernel.default_block_sizes(backend, sparse=True)
+    layout = np.asarray(mask.block_layout(T, S, min(bs.block_q, T), min(bs.block_k, S)))
+    return float((layout != masks_lib.EMPTY).mean())
 
 
 class Blockwise(Implementation):
@@ -72,12 +86,7 @@ class Blockwise(Implementation):
             return None
         bs = kernel.default_block_sizes(backend, sparse=True)
         bq, bk = min(bs.block_q, T), min(bs.block_k, S)
-        # The layout is always safe, so it counts even when the mask holds traced data (padding
-        # lengths under jit): its structural part (window, causal, BigBird) still has EMPTY tiles.
-        m = call.mask
-        visited = 1.0
-        if m is not None and not m.is_full and T and S:
-            visited = float((np.asarray(m.block_layout(T, S, bq, bk)) != masks_lib.EMPTY).mean())
+        visited = visited_share(call.mask, T, S, backend)
         if visited == 1.0:
             return (
                 f"pays off on cpu from {BLOCKWISE_MIN_PAIRS} (query, key) pairs or with an EMPTY {bq} x {bk} tile "
