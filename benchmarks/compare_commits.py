@@ -5,6 +5,8 @@ A change to the dispatcher or a kernel must not slow the CPU paths down. This sc
 times a fixed set of ``attnlab.attention`` calls (the public API both commits have) from each tree
 in its own subprocess, alternating base and head for ``--rounds`` rounds so that machine load hits
 both alike; each cell reports the best time per tree and the ratio head / base (< 1: faster now).
+A forward+backward cell takes the gradients of q, k and v for a fixed random output cotangent
+(``--cotangent random``; ``ones``, the gradient of ``out.sum()``, lets XLA simplify the backward).
 
 Command (what ``make compare-main`` runs; ~10 min on the shared 2-core CPU):
 
@@ -74,7 +76,7 @@ BENCHES = {
 
 def define_flags():
     """Defines the command-line flags; only when run as a program (tests import this module beside others)."""
-    global _BASE, _HEAD, _ROUNDS, _REPEATS, _CELLS, _OUT, _WORKER, _BENCH
+    global _BASE, _HEAD, _ROUNDS, _REPEATS, _CELLS, _OUT, _WORKER, _BENCH, _COTANGENT
     _BASE = flags.DEFINE_string("base", "160a7db", "The commit to compare against.")
     _HEAD = flags.DEFINE_string("head", ".", "The tree to compare ('.' = this working tree) or a commit.")
     _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds (each tree times every cell once per round).")
@@ -83,15 +85,19 @@ def define_flags():
     _OUT = flags.DEFINE_string("out", "results/compare", "Output folder for compare.json.")
     _WORKER = flags.DEFINE_string("worker", None, "Internal: time the cells with the attnlab on PYTHONPATH.")
     _BENCH = flags.DEFINE_enum("bench", None, list(BENCHES), "Run this benchmark program in each tree instead.")
+    _COTANGENT = flags.DEFINE_enum(
+        "cotangent", "random", ["random", "ones"],
+        "fwd+bwd cells: the output's cotangent, a fixed normal array, or ones (the gradient of out.sum(), which "
+        "lets XLA simplify the backward; the runs committed before 2026-12-06's fifth session used it).",
+    )  # fmt: skip
 
 
-def _worker(cells: list[str], repeats: int) -> dict:
-    """Best ms and compile seconds per cell, with the attnlab on PYTHONPATH (the other commit's tree).
+def _cell(name: str, cotangent: str = "random") -> tuple:
+    """Cell ``name``'s jitted program and its arguments ``(f, (q, k, v, mask, ct))``: the forward, or the
+    gradients of q, k and v for the output cotangent ``ct`` (``cotangent="random"``: a fixed normal array;
+    ``"ones"``: None, the gradient of ``out.sum()``).
 
-    Self-contained on purpose: it runs against the other tree, whose ``benchmarks/`` may predate
-    ``benchmarks.harness``, so its timing (one warm-up call, one untimed call, then the best of
-    ``repeats``) is written out here; the parent process records with the harness.
-    """
+    Self-contained on purpose (as ``_worker``): only attnlab's public API of either tree."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -99,37 +105,54 @@ def _worker(cells: list[str], repeats: int) -> dict:
     import attnlab
     from attnlab import masks
 
+    kind, T, B, N, H, bwd = CELLS[name]
+    ks = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(kk, (B, T, N, H), jnp.float32) for kk in ks)
+    lengths = jnp.asarray([T - 7 * i for i in range(B)], jnp.int32)
+    cuts = np.sort(np.random.default_rng(0).choice(np.arange(1, T), size=15, replace=False))
+    if kind == "graph":  # T nodes, 10 * T random edges (unique), self loops: the sparse kernel
+        flat = np.random.default_rng(0).choice(T * T, size=10 * T, replace=False)
+        src, dst = np.concatenate([flat // T, np.arange(T)]), np.concatenate([flat % T, np.arange(T)])
+    ids = jnp.asarray(np.repeat(np.arange(16), np.diff(np.concatenate([[0], cuts, [T]])))[None], jnp.int32)
+    mask = {
+        "full": None,
+        "causal": masks.causal(),
+        "window": masks.window(128, 128),
+        "padding": masks.padding(lengths, lengths),
+        "documents": masks.document(ids),  # 16 documents of random lengths, ids traced (a jit argument)
+        "graph": masks.graph_edges(jnp.asarray(src), jnp.asarray(dst), T) if kind == "graph" else None,
+    }[kind]
+    ct = jax.random.normal(jax.random.key(1), q.shape, jnp.float32) if cotangent == "random" else None
+    if not bwd:
+        return jax.jit(lambda q, k, v, m, ct: attnlab.attention(q, k, v, mask=m)), (q, k, v, mask, ct)
+
+    def loss(q, k, v, m, ct):
+        out = attnlab.attention(q, k, v, mask=m)
+        return out.sum() if ct is None else jnp.vdot(out, ct)
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, mask, ct)
+
+
+def _worker(cells: list[str], repeats: int, cotangent: str = "random") -> dict:
+    """Best ms and compile seconds per cell (``_cell``), with the attnlab on PYTHONPATH (the other commit's tree).
+
+    Self-contained on purpose: it runs against the other tree, whose ``benchmarks/`` may predate
+    ``benchmarks.harness``, so its timing (one warm-up call, one untimed call, then the best of
+    ``repeats``) is written out here; the parent process records with the harness.
+    """
+    import jax
+
     out = {}
     for name in cells:
-        kind, T, B, N, H, bwd = CELLS[name]
-        ks = jax.random.split(jax.random.key(0), 3)
-        q, k, v = (jax.random.normal(kk, (B, T, N, H), jnp.float32) for kk in ks)
-        lengths = jnp.asarray([T - 7 * i for i in range(B)], jnp.int32)
-        cuts = np.sort(np.random.default_rng(0).choice(np.arange(1, T), size=15, replace=False))
-        if kind == "graph":  # T nodes, 10 * T random edges (unique), self loops: the sparse kernel
-            flat = np.random.default_rng(0).choice(T * T, size=10 * T, replace=False)
-            src, dst = np.concatenate([flat // T, np.arange(T)]), np.concatenate([flat % T, np.arange(T)])
-        ids = jnp.asarray(np.repeat(np.arange(16), np.diff(np.concatenate([[0], cuts, [T]])))[None], jnp.int32)
-        mask = {
-            "full": None,
-            "causal": masks.causal(),
-            "window": masks.window(128, 128),
-            "padding": masks.padding(lengths, lengths),
-            "documents": masks.document(ids),  # 16 documents of random lengths, ids traced (a jit argument)
-            "graph": masks.graph_edges(jnp.asarray(src), jnp.asarray(dst), T) if kind == "graph" else None,
-        }[kind]
-        if bwd:
-            f = jax.jit(jax.grad(lambda q, k, v, m: attnlab.attention(q, k, v, mask=m).sum(), argnums=(0, 1, 2)))
-        else:
-            f = jax.jit(lambda q, k, v, m: attnlab.attention(q, k, v, mask=m))
+        f, args = _cell(name, cotangent)
         t0 = time.perf_counter()
-        jax.block_until_ready(f(q, k, v, mask))
+        jax.block_until_ready(f(*args))
         compile_s = time.perf_counter() - t0
-        jax.block_until_ready(f(q, k, v, mask))  # an untimed call: thread pools awake
+        jax.block_until_ready(f(*args))  # an untimed call: thread pools awake
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            jax.block_until_ready(f(q, k, v, mask))
+            jax.block_until_ready(f(*args))
             times.append(time.perf_counter() - t0)
         out[name] = {"best_ms": 1e3 * min(times), "compile_s": compile_s}
     return out
@@ -146,6 +169,7 @@ def _in_tree(tree: Path, args: list[str], what: str) -> str:
 
 def _run(tree: Path, cells, repeats) -> dict:
     args = [str(Path(__file__).resolve()), f"--worker={','.join(cells)}", f"--repeats={repeats}"]
+    args.append(f"--cotangent={_COTANGENT.value}")
     return json.loads(_in_tree(tree, args, "the worker").strip().splitlines()[-1])
 
 
@@ -181,7 +205,7 @@ def _tree(spec: str, tmp: Path, name: str) -> tuple[Path, str]:
 def main(argv):
     del argv
     if _WORKER.value:  # before anything from this tree is imported (see _worker)
-        print(json.dumps(_worker(_WORKER.value.split(","), _REPEATS.value)))
+        print(json.dumps(_worker(_WORKER.value.split(","), _REPEATS.value, _COTANGENT.value)))
         return
     if _BENCH.value:
         _main_bench(BENCHES[_BENCH.value])
@@ -198,7 +222,7 @@ def main(argv):
     from benchmarks import harness  # noqa: PLC0415  (this tree's; the worker never imports it)
 
     meta = harness.run_record() | {"base": base_name, "head": head_name, "rounds": _ROUNDS.value}
-    meta["repeats"] = _REPEATS.value
+    meta["repeats"], meta["cotangent"] = _REPEATS.value, _COTANGENT.value
     harness.write_json(Path(_OUT.value) / "compare.json", {"meta": meta, "rows": rows, "runs": runs})
     header = ["cell", f"base {base_name} ms", f"head {head_name} ms", "head / base"]
     print(harness.markdown_table(header, [[r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['ratio']:.2f}"]

@@ -130,7 +130,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
         names=("compare_flex_04a795f.json", "compare_flex_04a795f_run2.json"),
     ),  # fmt: skip
     "compare-graph": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_graph.json"),
-    "compare-graph-run2": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_graph_run2.json"),
     "adopt": table("experiments.bench_tables:adopt", BENCH, names=("adopt.json", "adopt_run2.json")),
     "profile-window": table(
         "experiments.bench_tables:profile_ops", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import threading
 import time
 
@@ -119,6 +120,22 @@ def test_profile_ops_sorts_ops_by_kind():
     assert profile_ops.kind("copy_bitcast_fusion.1") == "copy" and profile_ops.kind("multiply_exponential_fusion") == (
         "elementwise"
     )
+
+
+def test_profile_ops_measures_the_same_call_again_with_pages_kept():
+    """The child process times the call the flags name (XLA's buffer sizes equal this process's) under the
+    C library settings it records."""
+    from benchmarks import profile_ops
+
+    flags = ["--T=128", "--heads=2", "--head_dim=16", "--window=8", "--direction=fwd+bwd"]
+    kept = profile_ops.costs_pages_kept(["profile_ops", *flags, "--out=/nonexistent/x.json", "--pages_kept"])
+    fn, args = profile_ops.program(128, 2, 16, 8, "fwd+bwd", "blockwise")
+    here = harness.call_costs(fn, *args)
+    assert {k: kept[k] for k in ("temp_mib", "output_mib", "argument_mib")} == {
+        k: here[k] for k in ("temp_mib", "output_mib", "argument_mib")
+    }
+    assert kept["wall_ms"] > 0 and here["argument_mib"] == pytest.approx(3 * 128 * 2 * 16 * 4 / 2**20, abs=0.05)
+    assert kept["env"] == profile_ops.KEEP_PAGES_ENV and os.environ.get("MALLOC_ARENA_MAX") != "1"
 
 
 def test_call_costs_reports_the_programs_buffers_and_the_hosts_time_per_call():

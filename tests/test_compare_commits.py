@@ -11,6 +11,22 @@ def test_worker_times_a_cell():
     assert out["padding 128 x8 fwd"]["best_ms"] > 0 and out["padding 128 x8 fwd"]["compile_s"] > 0
 
 
+@pytest.mark.parametrize("cotangent", ["random", "ones"])
+def test_fwd_bwd_cells_take_the_gradient_for_their_cotangent(cotangent):
+    """A random cotangent (the default) or ones: the cell's gradients equal jax.vjp's for that cotangent."""
+    import jax
+    import jax.numpy as jnp
+
+    import attnlab
+
+    f, (q, k, v, m, ct) = compare_commits._cell("padding 128 x8 fwd+bwd", cotangent)
+    assert (ct is None) == (cotangent == "ones")
+    out, pull = jax.vjp(lambda q, k, v: attnlab.attention(q, k, v, mask=m), q, k, v)
+    want = pull(jnp.ones_like(out) if ct is None else ct)
+    for got, w in zip(f(q, k, v, m, ct), want, strict=True):
+        assert float(jnp.max(jnp.abs(got - w))) < 1e-5 * float(jnp.max(jnp.abs(w)))
+
+
 @pytest.mark.parametrize("name", sorted(compare_commits.CELLS))
 def test_cells_are_well_formed(name):
     kind, T, B, N, H, bwd = compare_commits.CELLS[name]
