@@ -129,11 +129,11 @@ def build(torch, cell: Cell, device: str):
             torch.cuda.synchronize()
 
     if grad:
-        ones = torch.ones_like(q)
+        ct = _cotangent(torch, q)
 
         def run():
             out = attend(q, k, v)
-            torch.autograd.grad(out, (q, k, v), ones)  # the gradients of sum(out), as JAX's rows
+            torch.autograd.grad(out, (q, k, v), ct)  # for a fixed normal cotangent, as JAX's rows
             sync()
 
     else:
@@ -157,6 +157,13 @@ def _inputs(torch, T: int, N: int, H: int, device: str):
         xs = (torch.randn((1, N, T, H), generator=gen) for _ in range(3))
         _INPUTS[key] = tuple(x.to(device=device, dtype=torch.bfloat16) for x in xs)
     return _INPUTS[key]
+
+
+def _cotangent(torch, like):
+    """The output cotangent of a forward+backward cell: normal, fixed, ``like``'s shape, dtype and device
+    (as ``contenders.cotangent`` for the JAX rows; not ones, which lets XLA simplify its side)."""
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    return torch.randn(tuple(like.shape), generator=gen).to(device=like.device, dtype=like.dtype)
 
 
 def _flex(torch, case: Case, cell: Cell, device: str):

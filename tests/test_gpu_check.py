@@ -211,6 +211,24 @@ def test_default_run_fits_the_device_lease():
     assert sum(opts.budget(s) for s in gpu_check.DEFAULT_SECTIONS) <= 5.5
 
 
+def test_fwd_bwd_cells_take_the_gradient_for_a_fixed_normal_cotangent():
+    """A forward+backward cell's gradients are the reference's vjp of ``contenders.cotangent`` (passed as its
+    last argument), not of ones; the torch rows use a cotangent of their own, fixed too."""
+    case = {c.name: c for c in speed_cases(window=3, docs=3)}["documents"]
+    fn, args = contenders.build("xla", case, 32, 2, 8, "fwd+bwd")
+    q, k, v, ids, ct = args
+    assert ct is contenders.cotangent(q.shape, q.dtype) and float(jnp.std(ct.astype(jnp.float32))) > 0.5
+    mask = contenders.attnlab_mask(case, ids)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    _, pull = jax.vjp(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=mask), *f32)
+    for got, want in zip(jax.jit(fn)(*args), pull(ct.astype(jnp.float32)), strict=True):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), atol=5e-2)
+    torch = pytest.importorskip("torch")
+    like = torch.zeros((1, 2, 32, 8), dtype=torch.bfloat16)
+    a, b = torch_peers._cotangent(torch, like), torch_peers._cotangent(torch, like)
+    assert torch.equal(a, b) and a.dtype == torch.bfloat16 and float(a.float().std()) > 0.5
+
+
 def test_cudnn_and_tokamax_say_why_not_or_compute_the_case():
     cases = {c.name: c for c in speed_cases(window=3, docs=3)}
     with pytest.raises(UnsupportedError, match="GPU"):
