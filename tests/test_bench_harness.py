@@ -101,8 +101,10 @@ def test_op_profile_names_the_compiled_programs_ops_and_counts_loop_steps():
     names = [o["op"] for o in prof["ops"]]
     assert all(f"%{n} = " in hlo for n in names), names  # instructions of the compiled program
     assert not any(n.startswith("while") for n in names)  # the loop's time is its body's: not counted twice
-    in_loop = [o for o in prof["ops"] if o["calls"] == 7]
-    assert in_loop and all(o["ms"] > 0 for o in in_loop)  # the body's ops, once per iteration
+    in_loop = {o["op"]: o["ms"] for o in prof["ops"] if o["calls"] == 7}  # the body's ops, once per iteration
+    assert all(ms >= 0 for ms in in_loop.values())  # (the loop counter's add can take less than the 0.01 ms shown)
+    work = [ms for n, ms in in_loop.items() if n.startswith(("ynn_fusion", "dot")) or "exponential" in n]
+    assert work and all(ms > 0 for ms in work), in_loop  # the matmul and the exponential took time
     assert [o["ms"] for o in prof["ops"]] == sorted((o["ms"] for o in prof["ops"]), reverse=True)
 
 
