@@ -148,10 +148,13 @@ def inspect_memory(folder) -> str:
 
 def compare(folder, name: str) -> str:
     """``make compare-main`` (``benchmarks.compare_commits``): the same attention calls on two commits, best ms
-    and the ratio, from the committed ``name`` JSON."""
+    and the ratio, from the committed ``name`` JSON; the header names the forward+backward cells' cotangent."""
     data = json.loads((Path(folder) / name).read_text())
     rows = [[r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['ratio']:.2f}"] for r in data["rows"]]
-    return _md(["cell", f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
+    # the forward+backward cells' output cotangent (runs before ``--cotangent`` took the gradient of out.sum())
+    ct = data["meta"].get("cotangent", "ones")
+    cell = f"cell (fwd+bwd cotangent: {ct})" if any("bwd" in r["cell"] for r in data["rows"]) else "cell"
+    return _md([cell, f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
 
 
 def compare_bench(folder, names: tuple) -> str:

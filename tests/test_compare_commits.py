@@ -65,3 +65,16 @@ def test_bench_rows_take_each_trees_best_and_form_ratios():
     assert row["head"] == {"attnlab_s": 0.4, "attnlab_devices_s": 0.8, "flex_s": 3.0}
     assert row["ratios"]["flex / attnlab"] == {"base": 4.0, "head": 7.5}
     assert row["ratios"]["flex / attnlab (host devices)"] == {"base": 4.0, "head": 3.75}
+
+
+def test_compare_table_names_the_cotangent_of_its_runs(tmp_path):
+    """Runs from before ``--cotangent`` (no such field) took the gradient of out.sum(): the table says ones."""
+    import json
+
+    from experiments import bench_tables
+
+    rows = [{"cell": "full 1024 fwd+bwd", "base_ms": 2.0, "head_ms": 1.0, "ratio": 0.5}]
+    for meta, want in (({"base": "abc"}, "ones"), ({"base": "abc", "cotangent": "random"}, "random")):
+        (tmp_path / "c.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+        header, _, row = bench_tables.compare(tmp_path, "c.json").splitlines()[:3]
+        assert f"cell (fwd+bwd cotangent: {want})" in header and "| 0.50 |" in row
