@@ -331,6 +331,14 @@ def wide_spans(layout: np.ndarray, S: int, bk: int, max_keys: int, max_pairs: in
     return starts, width
 
 
+# Steps of a band's loops (``forward_wide``, ``backward_wide``) per loop iteration: a band has many short steps
+# (one per 64 query rows), and XLA:CPU pays a while loop's per-iteration cost once per 8 of them and can run
+# the independent work of neighbouring steps side by side. ±128 window, 8 heads of 64, fp32, forward+backward,
+# one process, alternating (2-core AVX-512 host; bit-identical results): 0.78-0.83 of the time at 8K and
+# 16K, 0.92-0.99 at 1K and 4K; 16 per iteration was slower than 8 (docs/kernels.md, CHANGELOG.md).
+WIDE_UNROLL = 8
+
+
 def _flat_kv(x):
     """Key/value tiles ``[nk, B*K, bk, D]`` -> ``[B*K, nk*bk, D]``."""
     nk, BK, bk, D = x.shape
@@ -394,7 +402,7 @@ def forward_wide(q, k, v, mask, leaves, consts, starts, *, ls: LoopSpec, bias_fn
         return put(out), (put(m), put(log_l))
 
     iq = jnp.arange(starts.shape[0], dtype=jnp.int32)
-    out, lse = jax.lax.map(one, (iq, starts))
+    _, (out, lse) = jax.lax.scan(lambda c, x: (c, one(x)), None, (iq, starts), unroll=WIDE_UNROLL)  # a map
     if put is None:
         return out, lse
 
@@ -442,7 +450,8 @@ def backward_wide(q, k, v, mask, leaves, consts, starts, out, lse, dout, *, ls: 
         tuple(jnp.zeros(x.shape, jnp.float32) for x in consts),
     )
     iq = jnp.arange(q.shape[0], dtype=jnp.int32)
-    (dkt, dvt, dls, dcs), dq = jax.lax.scan(one, init, (q, dout, lse[0], lse[1], delta, iq, starts))
+    xs = (q, dout, lse[0], lse[1], delta, iq, starts)
+    (dkt, dvt, dls, dcs), dq = jax.lax.scan(one, init, xs, unroll=WIDE_UNROLL)
 
     def tiles(xt):  # [B*K, D, nk*bk] -> [nk, B*K, bk, D]
         return xt.reshape(BK, xt.shape[1], nk, bk).transpose(2, 0, 3, 1)
