@@ -130,6 +130,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
         names=("compare_flex_04a795f.json", "compare_flex_04a795f_run2.json"),
     ),  # fmt: skip
     "compare-graph": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_graph.json"),
+    "compare-unroll": table("experiments.bench_tables:compare", BENCH, name="compare_ee32ec5_unroll.json"),
+    "compare-unroll-run2": table("experiments.bench_tables:compare", BENCH, name="compare_ee32ec5_unroll_run2.json"),
     "adopt": table("experiments.bench_tables:adopt", BENCH, names=("adopt.json", "adopt_run2.json")),
     "profile-window": table(
         "experiments.bench_tables:profile_ops", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
