@@ -88,13 +88,14 @@ def program(T, heads, head_dim, window, direction, implementation):
     return fn, (q, k, v)
 
 
-def costs_pages_kept(argv: list[str]) -> dict:
-    """``harness.call_costs`` of the call ``argv``'s flags name, in a child process run with ``KEEP_PAGES_ENV``
-    (``env``: the settings the child saw)."""
+def costs_pages_kept(T, heads, head_dim, window, direction, implementation) -> dict:
+    """``harness.call_costs`` of the same call (``program``'s arguments), in a child process run with
+    ``KEEP_PAGES_ENV`` (``env``: the settings the child saw)."""
+    call = dict(T=T, heads=heads, head_dim=head_dim, window=window, direction=direction, implementation=implementation)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "costs.json"
-        args = [a for a in argv[1:] if not a.startswith(("--out", "--pages_kept", "--nopages_kept"))]
-        cmd = [sys.executable, "-m", "benchmarks.profile_ops", *args, "--costs_only", f"--out={out}"]
+        cmd = [sys.executable, "-m", "benchmarks.profile_ops", *(f"--{k}={v}" for k, v in call.items())]
+        cmd += ["--costs_only", f"--out={out}"]
         subprocess.run(cmd, env=os.environ | KEEP_PAGES_ENV, cwd=Path(__file__).resolve().parents[1], check=True)
         return json.loads(out.read_text())
 
@@ -122,7 +123,7 @@ def main(argv):
     result = profile(*call, _TOP.value)
     if _PAGES_KEPT.value:
         harness.progress("the untraced call again, freed memory kept by the C library ...")
-        result["call_costs_pages_kept"] = costs_pages_kept(sys.argv)
+        result["call_costs_pages_kept"] = costs_pages_kept(*call)
     harness.write_json(_OUT.value, run.finish() | result)
     for name, ms in sorted(result["kinds_ms"].items(), key=lambda x: -x[1]):
         print(f"{name:22s} {ms:9.1f} ms")

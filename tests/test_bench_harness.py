@@ -129,9 +129,9 @@ def test_profile_ops_measures_the_same_call_again_with_pages_kept():
     C library settings it records."""
     from benchmarks import profile_ops
 
-    flags = ["--T=128", "--heads=2", "--head_dim=16", "--window=8", "--direction=fwd+bwd"]
-    kept = profile_ops.costs_pages_kept(["profile_ops", *flags, "--out=/nonexistent/x.json", "--pages_kept"])
-    fn, args = profile_ops.program(128, 2, 16, 8, "fwd+bwd", "blockwise")
+    call = (128, 2, 16, 8, "fwd+bwd", "blockwise")
+    kept = profile_ops.costs_pages_kept(*call)
+    fn, args = profile_ops.program(*call)
     here = harness.call_costs(fn, *args)
     assert {k: kept[k] for k in ("temp_mib", "output_mib", "argument_mib")} == {
         k: here[k] for k in ("temp_mib", "output_mib", "argument_mib")
