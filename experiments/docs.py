@@ -43,7 +43,7 @@ SWEEP = "docs/results/sweep"
 BENCH = "benchmarks/results/cpu-2core-shared"
 H200 = "benchmarks/results/h200"
 PAGES = ("README.md", "docs/*.md")
-HOST_DEVICES = "session4-host-devices.json"  # make bench: all suites but window_bwd, 2026-11-30
+BENCH_RUN = "bench.json"  # make bench: every suite in one run, 2026-12-06
 
 MARKERS = re.compile(
     r"(?P<begin><!-- begin generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(?P<end><!-- end generated: (?P=name) -->)",
@@ -104,20 +104,16 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "sweep-n2048": table("experiments.sweep_report:pivot", SWEEP),
     "sweep-reading": table("experiments.sweep_report:reading", SWEEP),
     "lra-table2": table("experiments.sweep_report:lra_table2", "docs/results/lra"),
-    "bench-full": table("experiments.bench_tables:suite", BENCH, file=HOST_DEVICES, suite="full fwd"),
-    "bench-full-bwd": table("experiments.bench_tables:suite", BENCH, file=HOST_DEVICES, suite="full fwd+bwd"),
+    "bench-full": table("experiments.bench_tables:suite", BENCH, file=BENCH_RUN, suite="full fwd"),
+    "bench-full-bwd": table("experiments.bench_tables:suite", BENCH, file=BENCH_RUN, suite="full fwd+bwd"),
     "bench-window": table(
-        "experiments.bench_tables:suite", BENCH, file=HOST_DEVICES, suite="window ±128 fwd", per_token=True
+        "experiments.bench_tables:suite", BENCH, file=BENCH_RUN, suite="window ±128 fwd", per_token=True
     ),
     "bench-window-bwd": table(
-        "experiments.bench_tables:suite",
-        BENCH,
-        file="session4-window-bwd.json",
-        suite="window ±128 fwd+bwd",
-        per_token=True,
-    ),  # fmt: skip
-    "bench-graph": table("experiments.bench_tables:graph", BENCH, file=HOST_DEVICES),
-    "bench-memory": table("experiments.bench_tables:memory", BENCH, file=HOST_DEVICES),
+        "experiments.bench_tables:suite", BENCH, file=BENCH_RUN, suite="window ±128 fwd+bwd", per_token=True
+    ),
+    "bench-graph": table("experiments.bench_tables:graph", BENCH, file=BENCH_RUN),
+    "bench-memory": table("experiments.bench_tables:memory", BENCH, file=BENCH_RUN),
     "ring-memory": table("experiments.bench_tables:ring_memory", BENCH),
     "compare-main": table("experiments.bench_tables:compare", BENCH, name="compare_160a7db.json"),
     "compare-core": table("experiments.bench_tables:compare", BENCH, name="compare_a437441.json"),
