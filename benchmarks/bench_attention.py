@@ -526,7 +526,8 @@ def main(argv):
         if name not in suites:
             raise app.UsageError(f"--suites: unknown suite {name!r}; choose from {sorted(suites)}")
     os.makedirs(_OUT.value, exist_ok=True)
-    meta = harness.run_record() | dict(
+    run = harness.Run()
+    meta = dict(
         flags={f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])},
         cpus=os.cpu_count(),
         machine=platform.machine(),
@@ -541,7 +542,8 @@ def main(argv):
         new = suites[name](torch)
         _print_table(new)
         recs += new
-        harness.write_json(path, dict(meta=meta, records=recs))  # after every suite: a crash keeps the rest
+        # after every suite (a crash keeps the rest), with the wall and CPU seconds so far
+        harness.write_json(path, dict(meta=run.finish() | meta, records=recs))
     print(f"wrote {path}", file=sys.stderr)
 
 

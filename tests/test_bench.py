@@ -64,6 +64,7 @@ def test_bench_times_the_head_parallel_kernel_on_two_host_devices(tmp_path):
     out = json.loads((tmp_path / "bench.json").read_text())
     assert out["meta"]["host_devices"] == 2
     assert out["meta"]["dtype"] == "float32"  # --dtype=auto on CPU
+    assert out["meta"]["wall_s"] > 0 and out["meta"]["cpu_s"] > 0 and "load_avg_end" in out["meta"]
     rows = {(r["suite"], r["impl"]): r for r in out["records"]}
     for suite in ("full fwd", "window ±32 fwd", "window ±32 fwd+bwd"):
         two = rows[(suite, "attnlab.blockwise/2dev")]
