@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CELLS = {
     "full 1024 fwd": ("full", 1024, 1, 8, 64, False),
     "full 1024 fwd+bwd": ("full", 1024, 1, 8, 64, True),
+    "full 4096 fwd": ("full", 4096, 1, 8, 64, False),
+    "full 2048 fwd+bwd": ("full", 2048, 1, 8, 64, True),
     "causal 2048 fwd": ("causal", 2048, 1, 8, 64, False),
     "causal 2048 fwd+bwd": ("causal", 2048, 1, 8, 64, True),
     "window±128 4096 fwd": ("window", 4096, 1, 8, 64, False),
