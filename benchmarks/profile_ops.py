@@ -29,12 +29,11 @@ import tempfile
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 from absl import app, flags
 
 import attnlab
 from attnlab import masks
-from benchmarks import harness
+from benchmarks import contenders, harness
 
 _T = _HEADS = _HEAD_DIM = _WINDOW = _DIRECTION = _IMPL = _TOP = _OUT = _PAGES_KEPT = _COSTS_ONLY = None
 
@@ -77,15 +76,16 @@ def kind(op: str) -> str:
 
 
 def program(T, heads, head_dim, window, direction, implementation):
-    """The jitted call and its arguments."""
+    """The jitted call and its arguments: the forward, or the gradients of q, k and v for the fixed normal
+    output cotangent of every benchmark's forward+backward (``contenders.with_direction``)."""
     q, k, v = (jax.random.normal(key, (1, T, heads, head_dim)) for key in jax.random.split(jax.random.key(0), 3))
     mask = masks.window(window, window)
 
     def fwd(q, k, v):
         return attnlab.attention(q, k, v, mask=mask, implementation=implementation)
 
-    fn = jax.jit(fwd if direction == "fwd" else jax.grad(lambda *a: jnp.sum(fwd(*a) ** 2), argnums=(0, 1, 2)))
-    return fn, (q, k, v)
+    fn, args = contenders.with_direction(fwd, direction, (q, k, v))
+    return jax.jit(fn), args
 
 
 def costs_pages_kept(T, heads, head_dim, window, direction, implementation) -> dict:
@@ -101,9 +101,9 @@ def costs_pages_kept(T, heads, head_dim, window, direction, implementation) -> d
 
 
 def profile(T, heads, head_dim, window, direction, implementation, top):
-    fn, (q, k, v) = program(T, heads, head_dim, window, direction, implementation)
-    costs = harness.call_costs(fn, q, k, v)
-    prof = harness.op_profile(fn, q, k, v)
+    fn, args = program(T, heads, head_dim, window, direction, implementation)
+    costs = harness.call_costs(fn, *args)
+    prof = harness.op_profile(fn, *args)
     kinds = {}
     for o in prof["ops"]:
         kinds[kind(o["op"])] = round(kinds.get(kind(o["op"]), 0.0) + o["ms"], 2)

@@ -136,7 +136,9 @@ def test_profile_ops_measures_the_same_call_again_with_pages_kept():
     assert {k: kept[k] for k in ("temp_mib", "output_mib", "argument_mib")} == {
         k: here[k] for k in ("temp_mib", "output_mib", "argument_mib")
     }
-    assert kept["wall_ms"] > 0 and here["argument_mib"] == pytest.approx(3 * 128 * 2 * 16 * 4 / 2**20, abs=0.05)
+    assert kept["wall_ms"] > 0 and here["argument_mib"] == pytest.approx(
+        4 * 128 * 2 * 16 * 4 / 2**20, abs=0.05
+    )  # q, k, v, cotangent
     assert kept["env"] == profile_ops.KEEP_PAGES_ENV and os.environ.get("MALLOC_ARENA_MAX") != "1"
 
 
@@ -303,3 +305,23 @@ def test_host_devices_auto_is_the_largest_divisor_of_heads_within_the_cores():
     assert pick(-1, cpus=1, heads=8) == 1
     assert pick(0, cpus=2, heads=8) == 1 and pick(1, cpus=2, heads=8) == 1
     assert pick(4, cpus=2, heads=8) == 4  # explicit: taken as given (more devices than cores is allowed)
+
+
+def test_profile_ops_program_takes_the_gradients_for_the_benchmarks_cotangent():
+    """fwd+bwd profiles the gradients for ``contenders.cotangent`` (not ones, which XLA simplifies), as the
+    other benchmarks' forward+backward rows do: checked against the reference's vjp."""
+    import jax
+    import jax.numpy as jnp
+
+    import attnlab
+    from attnlab import masks
+    from benchmarks import contenders, profile_ops
+
+    fn, (q, k, v, ct) = profile_ops.program(128, 2, 16, 8, "fwd+bwd", "blockwise")
+    assert bool(jnp.array_equal(ct, contenders.cotangent(q.shape, q.dtype))) and float(jnp.std(ct)) > 0.5
+    ref = lambda q, k, v: attnlab.attention(q, k, v, mask=masks.window(8, 8), implementation="reference")  # noqa: E731
+    want = jax.vjp(ref, q, k, v)[1](ct)
+    for got, w in zip(fn(q, k, v, ct), want, strict=True):
+        assert float(jnp.max(jnp.abs(got - w))) < 1e-4 * float(jnp.max(jnp.abs(w)))
+    fwd, args = profile_ops.program(128, 2, 16, 8, "fwd", "blockwise")
+    assert len(args) == 3 and float(jnp.max(jnp.abs(fwd(*args) - ref(*args)))) < 1e-5
