@@ -14,6 +14,14 @@ Command (what ``make compare-main`` runs; ~10 min on the shared 2-core CPU):
 
 Writes ``<out>/compare.json`` and prints a table.
 
+With ``--same_process`` both trees' programs are timed in this one process, alternating per cell: each
+tree's ``attnlab`` is copied as a package of its own name (``attnlab_base``, ``attnlab_head``; the word
+``attnlab`` in its sources rewritten), so what differs between two processes (memory layout, thread
+pools, the load in between) does not enter the ratio. It also reports each round's head / base ratio,
+whose spread says how far the bests can be read:
+
+    python -m benchmarks.compare_commits --base 04a795f --same_process --rounds 20 --cells "full 4096 fwd"
+
 With ``--bench`` (a key of ``BENCHES``, e.g. ``flex``) it runs that benchmark program instead, each
 tree's own copy of it on that tree's attnlab, alternating base and head the same way: the peer's
 time is measured beside attnlab's in each run, so "the ratio against torch is no lower than before"
@@ -27,8 +35,12 @@ the rounds, per tree) and prints a table.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,7 +90,7 @@ BENCHES = {
 
 def define_flags():
     """Defines the command-line flags; only when run as a program (tests import this module beside others)."""
-    global _BASE, _HEAD, _ROUNDS, _REPEATS, _CELLS, _OUT, _WORKER, _BENCH, _COTANGENT
+    global _BASE, _HEAD, _ROUNDS, _REPEATS, _CELLS, _OUT, _WORKER, _BENCH, _COTANGENT, _SAME_PROCESS
     _BASE = flags.DEFINE_string("base", "160a7db", "The commit to compare against.")
     _HEAD = flags.DEFINE_string("head", ".", "The tree to compare ('.' = this working tree) or a commit.")
     _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds (each tree times every cell once per round).")
@@ -92,20 +104,26 @@ def define_flags():
         "fwd+bwd cells: the output's cotangent, a fixed normal array, or ones (the gradient of out.sum(), which "
         "lets XLA simplify the backward; the runs committed before 2026-12-06's fifth session used it).",
     )  # fmt: skip
+    _SAME_PROCESS = flags.DEFINE_bool(
+        "same_process", False,
+        "Time both trees' programs in this process, alternating per cell (each tree's attnlab imported as a package "
+        "of its own name), and report each round's ratio beside the bests.",
+    )  # fmt: skip
 
 
-def _cell(name: str, cotangent: str = "random") -> tuple:
+def _cell(name: str, cotangent: str = "random", lib=None) -> tuple:
     """Cell ``name``'s jitted program and its arguments ``(f, (q, k, v, mask, ct))``: the forward, or the
     gradients of q, k and v for the output cotangent ``ct`` (``cotangent="random"``: a fixed normal array;
-    ``"ones"``: None, the gradient of ``out.sum()``).
+    ``"ones"``: None, the gradient of ``out.sum()``). ``lib``: the attnlab package to call (default: the one on
+    the path; ``as_package`` gives another commit's under its own name).
 
     Self-contained on purpose (as ``_worker``): only attnlab's public API of either tree."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    import attnlab
-    from attnlab import masks
+    attnlab = lib or importlib.import_module("attnlab")
+    masks = importlib.import_module(f"{attnlab.__name__}.masks")
 
     kind, T, B, N, H, bwd = CELLS[name]
     ks = jax.random.split(jax.random.key(0), 3)
@@ -158,6 +176,86 @@ def _worker(cells: list[str], repeats: int, cotangent: str = "random") -> dict:
             times.append(time.perf_counter() - t0)
         out[name] = {"best_ms": 1e3 * min(times), "compile_s": compile_s}
     return out
+
+
+def as_package(tree: Path, name: str, dest: Path) -> str:
+    """``tree``'s ``attnlab`` copied into ``dest`` as the package ``name``, with every word ``attnlab`` in its
+    sources rewritten, so that two commits' attnlab import side by side in one process -> ``name``.
+
+    (A jax config state that attnlab defines keeps its name, so a second copy cannot define it again;
+    ``attnlab.platform`` then falls back to its context variable, which plans for the same backend.)"""
+    pkg = dest / name
+    shutil.copytree(tree / "attnlab", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    word = re.compile(r"\battnlab\b")
+    for path in pkg.rglob("*.py"):
+        path.write_text(word.sub(name, path.read_text()))
+    return name
+
+
+def same_process(libs: dict, cells: list[str], rounds: int, repeats: int, cotangent: str = "random") -> dict:
+    """Per cell, ``{side: best ms, ...}`` for the attnlab packages ``libs`` (``{"base": module, "head": module}``)
+    timed in this process in ``rounds`` alternating rounds of ``repeats`` calls (``harness.interleaved``,
+    each round starting with the other side), with each round's best per side (``rounds_ms``), the
+    largest difference between the two sides' outputs, and the compile seconds."""
+    import jax  # noqa: PLC0415
+
+    from benchmarks import harness  # noqa: PLC0415
+
+    out = {}
+    for name in cells:
+        progs = {side: _cell(name, cotangent, lib) for side, lib in libs.items()}
+        runs = {side: harness.blocking(f, *args) for side, (f, args) in progs.items()}
+        results = {side: jax.block_until_ready(f(*args)) for side, (f, args) in progs.items()}
+        report = lambda line, name=name: print(f"{name}: {line}", file=sys.stderr)  # noqa: E731
+        timings = harness.interleaved(runs, rounds=rounds, repeats=repeats, rotate=True, progress=report)
+        cell = {"max_abs_diff": harness.max_abs_diff(results["base"], results["head"])}
+        for side, t in timings.items():
+            per_round = [1e3 * min(t.times[r * repeats : (r + 1) * repeats]) for r in range(rounds)]
+            cell[side] = {"best_ms": 1e3 * t.best_s, "rounds_ms": per_round, "first_call_s": t.first_s}
+        out[name] = cell
+    return out
+
+
+def _main_same_process():
+    """``--same_process``: both trees' attnlab copied as packages and timed in this process (``same_process``)."""
+    from benchmarks import harness  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dest = Path(tmp) / "packages"
+        dest.mkdir()
+        names = {}
+        base, names["base"] = _tree(_BASE.value, Path(tmp), "base")
+        head, names["head"] = _tree(_HEAD.value, Path(tmp), "head")
+        try:
+            for side, tree in (("base", base), ("head", head)):
+                as_package(tree, f"attnlab_{side}", dest)
+        finally:
+            for path in (base, head):
+                if path != ROOT:
+                    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+        sys.path.insert(0, str(dest))
+        try:
+            libs = {side: importlib.import_module(f"attnlab_{side}") for side in ("base", "head")}
+            cells = same_process(libs, _CELLS.value, _ROUNDS.value, _REPEATS.value, _COTANGENT.value)
+        finally:
+            sys.path.remove(str(dest))
+    rows = []
+    for name, c in cells.items():
+        per_round = [h / b for h, b in zip(c["head"]["rounds_ms"], c["base"]["rounds_ms"], strict=True)]
+        rows.append({
+            "cell": name, "base_ms": c["base"]["best_ms"], "head_ms": c["head"]["best_ms"],
+            "ratio": c["head"]["best_ms"] / c["base"]["best_ms"],
+            "round_ratios": {"min": min(per_round), "median": statistics.median(per_round), "max": max(per_round)},
+            "max_abs_diff": c["max_abs_diff"],
+        })  # fmt: skip
+    meta = harness.run_record() | {"base": names["base"], "head": names["head"], "rounds": _ROUNDS.value}
+    meta |= {"repeats": _REPEATS.value, "cotangent": _COTANGENT.value, "same_process": True}
+    harness.write_json(Path(_OUT.value) / "compare.json", {"meta": meta, "rows": rows, "cells": cells})
+    header = ["cell", f"base {names['base']} ms", f"head {names['head']} ms", "head / base"]
+    header.append("per round: median (range)")
+    print(harness.markdown_table(header, [
+        [r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['ratio']:.3f}",
+         "{median:.3f} ({min:.3f}-{max:.3f})".format(**r["round_ratios"])] for r in rows]))  # fmt: skip
 
 
 def _in_tree(tree: Path, args: list[str], what: str) -> str:
@@ -215,6 +313,9 @@ def main(argv):
     unknown = sorted(set(_CELLS.value) - set(CELLS))
     if unknown:
         raise ValueError(f"--cells: unknown {unknown}; choose from {list(CELLS)}")
+    if _SAME_PROCESS.value:
+        _main_same_process()
+        return
     runs, base_name, head_name = _alternate(lambda tree, out: _run(tree, _CELLS.value, _REPEATS.value))
     rows = []
     for name in _CELLS.value:

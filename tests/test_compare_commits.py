@@ -78,3 +78,35 @@ def test_compare_table_names_the_cotangent_of_its_runs(tmp_path):
         (tmp_path / "c.json").write_text(json.dumps({"meta": meta, "rows": rows}))
         header, _, row = bench_tables.compare(tmp_path, "c.json").splitlines()[:3]
         assert f"cell (fwd+bwd cotangent: {want})" in header and "| 0.50 |" in row
+
+
+def test_same_process_times_two_packages_of_one_tree_alike(tmp_path):
+    """--same_process: a tree's attnlab copied under another name imports beside attnlab and computes the same
+    outputs; ``same_process`` times both sides per round and finds no difference between their outputs."""
+    import importlib
+    import sys
+
+    import jax
+    import jax.numpy as jnp
+
+    import attnlab
+
+    names = [compare_commits.as_package(compare_commits.ROOT, f"attnlab_{s}", tmp_path) for s in ("base", "head")]
+    assert not any("attnlab." in p.read_text() for p in (tmp_path / names[0]).rglob("*.py"))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        libs = dict(zip(("base", "head"), (importlib.import_module(n) for n in names), strict=True))
+        q = jax.random.normal(jax.random.key(0), (1, 8, 2, 4))
+        want = attnlab.attention(q, q, q, mask=attnlab.masks.causal())
+        got = libs["head"].attention(q, q, q, mask=libs["head"].masks.causal())
+        assert float(jnp.max(jnp.abs(got - want))) == 0.0
+        out = compare_commits.same_process(libs, ["padding 128 x8 fwd"], rounds=2, repeats=2)
+    finally:
+        sys.path.remove(str(tmp_path))
+        for n in names:
+            for m in [m for m in sys.modules if m == n or m.startswith(n + ".")]:
+                del sys.modules[m]
+    cell = out["padding 128 x8 fwd"]
+    assert cell["max_abs_diff"] == 0.0
+    for side in ("base", "head"):
+        assert len(cell[side]["rounds_ms"]) == 2 and cell[side]["best_ms"] == min(cell[side]["rounds_ms"]) > 0
