@@ -4,9 +4,9 @@ Two suites, each row a pair timed in alternating rounds (best of ``--repeats`` p
 ``benchmarks.harness.alternate_best``), outputs checked equal first:
 
 * ``jax_nn``: ``jax.nn.dot_product_attention(...)`` against ``attnlab.dot_product_attention(...)`` with
-  the very same arguments (jax's test shapes with each mask mode, GQA, bf16, 1K, and a ±128 window at
-  8K, which jax.nn computes densely), forward and forward+backward. Targets: ratio (jax.nn ms /
-  attnlab ms) >= 1 everywhere, >= 5 for the window at 8K.
+  the very same arguments (jax's test shapes with each mask mode, GQA, bf16, a batch of four 256-token
+  rows, 1K, and a ±128 window at 8K, which jax.nn computes densely), forward and forward+backward.
+  Targets: ratio (jax.nn ms / attnlab ms) >= 1 everywhere, >= 5 for the window at 8K.
 * ``flax``: a 2-layer model of stock Flax attention (pre-LayerNorm, residual; D = 512, 8 heads of 64,
   T = 2048, fp32) with Flax's attention_fn and with ``attnlab.flax.attention_fn``, fwd+bwd (the loss's
   gradient w.r.t. every parameter): ``nnx.MultiHeadAttention`` with ``is_causal=True`` and with
@@ -59,6 +59,7 @@ def _jax_nn_cases(smoke: bool, window_heads: int):
     small = dict(B=2, T=32 if smoke else 128, N=4, K=4, H=32, dtype="float32")  # jax's nn_test shapes
     tiny = dict(B=1, T=16, N=2, K=2, H=8, dtype="float32")
     medium = dict(B=1, T=64 if smoke else 1024, N=8, K=8, H=64, dtype="float32")
+    batch = dict(B=4, T=64 if smoke else 256, N=8, K=8, H=64, dtype="float32")  # a batch of short rows: dense XLA
     long = dict(B=1, T=256 if smoke else 8192, N=window_heads, K=window_heads, H=64, dtype="float32")
     w = 16 if smoke else 128
 
@@ -85,6 +86,8 @@ def _jax_nn_cases(smoke: bool, window_heads: int):
         ("small/causal+window(3,2)", small, lambda sh: dict(is_causal=True, local_window_size=(3, 2))),
         ("small/gqa K=1 causal", dict(small, K=1), lambda sh: dict(is_causal=True)),
         ("small/bf16 causal", dict(small, dtype="bfloat16"), lambda sh: dict(is_causal=True)),
+        ("batch/none", batch, lambda sh: {}),
+        ("batch/custom", batch, custom),
         ("medium/none", medium, lambda sh: {}),
         ("medium/causal", medium, lambda sh: dict(is_causal=True)),
         ("medium/causal+padding", medium, lambda sh: dict(is_causal=True, **lengths(dict(sh, B=1)))),

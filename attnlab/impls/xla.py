@@ -60,17 +60,19 @@ def dense_attention(q, k, v, bias=None, allowed=None, empty=None, scale=None):
     with no allowed key above a -inf bias; None only when no row is empty) -> ``[B, T, N, H]``.
 
     The same einsums, layouts and fp32 softmax as ``jax.nn.dot_product_attention(implementation="xla")``
-    (one key head per query head, mapped over the G query heads of a key head; the mask a select on the
-    logits), so XLA fuses them alike. An empty row is zeroed after the product
+    (one key head per query head, mapped over the G query heads of a key head, G = 1 included; the mask
+    a select on the logits), so XLA fuses them alike. An empty row is zeroed after the product
     (``tile_core.softmax_rows``), a select on the output where a guarded softmax would split XLA:CPU's
     fused logits kernel.
+
+    The map stays when G = 1, as in jax.nn: without it XLA:CPU fuses both products and the softmax into
+    one YNNPACK kernel, which was up to 2.5x slower than jax.nn's program at B = 4-8, T = 128-256, 8
+    heads (faster at some smaller calls; no rule of shapes told the two apart: CHANGELOG.md).
     """
     B, T, N, H = q.shape
     K = k.shape[2]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
     one = functools.partial(_dense_one_group, scale=scale)
-    if K == N:
-        return one(q, k, v, bias, allowed, empty)
     extras, axes = [], []
     for x in (bias, allowed, empty):
         grouped = x is not None and x.shape[1] != 1
