@@ -47,6 +47,7 @@ CLAIMS_FLAGS ?=
 DETR_FLAGS ?=
 PACKED_FLAGS ?=
 ADOPT_FLAGS ?=
+DENSE_FUSION_FLAGS ?=
 POS_VARIANTS := attention mlp cnn lstm window2 window4 window8 nopos learned
 POS_ZH_VARIANTS := attention mlp cnn gru
 
@@ -106,7 +107,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long sweep-repeat plots \
-	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover gpu-check gpu-wheels compare-main compare-flex claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
+	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover dense-fusion gpu-check gpu-wheels compare-main compare-flex claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -329,6 +330,9 @@ flex-avx2: $(BENCH_DEPS)  ## make flex with both sides' generated code capped at
 
 crossover: $(DEPS)  ## where blockwise starts to pay off on the CPU: dense xla vs blockwise on the same masked calls, T = 128..1024, 3 shapes, fp32/bf16, fwd and fwd+bwd (~20 min) -> results/crossover/crossover.json
 	$(PY) -m benchmarks.crossover --out results/crossover
+
+dense-fusion: $(DEPS)  ## dense XLA on the CPU: the fused program vs jax.nn's mapped one (and jax.nn), B x N x T x H, fwd and fwd+bwd: where impls.xla.FUSED_MAX_ROWS comes from (~15 min) -> results/dense_fusion/dense_fusion.json
+	$(PY) -m benchmarks.dense_fusion --out results/dense_fusion $(DENSE_FUSION_FLAGS)
 
 profile-window: $(DEPS)  ## where the CPU window target's time goes (±128 at 16K, fwd+bwd, blockwise), op by op and by kind -> results/profile_window16k.json
 	$(PY) -m benchmarks.profile_ops --out results/profile_window16k.json

@@ -154,7 +154,12 @@ def compare(folder, name: str) -> str:
     # the forward+backward cells' output cotangent (runs before ``--cotangent`` took the gradient of out.sum())
     ct = data["meta"].get("cotangent", "ones")
     cell = f"cell (fwd+bwd cotangent: {ct})" if any("bwd" in r["cell"] for r in data["rows"]) else "cell"
-    return _md([cell, f"{data['meta']['base']} ms", "after ms", "after / before"], rows)
+    header = [cell, f"{data['meta']['base']} ms", "after ms", "after / before"]
+    if data["meta"].get("same_process"):  # --same_process: each round's ratio, its median and range
+        header.append("per round: median (range)")
+        for row, r in zip(rows, data["rows"], strict=True):
+            row.append("{median:.2f} ({min:.2f}-{max:.2f})".format(**r["round_ratios"]))
+    return _md(header, rows)
 
 
 def compare_bench(folder, names: tuple) -> str:
@@ -310,6 +315,32 @@ def crossover(folder, names: tuple) -> str:
         header = ["B x N x H", "mask", *(f"T = {T}" for T in lengths)]
         out.append(f"{mode}, xla ms / blockwise ms:\n\n" + _md(header, rows))
     return "\n".join(out)
+
+
+def dense_fusion(folder, names: tuple) -> str:
+    """``make dense-fusion`` (``benchmarks.dense_fusion``): the fused dense program's time over the mapped one's
+    (below 1: fused faster), per B x N x T (T = S) and per H and direction, as the range over the committed
+    runs ``names``; the query rows B * N * T, and "fused" where the rule (``xla.fuses``, as the code has it
+    now) runs the fused form."""
+    from attnlab.impls import xla  # noqa: PLC0415 (jax, only for this table)
+
+    records = [r for n in names for r in _records(folder, n)]
+    keys = list(dict.fromkeys((r["B"], r["N"], r["T"]) for r in records))
+    cols = list(dict.fromkeys((r["H"], r["direction"]) for r in records))
+    rows = []
+    for B, N, T in sorted(keys, key=lambda k: (k[0] * k[1] * k[2], k)):
+        cells = []
+        for H, d in cols:
+            rs = [r for r in records if (r["B"], r["N"], r["T"], r["H"], r["direction"]) == (B, N, T, H, d)]
+            lo, hi = min(r["ratio"] for r in rs), max(r["ratio"] for r in rs)
+            cells.append(f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}")
+        rule = "fused" if xla.fuses(B, N, N, T, "cpu") else ""
+        rows.append([f"{B} x {N} x {T}", f"{B * N * T:,}", *cells, rule])
+    header = ["B x N x T", "query rows", *(f"H = {H}, {d}" for H, d in cols), "rule"]
+    spread = [r["mapped_over_jax_nn"] for r in records]
+    return _md(header, rows) + (
+        f"\nThe mapped form over jax.nn's own time, every call: {min(spread):.2f}-{max(spread):.2f}.\n"
+    )
 
 
 _COSTS = {

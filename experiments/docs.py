@@ -126,11 +126,20 @@ TABLES: dict[str, Callable[[Path], str]] = {
         names=("compare_flex_04a795f.json", "compare_flex_04a795f_run2.json"),
     ),  # fmt: skip
     "compare-graph": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_graph.json"),
+    "compare-dense-before": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_dense_before.json"),
+    "compare-dense": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_dense.json"),
+    "compare-same-process": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_same_process.json"),
+    "compare-same-process-run2": table(
+        "experiments.bench_tables:compare", BENCH, name="compare_04a795f_same_process_run2.json"
+    ),
     "compare-unroll": table("experiments.bench_tables:compare", BENCH, name="compare_ee32ec5_unroll.json"),
     "compare-unroll-run2": table("experiments.bench_tables:compare", BENCH, name="compare_ee32ec5_unroll_run2.json"),
     "adopt": table("experiments.bench_tables:adopt", BENCH, names=("adopt.json", "adopt_run2.json")),
     "profile-window": table(
         "experiments.bench_tables:profile_ops", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
+    ),
+    "dense-fusion": table(
+        "experiments.bench_tables:dense_fusion", BENCH, names=("dense_fusion.json", "dense_fusion_run2.json")
     ),
     "crossover": table("experiments.bench_tables:crossover", BENCH, names=("crossover.json", "crossover_run2.json")),
     "profile-window-costs": table(

@@ -49,3 +49,29 @@ def test_crossover_benchmark_runs_small(tmp_path):
     row = [line for line in fwd_bwd.splitlines() if line.startswith("| 2x4x32 | causal")]
     assert row == [f"| 2x4x32 | causal | {recs[1]['ratio']:.2f} xla |"], md
     assert np.isfinite(recs[0]["xla_ms"])
+
+
+@pytest.mark.slow
+def test_dense_fusion_benchmark_runs_small(tmp_path):
+    """`make dense-fusion` (benchmarks/dense_fusion.py): the three forms agree, the ratio is fused over mapped,
+    the rule's choice is recorded, and the docs' table reads the file."""
+    from attnlab.impls import xla
+
+    cmd = [sys.executable, "-m", "benchmarks.dense_fusion", "--smoke", "--out", str(tmp_path), "--repeats=1"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "dense_fusion.json").read_text())
+    assert result["fused_max_rows"] == xla.FUSED_MAX_ROWS and result["host"]["cpu_model"] is not None
+    recs = result["records"]
+    assert [(r["B"], r["N"], r["T"], r["H"], r["direction"]) for r in recs] == [
+        (b, 2, 16, 8, d) for b in (1, 2) for d in ("fwd", "fwd+bwd")
+    ]
+    for r in recs:
+        assert r["ratio"] == pytest.approx(r["fused_ms"] / r["mapped_ms"], rel=0.01)
+        assert r["mapped_over_jax_nn"] == pytest.approx(r["mapped_ms"] / r["jax.nn_ms"], rel=0.01)
+        assert r["max_abs_diff"] < 1e-5 and r["rows"] == r["B"] * 2 * 16
+        assert r["rule_fuses"] == (r["B"] >= 2)  # one batch row: mapped
+    (tmp_path / "run2.json").write_text(json.dumps(result))
+    md = bench_tables.dense_fusion(tmp_path, ("dense_fusion.json", "run2.json"))
+    row = [line for line in md.splitlines() if line.startswith("| 2 x 2 x 16 |")]
+    assert row == [f"| 2 x 2 x 16 | 64 | {recs[2]['ratio']:.2f} | {recs[3]['ratio']:.2f} | fused |"], md

@@ -243,22 +243,51 @@ def test_small_dense_calls_run_attnlabs_dense_program():
             compare(a, b, testing.tolerance(jnp.float32, "grad"))
 
 
-@pytest.mark.parametrize("kv_heads", [8, 2])
-def test_dense_program_has_jax_nns_products(kv_heads):
-    """The dense program's two products are jax.nn's, operand shapes and dimension numbers, with one query
-    head per key head too: there jax.nn still maps over the group, and skipping the map let XLA:CPU fuse
-    both products and the softmax into one kernel, up to 2.5x slower (impls.xla.dense_attention)."""
+def _products(f, *args):
+    """The dot_general lines of ``f``'s lowering, operand shapes and dimension numbers (names dropped)."""
     import re
 
-    q, k = _x(4, 32, 8, 16), _x(4, 32, kv_heads, 16)
+    text = jax.jit(f).lower(*args).as_text()
+    return [re.sub(r"%[\w#.]+", "", line).strip() for line in text.splitlines() if "dot_general" in line]
 
-    def products(f):
-        text = jax.jit(f).lower(q, k, k).as_text()
-        return [re.sub(r"%[\w#.]+", "", line).strip() for line in text.splitlines() if "dot_general" in line]
 
-    ours = products(lambda q, k, v: attnlab.attention(q, k, v, implementation="xla"))
-    theirs = products(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"))
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_dense_program_has_jax_nns_products_beyond_the_fused_size(kv_heads):
+    """Beyond ``FUSED_MAX_ROWS`` query rows, and with several query heads per key head at any size, the dense
+    program's two products are jax.nn's: it maps over the group as jax.nn does. (Skipping the map made
+    XLA:CPU fuse both products and the softmax into one kernel, 3.29x slower at B = 4, T = 256, 8 heads.)"""
+    from attnlab.impls import xla
+
+    T = xla.FUSED_MAX_ROWS // 32 + 8  # 4 x 8 x T query rows: past the fused size
+    q, k = _x(4, T, 8, 16), _x(4, T, kv_heads, 16)
+    assert not xla.fuses(4, 8, kv_heads, T, "cpu")
+    ours = _products(lambda q, k, v: attnlab.attention(q, k, v, implementation="xla"), q, k, k)
+    theirs = _products(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"), q, k, k)
     assert len(ours) == 2 and ours == theirs
+
+
+def test_fused_dense_program_where_the_rule_says_and_same_result():
+    """The fused form (no map over a group of one) only on the CPU with one query head per key head, two or
+    more batch rows and at most FUSED_MAX_ROWS query rows; it lowers to other products than the mapped form,
+    with the same outputs and gradients as jax.nn's; forced with several query heads per key head it is a
+    ValueError."""
+    from attnlab.impls import xla
+
+    rows = xla.FUSED_MAX_ROWS
+    assert xla.fuses(2, 4, 4, rows // 8, "cpu") and not xla.fuses(2, 4, 4, rows // 8 + 1, "cpu")
+    assert not xla.fuses(2, 4, 1, 16, "cpu") and not xla.fuses(1, 4, 4, 16, "cpu")
+    assert not xla.fuses(2, 4, 4, 16, "gpu") and not xla.fuses(2, 4, 4, 16, "tpu")
+    q, k, v = _x(2, 16, 4, 8), _x(2, 16, 4, 8), _x(2, 16, 4, 8)
+    forms = {fuse: functools.partial(xla.dense_attention, fuse=fuse) for fuse in (True, False)}
+    assert _products(forms[True], q, k, v) != _products(forms[False], q, k, v)
+    theirs = fwd_and_grads(lambda q, k, v: jax.nn.dot_product_attention(q, k, v), q, k, v)
+    for f in forms.values():
+        ours = fwd_and_grads(f, q, k, v)
+        compare(ours[0], theirs[0], testing.tolerance(jnp.float32))
+        for a, b in zip(ours[1], theirs[1], strict=True):
+            compare(a, b, testing.tolerance(jnp.float32, "grad"))
+    with pytest.raises(ValueError, match="fuse=True needs one query head per key head"):
+        xla.dense_attention(q, k[:, :, :1], v[:, :, :1], fuse=True)
 
 
 def test_empty_rows_mean_with_a_mask_array_matches_jax_nn():

@@ -16,13 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnlab import numerics
+from attnlab import numerics, platform
 from attnlab.call import Call
 from attnlab.impls.base import Implementation
 from attnlab.impls.reference import dense_bias
 from attnlab.kernels import tile_core
 
-__all__ = ["XLA", "XLA_MAX_LOGITS_BYTES"]
+__all__ = ["XLA", "XLA_MAX_LOGITS_BYTES", "FUSED_MAX_ROWS", "fuses", "dense_attention"]
 
 # On GPU/TPU, implementation=None uses dense XLA only while its fp32 [B, N, T, S] logits take at most
 # this many bytes (XLA keeps logits and probabilities, and the backward more): beyond, the tiled kernels.
@@ -54,25 +54,49 @@ def _dense_one_group(q, k, v, bias, allowed, empty, scale):
     return jnp.where(jnp.swapaxes(empty, 1, 2), 0.0, out)  # [B|1, T|1, K|1, 1]
 
 
-def dense_attention(q, k, v, bias=None, allowed=None, empty=None, scale=None):
+# On the CPU, a call with one query head per key head written without jax.nn's map over the group
+# compiles to one XLA:CPU kernel for both products and the softmax. With a batch of two rows or more and
+# at most this many query rows over its batch and heads (B * N * T), that kernel was as fast as jax.nn's
+# or faster in `make dense-fusion` (docs/kernels.md); with one row it was up to 17% slower, and beyond this
+# size up to 1.75x slower at some shapes and faster at others, with no rule of shapes that told them apart.
+FUSED_MAX_ROWS = 2048
+
+
+def fuses(B: int, N: int, K: int, T: int, backend: str | None = None) -> bool:
+    """Whether ``dense_attention`` runs its fused form: on the CPU (``backend``, default
+    ``attnlab.platform.target()``), one query head per key head, a batch ``B`` (leading dims flattened) of
+    two or more, at most ``FUSED_MAX_ROWS`` query rows ``B * N * T``."""
+    backend = platform.normalize(backend)
+    return backend == "cpu" and K == N and B >= 2 and B * N * T <= FUSED_MAX_ROWS
+
+
+def dense_attention(q, k, v, bias=None, allowed=None, empty=None, scale=None, *, fuse=None):
     """jax.nn's XLA program, with attnlab's empty rows: ``q [B, T, N, H]``, ``k, v [B, S, K, H]``, an fp32
     ``bias`` and a bool ``allowed`` ``[B|1, N|1, T|1, S|1]`` and ``empty [B|1, N|1, T|1, 1]`` (the rows
     with no allowed key above a -inf bias; None only when no row is empty) -> ``[B, T, N, H]``.
 
     The same einsums, layouts and fp32 softmax as ``jax.nn.dot_product_attention(implementation="xla")``
-    (one key head per query head, mapped over the G query heads of a key head, G = 1 included; the mask
-    a select on the logits), so XLA fuses them alike. An empty row is zeroed after the product
+    (one key head per query head, mapped over the G query heads of a key head; the mask a select on the
+    logits), so XLA fuses them alike. An empty row is zeroed after the product
     (``tile_core.softmax_rows``), a select on the output where a guarded softmax would split XLA:CPU's
     fused logits kernel.
 
-    The map stays when G = 1, as in jax.nn: without it XLA:CPU fuses both products and the softmax into
-    one YNNPACK kernel, which was up to 2.5x slower than jax.nn's program at B = 4-8, T = 128-256, 8
-    heads (faster at some smaller calls; no rule of shapes told the two apart: CHANGELOG.md).
+    ``fuse``: with one query head per key head, skip the map over the group (G = 1), which XLA:CPU then
+    compiles to one kernel for both products and the softmax; default ``fuses(...)``, the measured rule.
+
+    Raises:
+        ValueError: ``fuse=True`` with several query heads per key head.
     """
     B, T, N, H = q.shape
     K = k.shape[2]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
     one = functools.partial(_dense_one_group, scale=scale)
+    if fuse is None:
+        fuse = fuses(B, N, K, T)
+    if fuse:
+        if K != N:
+            raise ValueError(f"dense_attention: fuse=True needs one query head per key head, got N={N}, K={K}")
+        return one(q, k, v, bias, allowed, empty)
     extras, axes = [], []
     for x in (bias, allowed, empty):
         grouped = x is not None and x.shape[1] != 1
