@@ -56,9 +56,10 @@ def _dense_one_group(q, k, v, bias, allowed, empty, scale):
 
 # On the CPU, a call with one query head per key head written without jax.nn's map over the group
 # compiles to one XLA:CPU kernel for both products and the softmax. With a batch of two rows or more and
-# at most this many query rows over its batch and heads (B * N * T), that kernel was as fast as jax.nn's
-# or faster in `make dense-fusion` (docs/kernels.md); with one row it was up to 17% slower, and beyond this
-# size up to 1.75x slower at some shapes and faster at others, with no rule of shapes that told them apart.
+# at most this many query rows over its batch and heads (B * N * T), that kernel was faster than jax.nn's
+# at most calls of `make dense-fusion` (docs/kernels.md) and at most 13% slower at the others; with one
+# row, up to 17% slower; beyond this size, up to 1.75x slower at some shapes and faster at others, with
+# no rule of shapes that told them apart.
 FUSED_MAX_ROWS = 2048
 
 
