@@ -139,7 +139,14 @@ TABLES: dict[str, Callable[[Path], str]] = {
         "experiments.bench_tables:profile_ops", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
     ),
     "dense-fusion": table(
-        "experiments.bench_tables:dense_fusion", BENCH, names=("dense_fusion.json", "dense_fusion_run2.json")
+        "experiments.bench_tables:dense_fusion",
+        BENCH,
+        names=(
+            "dense_fusion.json",
+            "dense_fusion_run2.json",
+            "dense_fusion_between.json",
+            "dense_fusion_between_run2.json",
+        ),
     ),
     "crossover": table("experiments.bench_tables:crossover", BENCH, names=("crossover.json", "crossover_run2.json")),
     "profile-window-costs": table(

@@ -60,7 +60,7 @@ def _dense_one_group(q, k, v, bias, allowed, empty, scale):
 # at most calls of `make dense-fusion` (docs/kernels.md) and at most 13% slower at the others; with one
 # row, up to 17% slower; beyond this size, up to 1.75x slower at some shapes and faster at others, with
 # no rule of shapes that told them apart.
-FUSED_MAX_ROWS = 2048
+FUSED_MAX_ROWS = 3072
 
 
 def fuses(B: int, N: int, K: int, T: int, backend: str | None = None) -> bool:
