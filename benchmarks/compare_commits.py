@@ -35,6 +35,7 @@ the rounds, per tree) and prints a table.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -223,16 +224,9 @@ def _main_same_process():
     with tempfile.TemporaryDirectory() as tmp:
         dest = Path(tmp) / "packages"
         dest.mkdir()
-        names = {}
-        base, names["base"] = _tree(_BASE.value, Path(tmp), "base")
-        head, names["head"] = _tree(_HEAD.value, Path(tmp), "head")
-        try:
-            for side, tree in (("base", base), ("head", head)):
+        with _trees(Path(tmp)) as (paths, names):
+            for side, tree in paths.items():
                 as_package(tree, f"attnlab_{side}", dest)
-        finally:
-            for path in (base, head):
-                if path != ROOT:
-                    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
         sys.path.insert(0, str(dest))
         try:
             libs = {side: importlib.import_module(f"attnlab_{side}") for side in ("base", "head")}
@@ -273,24 +267,32 @@ def _run(tree: Path, cells, repeats) -> dict:
     return json.loads(_in_tree(tree, args, "the worker").strip().splitlines()[-1])
 
 
+@contextlib.contextmanager
+def _trees(tmp: Path):
+    """``({"base": path, "head": path}, {"base": name, "head": name})`` for ``--base`` and ``--head``: git worktrees
+    under ``tmp`` (this tree itself for "."), removed on exit."""
+    paths, names = {}, {}
+    try:
+        for side, spec in (("base", _BASE.value), ("head", _HEAD.value)):
+            paths[side], names[side] = _tree(spec, tmp, side)
+        yield paths, names
+    finally:
+        for path in paths.values():
+            if path != ROOT:
+                subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+
+
 def _alternate(run) -> tuple[dict, str, str]:
     """``run(tree, out folder)`` on the base and head trees in ``--rounds`` alternating rounds (base first in
     even rounds) -> ``({"base": [...], "head": [...]}, base name, head name)``; worktrees removed after."""
     runs = {"base": [], "head": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        base, base_name = _tree(_BASE.value, Path(tmp), "base")
-        head, head_name = _tree(_HEAD.value, Path(tmp), "head")
-        try:
-            for r in range(_ROUNDS.value):
-                for side, tree in (("base", base), ("head", head)) if r % 2 == 0 else (("head", head), ("base", base)):
-                    t0 = time.perf_counter()
-                    runs[side].append(run(tree, Path(tmp) / f"out-{side}-{r}"))
-                    print(f"round {r + 1}/{_ROUNDS.value} {side}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-        finally:
-            for path in (base, head):
-                if path != ROOT:
-                    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
-    return runs, base_name, head_name
+    with tempfile.TemporaryDirectory() as tmp, _trees(Path(tmp)) as (paths, names):
+        for r in range(_ROUNDS.value):
+            for side in ("base", "head") if r % 2 == 0 else ("head", "base"):
+                t0 = time.perf_counter()
+                runs[side].append(run(paths[side], Path(tmp) / f"out-{side}-{r}"))
+                print(f"round {r + 1}/{_ROUNDS.value} {side}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return runs, names["base"], names["head"]
 
 
 def _tree(spec: str, tmp: Path, name: str) -> tuple[Path, str]:

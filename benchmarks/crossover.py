@@ -17,6 +17,7 @@ Figure: the table ``crossover`` in docs/kernels.md (``python -m experiments.docs
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -96,7 +97,6 @@ def cell(shape, T, mask_name, dtype, mode, *, rounds, repeats):
 
 
 def main(_):
-    run = harness.Run()
     smoke = _SMOKE.value
     lengths = [64] if smoke else [int(t) for t in _LENGTHS.value]
     shapes = _SHAPES.value[:1] if smoke else _SHAPES.value
@@ -104,18 +104,16 @@ def main(_):
     dtypes = [jnp.float32] if smoke else [jnp.float32, jnp.bfloat16]
     grid = [(s, t, m, d, mode) for s in shapes for t in lengths for m in mask_names for d in dtypes
             for mode in ("fwd", "fwd+bwd")]  # fmt: skip
-    records = []
-    out = f"{_OUT.value}/crossover.json"
-    for i, (s, t, m, d, mode) in enumerate(grid):
-        rec = cell(s, t, m, d, mode, rounds=_ROUNDS.value, repeats=_REPEATS.value)
-        records.append(rec)
-        harness.progress(
-            f"[{i + 1}/{len(grid)}] {s} T={t:5d} {m:18s} {rec['dtype']:8s} {mode:8s} xla {rec['xla_ms']:9.3f} ms  "
+
+    def line(s, t, m, d, mode, rec):
+        return (
+            f"{s} T={t:5d} {m:18s} {rec['dtype']:8s} {mode:8s} xla {rec['xla_ms']:9.3f} ms  "
             f"blockwise {rec['blockwise_ms']:9.3f} ms  ratio {rec['ratio']:5.2f}  visited {rec['visited']:.2f}  "
             f"chosen {rec['chosen']}"
         )
-        harness.write_json(out, run.finish() | {"records": records})
-    print(f"wrote {out}")
+
+    measure = functools.partial(cell, rounds=_ROUNDS.value, repeats=_REPEATS.value)
+    harness.sweep(grid, measure, f"{_OUT.value}/crossover.json", line)
 
 
 if __name__ == "__main__":

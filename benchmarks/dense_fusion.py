@@ -85,25 +85,22 @@ def cell(B, N, T, H, direction, *, rounds, repeats):
 
 
 def main(_):
-    run = harness.Run()
     if _SMOKE.value:
         grid = [(1, 2, 16, 8), (2, 2, 16, 8)]
     else:
         ints = [[int(x) for x in f.value] for f in (_BATCH, _HEADS, _LENGTHS, _DIMS)]
         grid = list(itertools.product(*ints))
     grid = [(*g, d) for g in grid for d in ("fwd", "fwd+bwd")]
-    records = []
-    out = f"{_OUT.value}/dense_fusion.json"
-    for i, (B, N, T, H, d) in enumerate(grid):
-        rec = cell(B, N, T, H, d, rounds=_ROUNDS.value, repeats=_REPEATS.value)
-        records.append(rec)
-        harness.progress(
-            f"[{i + 1}/{len(grid)}] B={B} N={N} T={T:4d} H={H} {d:8s} fused {rec['fused_ms']:8.3f} ms  mapped "
-            f"{rec['mapped_ms']:8.3f} ms  jax.nn {rec['jax.nn_ms']:8.3f} ms  ratio {rec['ratio']:5.2f}  "
-            f"rows {rec['rows']:6d}  rule {'fused' if rec['rule_fuses'] else 'mapped'}"
+
+    def line(B, N, T, H, d, rec):
+        return (
+            f"B={B} N={N} T={T:4d} H={H} {d:8s} fused {rec['fused_ms']:8.3f} ms  mapped {rec['mapped_ms']:8.3f} ms  "
+            f"jax.nn {rec['jax.nn_ms']:8.3f} ms  ratio {rec['ratio']:5.2f}  rows {rec['rows']:6d}  "
+            f"rule {'fused' if rec['rule_fuses'] else 'mapped'}"
         )
-        harness.write_json(out, run.finish() | {"fused_max_rows": xla.FUSED_MAX_ROWS, "records": records})
-    print(f"wrote {out}")
+
+    measure = functools.partial(cell, rounds=_ROUNDS.value, repeats=_REPEATS.value)
+    harness.sweep(grid, measure, f"{_OUT.value}/dense_fusion.json", line, fused_max_rows=xla.FUSED_MAX_ROWS)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ __all__ = [
     "Run",
     "write_json",
     "Recorder",
+    "sweep",
     "compare",
     "max_abs_diff",
     "useful_flops",
@@ -416,6 +417,19 @@ def write_json(path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1) + "\n")
     os.replace(tmp, path)
+
+
+def sweep(grid: Sequence[tuple], measure: Callable[..., dict], out, line: Callable[..., str], **meta) -> list[dict]:
+    """One record per point of ``grid``: ``measure(*point)``, printed at once as ``[i/n] line(*point, record)``
+    (progress), with ``out`` rewritten after each (``Run().finish() | meta | {"records": [...]}``), so a run
+    cut short keeps what it measured. Returns the records."""
+    run, records = Run(), []
+    for i, point in enumerate(grid):
+        records.append(measure(*point))
+        progress(f"[{i + 1}/{len(grid)}] {line(*point, records[-1])}")
+        write_json(out, run.finish() | meta | {"records": records})
+    print(f"wrote {out}")
+    return records
 
 
 class Recorder:

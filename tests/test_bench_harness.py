@@ -325,3 +325,27 @@ def test_profile_ops_program_takes_the_gradients_for_the_benchmarks_cotangent():
         assert float(jnp.max(jnp.abs(got - w))) < 1e-4 * float(jnp.max(jnp.abs(w)))
     fwd, args = profile_ops.program(128, 2, 16, 8, "fwd", "blockwise")
     assert len(args) == 3 and float(jnp.max(jnp.abs(fwd(*args) - ref(*args)))) < 1e-5
+
+
+def test_sweep_measures_each_point_and_rewrites_the_file_after_each(tmp_path, capsys):
+    """harness.sweep: one record per grid point, a progress line each, the file holding the run's record,
+    the extra fields and the records so far."""
+    import json
+
+    from benchmarks import harness
+
+    out = tmp_path / "s.json"
+    seen = []
+
+    def measure(a, b):
+        if seen:  # the file already holds the earlier records
+            assert [r["sum"] for r in json.loads(out.read_text())["records"]] == [sum(p) for p in seen]
+        seen.append((a, b))
+        return {"sum": a + b}
+
+    records = harness.sweep([(1, 2), (3, 4)], measure, out, lambda a, b, rec: f"{a}+{b}={rec['sum']}", tag="x")
+    assert records == [{"sum": 3}, {"sum": 7}]
+    data = json.loads(out.read_text())
+    assert data["records"] == records and data["tag"] == "x" and "wall_s" in data and "host" in data
+    printed = capsys.readouterr().out
+    assert "[1/2] 1+2=3" in printed and "[2/2] 3+4=7" in printed
