@@ -101,6 +101,44 @@ def test_window_spans_read_in_place_match_the_reference(dtype, monkeypatch):
     np.testing.assert_allclose(got, want, equal_nan=True, **tol(dtype))
 
 
+@pytest.mark.parametrize("path", ["reference", "xla", "blockwise tiles", "blockwise band"])
+def test_a_nan_key_the_mask_excludes(path, monkeypatch):
+    """docs/conventions.md, "Non-finite keys and values": the rows that see a NaN key are NaN everywhere; the
+    others ignore it, except on the band path's forward (one key span per query block, fused on XLA:CPU),
+    where every row of a query block whose span holds the key is NaN. The reference's dq is NaN in every
+    row (dq = dS k meets the NaN key with a 0)."""
+    from attnlab.kernels import blockwise as bw
+
+    q, k, v = qkv((1, T, 2, 8), s=S, seed=3)
+    mask, j = masks.window(7, 2), 20
+    k_nan = k.at[0, j].set(jnp.nan)
+    sees = np.asarray(mask.dense(T, S))[:, j]  # [T]: the rows the mask lets see key j
+    if path == "blockwise tiles":  # no band: the tile schedule, partial tiles through a select
+        monkeypatch.setattr(bw, "WIDE_MAX_KEYS", 0)
+    calls = []
+    wide = bw._flash_wide
+    monkeypatch.setattr(bw, "_flash_wide", lambda *a: calls.append(a) or wide(*a))
+    if path in ("reference", "xla"):
+        fn = functools.partial(attnlab.attention, mask=mask, implementation=path)
+    else:
+        fn = functools.partial(kernels.blockwise_attention, mask=mask, block_sizes=SMALL)
+    out = np.asarray(jax.jit(fn)(q, k_nan, v))[0]  # [T, N, H]
+    assert bool(calls) == (path == "blockwise band")
+    clean = np.asarray(attnlab.attention_reference(q, k, v, mask=mask))[0]
+    nan_rows = np.isnan(out).any(axis=(1, 2))
+    assert np.isnan(out[sees]).all()
+    if path == "blockwise band":
+        blocks = nan_rows.reshape(-1)[: T - T % SMALL.block_q].reshape(-1, SMALL.block_q)
+        assert (blocks.all(axis=1) | ~blocks.any(axis=1)).all()  # whole query blocks
+        assert nan_rows.sum() > sees.sum()  # some rows that do not see the key
+    else:
+        np.testing.assert_array_equal(nan_rows, sees)
+    compare(out[~nan_rows], clean[~nan_rows], tol(jnp.float32))
+    if path == "reference":
+        dq = jax.grad(lambda q: jnp.sum(attnlab.attention_reference(q, k_nan, v, mask=mask)))(q)
+        assert np.isnan(np.asarray(dq)[0]).any(axis=(1, 2)).all()
+
+
 def _alibi(slopes):
     # ALiBi-like linear bias -slope[n] * |i - j|, [N, T', S'] (Press et al. 2021, arXiv 2108.12409)
     def bias(q_idx, k_idx):

@@ -440,7 +440,8 @@ def softmax_once(t, ok, pv, *, base2: bool, finite: bool = False):
     max itself, which XLA:CPU fuses with the matmul and the exponential into one kernel (a guard on the
     max splits it); rows the mask empties come out NaN there and are zeroed from the mask alone, after
     the product. (A NaN or infinite key that the mask excludes but the span holds makes the row NaN, as a
-    NaN value the mask excludes does in every implementation.) Otherwise as ``softmax_step``.
+    NaN value the mask excludes does on every path: docs/conventions.md, "Non-finite keys and values".)
+    Otherwise as ``softmax_step``.
     """
     if not finite:
         m, l, _, p = softmax_step(*softmax_init(t.shape[:-1]), t, ok, base2=base2)
