@@ -1,19 +1,32 @@
-r"""Dense XLA on the CPU: the program fused into one kernel, or mapped over the group as jax.nn's, by size.
+r"""Dense XLA on the CPU: which of the dense program's three forms is faster, by size.
 
-With one query head per key head, jax.nn's dense program written without jax.nn's map over the group
-(``attnlab.impls.xla.dense_attention(..., fuse=True)``) compiles on XLA:CPU to one kernel for both
-products and the softmax; with the map (``fuse=False``) to jax.nn's kernels. Neither is faster
-everywhere. This sweep times both, and ``jax.nn.dot_product_attention`` itself, on the same calls
-(B x N x T, T = S, H = 32 and 64, fp32, no mask), forward and forward+backward (the gradients of q, k
-and v for a fixed normal cotangent, ``contenders.with_direction``), in alternating rounds
-(``harness.alternate_best``), outputs checked equal first. Each record has ``ratio`` = fused ms / mapped
-ms (below 1: fused is faster), the query rows ``B * N * T`` and what the rule ``xla.fuses`` picks
-(``FUSED_MAX_ROWS``).
+``attnlab.impls.xla.dense_attention(..., form=...)`` has three forms of jax.nn's dense program:
+``"mapped"``, jax.nn's own (mapped over the query heads of a key head); ``"fused"``, with one query head
+per key head and no map, which XLA:CPU compiles to one kernel for both products and the softmax; and
+``"key_major"``, for few query rows, k and v read in their own layout (the queries a block-diagonal
+matrix). None is faster everywhere. This sweep times the three, and ``jax.nn.dot_product_attention``
+itself, on the same calls (B x N x T, T = S or, with ``--kv_lengths``, S keys, N = K, fp32, no mask),
+forward and forward+backward (the gradients of q, k and v for a fixed normal cotangent,
+``contenders.with_direction``), in alternating rounds (``harness.alternate_best``), outputs checked equal
+first. Each record has ``ratio`` = fused ms / mapped ms (below 1: fused is faster), ``key_major_ratio`` =
+key-major ms / the better of the other two, the query rows ``B * N * T`` and the form the rule
+``xla.dense_form`` picks (``FUSED_MAX_ROWS``, ``KEY_MAJOR_SIZES``).
 
     make dense-fusion                                     # -> results/dense_fusion/dense_fusion.json
     PYTHONPATH=. python -m benchmarks.dense_fusion --smoke --out /tmp/dense_fusion   # seconds
 
-Figure: the table ``dense-fusion`` in docs/kernels.md (``python -m experiments.docs --write``).
+Cross-attention (few query rows, many keys; ~5 min each), ``dense_fusion_cross*.json``:
+
+    python -m benchmarks.dense_fusion --batch 2,8 --heads 8 --lengths 1,16,128 --kv_lengths 512,2048 \
+        --dims 64 --out results/dense_fusion_cross
+
+Decoding and pooling (one to eight query rows), ``dense_key_major*.json``:
+
+    python -m benchmarks.dense_fusion --batch 1,8 --heads 8 --lengths 1,2,4,8 --kv_lengths 128,512,2048,8192 \
+        --dims 64 --out results/dense_key_major
+
+Figures: the tables ``dense-fusion``, ``dense-fusion-cross`` and ``dense-key-major`` in docs/kernels.md
+(``python -m experiments.docs --write``).
 """
 
 from __future__ import annotations
@@ -29,19 +42,20 @@ from absl import app, flags
 from attnlab.impls import xla
 from benchmarks import contenders, harness
 
-_OUT = _SMOKE = _REPEATS = _ROUNDS = _BATCH = _HEADS = _LENGTHS = _DIMS = None
+_OUT = _SMOKE = _REPEATS = _ROUNDS = _BATCH = _HEADS = _LENGTHS = _KV_LENGTHS = _DIMS = None
 
 
 def define_flags():
     """The command line's flags (defined when run as a program, so importing this module defines none)."""
-    global _OUT, _SMOKE, _REPEATS, _ROUNDS, _BATCH, _HEADS, _LENGTHS, _DIMS
+    global _OUT, _SMOKE, _REPEATS, _ROUNDS, _BATCH, _HEADS, _LENGTHS, _KV_LENGTHS, _DIMS
     _OUT = flags.DEFINE_string("out", "results/dense_fusion", "Folder for dense_fusion.json.")
     _SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny calls (for the test).")
     _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per round (more for sub-0.1 s calls).")
     _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds (more for sub-0.1 s calls).")
     _BATCH = flags.DEFINE_list("batch", ["1", "2", "4", "8"], "B.")
     _HEADS = flags.DEFINE_list("heads", ["4", "8"], "N = K.")
-    _LENGTHS = flags.DEFINE_list("lengths", ["64", "128", "256", "384"], "T = S.")
+    _LENGTHS = flags.DEFINE_list("lengths", ["64", "128", "256", "384"], "T (and S unless --kv_lengths).")
+    _KV_LENGTHS = flags.DEFINE_list("kv_lengths", [], "S, each with every T (cross-attention); empty: S = T.")
     _DIMS = flags.DEFINE_list("dims", ["32", "64"], "H.")
 
 
@@ -50,16 +64,18 @@ def _jax_nn(q, k, v):
 
 
 FORMS = {
-    "fused": functools.partial(xla.dense_attention, fuse=True),
-    "mapped": functools.partial(xla.dense_attention, fuse=False),
+    "fused": functools.partial(xla.dense_attention, form="fused"),
+    "mapped": functools.partial(xla.dense_attention, form="mapped"),
+    "key_major": functools.partial(xla.dense_attention, form="key_major"),
     "jax.nn": _jax_nn,
 }
 
 
-def cell(B, N, T, H, direction, *, rounds, repeats):
-    """One call's record: the three forms' best ms, fused / mapped, the rule's choice."""
+def cell(B, N, T, S, H, direction, *, rounds, repeats):
+    """One call's record: the forms' best ms, fused / mapped, key-major / the better of those two, the rule's
+    choice."""
     keys = jax.random.split(jax.random.key(T), 3)
-    args = tuple(jax.random.normal(kk, (B, T, N, H), jnp.float32) for kk in keys)
+    args = tuple(jax.random.normal(kk, (B, L, N, H), jnp.float32) for kk, L in zip(keys, (T, S, S), strict=True))
     fns = {}
     for name, fwd in FORMS.items():
         fn, fargs = contenders.with_direction(fwd, direction, args)
@@ -72,13 +88,15 @@ def cell(B, N, T, H, direction, *, rounds, repeats):
         "B": B,
         "N": N,
         "T": T,
+        "S": S,
         "H": H,
         "direction": direction,
         "rows": B * N * T,
         **{f"{name}_ms": round(best[name] * 1e3, 4) for name in FORMS},
         "ratio": round(best["fused"] / best["mapped"], 3),
+        "key_major_ratio": round(best["key_major"] / min(best["fused"], best["mapped"]), 3),
         "mapped_over_jax_nn": round(best["mapped"] / best["jax.nn"], 3),
-        "rule_fuses": xla.fuses(B, N, N, T, "cpu"),
+        "rule_form": xla.dense_form(B, N, N, T, S, H, "cpu"),
         "max_abs_diff": max(harness.max_abs_diff(outs["fused"], o) for o in outs.values()),
         "compile_and_first_s": round(compile_s, 2),
     }
@@ -86,17 +104,19 @@ def cell(B, N, T, H, direction, *, rounds, repeats):
 
 def main(_):
     if _SMOKE.value:
-        grid = [(1, 2, 16, 8), (2, 2, 16, 8)]
+        grid = [(1, 2, 16, 16, 8), (2, 2, 16, 16, 8)]
     else:
-        ints = [[int(x) for x in f.value] for f in (_BATCH, _HEADS, _LENGTHS, _DIMS)]
-        grid = list(itertools.product(*ints))
+        B, N, T, H = ([int(x) for x in f.value] for f in (_BATCH, _HEADS, _LENGTHS, _DIMS))
+        kv = [int(x) for x in _KV_LENGTHS.value]
+        grid = [(b, n, t, s, h) for b, n, t, h in itertools.product(B, N, T, H) for s in (kv or [t])]
     grid = [(*g, d) for g in grid for d in ("fwd", "fwd+bwd")]
 
-    def line(B, N, T, H, d, rec):
+    def line(B, N, T, S, H, d, rec):
         return (
-            f"B={B} N={N} T={T:4d} H={H} {d:8s} fused {rec['fused_ms']:8.3f} ms  mapped {rec['mapped_ms']:8.3f} ms  "
-            f"jax.nn {rec['jax.nn_ms']:8.3f} ms  ratio {rec['ratio']:5.2f}  rows {rec['rows']:6d}  "
-            f"rule {'fused' if rec['rule_fuses'] else 'mapped'}"
+            f"B={B} N={N} T={T:4d} S={S:4d} H={H} {d:8s} fused {rec['fused_ms']:8.3f} ms  "
+            f"mapped {rec['mapped_ms']:8.3f} ms  jax.nn {rec['jax.nn_ms']:8.3f} ms  ratio {rec['ratio']:5.2f}  "
+            f"key-major {rec['key_major_ms']:8.3f} ms ({rec['key_major_ratio']:5.2f})  rows {rec['rows']:6d}  "
+            f"rule {rec['rule_form']}"
         )
 
     measure = functools.partial(cell, rounds=_ROUNDS.value, repeats=_REPEATS.value)

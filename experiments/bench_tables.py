@@ -319,28 +319,57 @@ def crossover(folder, names: tuple) -> str:
 
 def dense_fusion(folder, names: tuple) -> str:
     """``make dense-fusion`` (``benchmarks.dense_fusion``): the fused dense program's time over the mapped one's
-    (below 1: fused faster), per B x N x T (T = S) and per H and direction, as the range over the committed
-    runs ``names``; the query rows B * N * T, and "fused" where the rule (``xla.fuses``, as the code has it
-    now) runs the fused form."""
+    (below 1: fused faster), per B x N x T (and S where S != T: cross-attention) and per H and direction, as
+    the range over the committed runs ``names``; the query rows B * N * T, and the form the rule
+    (``xla.dense_form``, as the code has it now) runs (per H where it differs, "a/b")."""
     from attnlab.impls import xla  # noqa: PLC0415 (jax, only for this table)
 
-    records = [r for n in names for r in _records(folder, n)]
-    keys = list(dict.fromkeys((r["B"], r["N"], r["T"]) for r in records))
+    records = [{"S": r["T"]} | r for n in names for r in _records(folder, n)]  # S: runs before --kv_lengths
+    keys = list(dict.fromkeys((r["B"], r["N"], r["T"], r["S"]) for r in records))
     cols = list(dict.fromkeys((r["H"], r["direction"]) for r in records))
     rows = []
-    for B, N, T in sorted(keys, key=lambda k: (k[0] * k[1] * k[2], k)):
+    for B, N, T, S in sorted(keys, key=lambda k: (k[0] * k[1] * k[2], k)):
         cells = []
         for H, d in cols:
-            rs = [r for r in records if (r["B"], r["N"], r["T"], r["H"], r["direction"]) == (B, N, T, H, d)]
+            rs = [r for r in records if (r["B"], r["N"], r["T"], r["S"], r["H"], r["direction"]) == (B, N, T, S, H, d)]
             lo, hi = min(r["ratio"] for r in rs), max(r["ratio"] for r in rs)
             cells.append(f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}")
-        rule = "fused" if xla.fuses(B, N, N, T, "cpu") else ""
-        rows.append([f"{B} x {N} x {T}", f"{B * N * T:,}", *cells, rule])
+        rule = "/".join(dict.fromkeys(xla.dense_form(B, N, N, T, S, H, "cpu") for H, _ in cols))
+        rows.append([f"{B} x {N} x {T}" + ("" if S == T else f", S = {S}"), f"{B * N * T:,}", *cells, rule])
     header = ["B x N x T", "query rows", *(f"H = {H}, {d}" for H, d in cols), "rule"]
     spread = [r["mapped_over_jax_nn"] for r in records]
     return _md(header, rows) + (
         f"\nThe mapped form over jax.nn's own time, every call: {min(spread):.2f}-{max(spread):.2f}.\n"
     )
+
+
+def dense_key_major(folder, names: tuple) -> str:
+    """``make dense-fusion``'s few-queries grid: the key-major form's time over the better of the fused and
+    mapped forms (below 1: key-major faster), per B x N x T and S, forward and forward+backward, as the range
+    over the committed runs ``names``; k's elements B * S * K * H, and the form the rule (``xla.dense_form``,
+    as the code has it now) runs."""
+    from attnlab.impls import xla  # noqa: PLC0415 (jax, only for this table)
+
+    records = [r for n in names for r in _records(folder, n)]
+    keys = sorted(
+        dict.fromkeys((r["B"], r["N"], r["T"], r["S"], r["H"]) for r in records), key=lambda k: (k[2], k[0] * k[3])
+    )
+    dirs = list(dict.fromkeys(r["direction"] for r in records))
+    rows = []
+    for B, N, T, S, H in keys:
+        cells = []
+        for d in dirs:
+            rs = [
+                r["key_major_ratio"]
+                for r in records
+                if (r["B"], r["N"], r["T"], r["S"], r["H"], r["direction"]) == (B, N, T, S, H, d)
+            ]
+            lo, hi = min(rs), max(rs)
+            cells.append(f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}")
+        rows.append(
+            [f"{B} x {N} x {T}", f"{S:,}", f"{B * S * N * H:,}", *cells, xla.dense_form(B, N, N, T, S, H, "cpu")]
+        )
+    return _md(["B x N x T", "S", "k's elements B x S x K x H", *dirs, "rule"], rows)
 
 
 _COSTS = {

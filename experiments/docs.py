@@ -148,6 +148,14 @@ TABLES: dict[str, Callable[[Path], str]] = {
             "dense_fusion_between_run2.json",
         ),
     ),
+    "dense-fusion-cross": table(
+        "experiments.bench_tables:dense_fusion",
+        BENCH,
+        names=("dense_fusion_cross.json", "dense_fusion_cross_run2.json"),
+    ),
+    "dense-key-major": table(
+        "experiments.bench_tables:dense_key_major", BENCH, names=("dense_key_major.json", "dense_key_major_run2.json")
+    ),
     "crossover": table("experiments.bench_tables:crossover", BENCH, names=("crossover.json", "crossover_run2.json")),
     "profile-window-costs": table(
         "experiments.bench_tables:call_costs", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")

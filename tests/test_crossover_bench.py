@@ -63,14 +63,15 @@ def test_dense_fusion_benchmark_runs_small(tmp_path):
     result = json.loads((tmp_path / "dense_fusion.json").read_text())
     assert result["fused_max_rows"] == xla.FUSED_MAX_ROWS and result["host"]["cpu_model"] is not None
     recs = result["records"]
-    assert [(r["B"], r["N"], r["T"], r["H"], r["direction"]) for r in recs] == [
-        (b, 2, 16, 8, d) for b in (1, 2) for d in ("fwd", "fwd+bwd")
+    assert [(r["B"], r["N"], r["T"], r["S"], r["H"], r["direction"]) for r in recs] == [
+        (b, 2, 16, 16, 8, d) for b in (1, 2) for d in ("fwd", "fwd+bwd")
     ]
     for r in recs:
         assert r["ratio"] == pytest.approx(r["fused_ms"] / r["mapped_ms"], rel=0.01)
         assert r["mapped_over_jax_nn"] == pytest.approx(r["mapped_ms"] / r["jax.nn_ms"], rel=0.01)
         assert r["max_abs_diff"] < 1e-5 and r["rows"] == r["B"] * 2 * 16
-        assert r["rule_fuses"] == (r["B"] >= 2)  # one batch row: mapped
+        assert r["key_major_ratio"] == pytest.approx(r["key_major_ms"] / min(r["fused_ms"], r["mapped_ms"]), rel=0.01)
+        assert r["rule_form"] == ("fused" if r["B"] >= 2 else "mapped")  # one batch row: mapped
     (tmp_path / "run2.json").write_text(json.dumps(result))
     md = bench_tables.dense_fusion(tmp_path, ("dense_fusion.json", "run2.json"))
     row = [line for line in md.splitlines() if line.startswith("| 2 x 2 x 16 |")]

@@ -260,34 +260,98 @@ def test_dense_program_has_jax_nns_products_beyond_the_fused_size(kv_heads):
 
     T = xla.FUSED_MAX_ROWS // 32 + 8  # 4 x 8 x T query rows: past the fused size
     q, k = _x(4, T, 8, 16), _x(4, T, kv_heads, 16)
-    assert not xla.fuses(4, 8, kv_heads, T, "cpu")
+    assert xla.dense_form(4, 8, kv_heads, T, T, 16, "cpu") == "mapped"
     ours = _products(lambda q, k, v: attnlab.attention(q, k, v, implementation="xla"), q, k, k)
     theirs = _products(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"), q, k, k)
     assert len(ours) == 2 and ours == theirs
 
 
-def test_fused_dense_program_where_the_rule_says_and_same_result():
-    """The fused form (no map over a group of one) only on the CPU with one query head per key head, two or
-    more batch rows and at most FUSED_MAX_ROWS query rows; it lowers to other products than the mapped form,
-    with the same outputs and gradients as jax.nn's; forced with several query heads per key head it is a
-    ValueError."""
+def test_dense_form_rule():
+    """``xla.dense_form``: key-major for few query rows over many keys, fused for one query head per key head,
+    two or more batch rows and at most FUSED_MAX_ROWS query rows, else jax.nn's mapped program; on the CPU
+    only."""
     from attnlab.impls import xla
 
     rows = xla.FUSED_MAX_ROWS
-    assert xla.fuses(2, 4, 4, rows // 8, "cpu") and not xla.fuses(2, 4, 4, rows // 8 + 1, "cpu")
-    assert not xla.fuses(2, 4, 1, 16, "cpu") and not xla.fuses(1, 4, 4, 16, "cpu")
-    assert not xla.fuses(2, 4, 4, 16, "gpu") and not xla.fuses(2, 4, 4, 16, "tpu")
-    q, k, v = _x(2, 16, 4, 8), _x(2, 16, 4, 8), _x(2, 16, 4, 8)
-    forms = {fuse: functools.partial(xla.dense_attention, fuse=fuse) for fuse in (True, False)}
-    assert _products(forms[True], q, k, v) != _products(forms[False], q, k, v)
+    assert xla.dense_form(2, 4, 4, rows // 8, 16, 64, "cpu") == "fused"
+    assert xla.dense_form(2, 4, 4, rows // 8 + 1, 16, 64, "cpu") == "mapped"
+    assert xla.dense_form(2, 4, 1, 16, 16, 64, "cpu") == "mapped"
+    assert xla.dense_form(1, 4, 4, 16, 16, 64, "cpu") == "mapped"
+    (t1, size1), (t2, size2) = xla.KEY_MAJOR_SIZES
+    assert xla.dense_form(1, 8, 2, t1, size1 // 128, 64, "cpu") == "key_major"  # k: 1 x S x 2 x 64, GQA too
+    assert xla.dense_form(1, 8, 2, t1, size1 // 128 - 1, 64, "cpu") == "mapped"  # one key short
+    assert xla.dense_form(2, 8, 8, t1, size1 // 1024 - 1, 64, "cpu") == "fused"  # few keys: the arrays stay in cache
+    assert xla.dense_form(1, 8, 8, t2, size2 // 512, 64, "cpu") == "key_major"
+    assert xla.dense_form(1, 8, 8, t2, size1 // 512, 64, "cpu") == "mapped"  # T = 4 needs the larger k
+    assert xla.dense_form(1, 8, 8, t2 + 1, 2**20, 64, "cpu") == "mapped"
+    for backend in ("gpu", "tpu"):
+        assert xla.dense_form(2, 4, 4, 16, 16, 64, backend) == "mapped"
+        assert xla.dense_form(8, 8, 8, 1, 8192, 64, backend) == "mapped"
+
+
+@pytest.mark.parametrize("form", ["fused", "mapped", "key_major"])
+def test_dense_forms_give_jax_nns_results(form):
+    """Each form has jax.nn's outputs and gradients (the fused and key-major forms lower to other products
+    than the mapped one); the key-major form with several query heads per key head, a bias and a mask with
+    a row it empties (zeros, zero dq) too; ``form="fused"`` with several query heads per key head and an
+    unknown form are ValueErrors."""
+    from attnlab.impls import xla
+
+    f = functools.partial(xla.dense_attention, form=form)
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, t, 4, 8)) for i, t in enumerate((3, 16, 16)))
+    if form != "mapped":
+        assert _products(f, q, k, v) != _products(functools.partial(xla.dense_attention, form="mapped"), q, k, v)
     theirs = fwd_and_grads(lambda q, k, v: jax.nn.dot_product_attention(q, k, v), q, k, v)
-    for f in forms.values():
-        ours = fwd_and_grads(f, q, k, v)
-        compare(ours[0], theirs[0], testing.tolerance(jnp.float32))
-        for a, b in zip(ours[1], theirs[1], strict=True):
-            compare(a, b, testing.tolerance(jnp.float32, "grad"))
-    with pytest.raises(ValueError, match="fuse=True needs one query head per key head"):
-        xla.dense_attention(q, k[:, :, :1], v[:, :, :1], fuse=True)
+    ours = fwd_and_grads(f, q, k, v)
+    compare(ours[0], theirs[0], testing.tolerance(jnp.float32))
+    for a, b in zip(ours[1], theirs[1], strict=True):
+        compare(a, b, testing.tolerance(jnp.float32, "grad"))
+    if form == "fused":
+        with pytest.raises(ValueError, match="form='fused' needs one query head per key head"):
+            f(q, k[:, :, :1], v[:, :, :1])
+        with pytest.raises(ValueError, match="form must be one of"):
+            xla.dense_attention(q, k, v, form="dense")
+        return
+    kg, vg = k[:, :, :2], v[:, :, :2]  # 2 query heads per key head
+    bias = jax.random.normal(jax.random.key(7), (1, 4, 3, 16))
+    allowed = (jax.random.uniform(jax.random.key(8), (2, 4, 3, 16)) < 0.5).at[1, 2, 0].set(False)
+    empty = ~jnp.any(allowed, axis=-1, keepdims=True)
+    ours = fwd_and_grads(lambda q, k, v: f(q, k, v, bias, allowed, empty), q, kg, vg)
+    theirs = fwd_and_grads(lambda q, k, v: attnlab.attention_reference(q, k, v, bias=bias, mask=allowed), q, kg, vg)
+    compare(ours[0], theirs[0], testing.tolerance(jnp.float32))
+    for a, b in zip(ours[1], theirs[1], strict=True):
+        compare(a, b, testing.tolerance(jnp.float32, "grad"))
+    assert not np.asarray(ours[0])[1, 0, 2].any() and not np.asarray(ours[1][0])[1, 0, 2].any()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_a_decoding_step_runs_key_major_and_matches_the_reference(dtype):
+    """A decoding step's shape (one query row, k of KEY_MAJOR_SIZES' first size, two query heads per key head)
+    takes the key-major form through ``attnlab.attention(implementation="xla")``, with a traced padding mask
+    that empties one batch row: the reference's outputs and gradients, zeros on the empty row."""
+    from attnlab.impls import xla
+
+    B, N, K, H = 2, 8, 4, 64
+    S = xla.KEY_MAJOR_SIZES[0][1] // (B * K * H)
+    assert xla.dense_form(B, N, K, 1, S, H, "cpu") == "key_major"
+    q, k, v = (
+        jax.random.normal(jax.random.key(i), (B, t, n, H)).astype(dtype)
+        for i, (t, n) in enumerate(((1, N), (S, K), (S, K)))
+    )
+    lengths = jnp.array([S // 3, 0])
+
+    def ours(q, k, v, lengths):
+        return attnlab.attention(q, k, v, mask=masks.padding(kv_lengths=lengths), implementation="xla")
+
+    def ref(q, k, v):
+        return attnlab.attention_reference(q, k, v, mask=masks.padding(kv_lengths=lengths))
+
+    out, grads = fwd_and_grads(jax.jit(ours), q, k, v, lengths)
+    out_r, grads_r = fwd_and_grads(ref, q, k, v)
+    compare(out, out_r, testing.tolerance(dtype))
+    for a, b in zip(grads[:3], grads_r, strict=True):
+        compare(a, b, testing.tolerance(dtype, "grad"))
+    assert not np.asarray(out, np.float32)[1].any() and not np.asarray(grads[0], np.float32)[1].any()
 
 
 def test_empty_rows_mean_with_a_mask_array_matches_jax_nn():

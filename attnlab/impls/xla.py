@@ -22,7 +22,14 @@ from attnlab.impls.base import Implementation
 from attnlab.impls.reference import dense_bias
 from attnlab.kernels import tile_core
 
-__all__ = ["XLA", "XLA_MAX_LOGITS_BYTES", "FUSED_MAX_ROWS", "fuses", "dense_attention"]
+__all__ = [
+    "XLA",
+    "XLA_MAX_LOGITS_BYTES",
+    "FUSED_MAX_ROWS",
+    "KEY_MAJOR_SIZES",
+    "dense_form",
+    "dense_attention",
+]
 
 # On GPU/TPU, implementation=None uses dense XLA only while its fp32 [B, N, T, S] logits take at most
 # this many bytes (XLA keeps logits and probabilities, and the backward more): beyond, the tiled kernels.
@@ -54,6 +61,36 @@ def _dense_one_group(q, k, v, bias, allowed, empty, scale):
     return jnp.where(jnp.swapaxes(empty, 1, 2), 0.0, out)  # [B|1, T|1, K|1, 1]
 
 
+def _dense_key_major(q, k, v, bias, allowed, empty, scale):
+    """Few query rows: both products with the keys and values in their own ``[B, S, K*H]`` layout.
+
+    jax.nn's products take k and v heads-first (``[B, K, S, H]``), a copy of each that, with few query
+    rows, costs more than the products: on XLA:CPU, a decoding step (T = 1, B = 8, S = 2K) is 10x the time
+    of one pass over k and v. Here the queries become a block-diagonal ``[B, K*H, T*N]`` matrix (query head
+    n's H values in key head kv(n)'s rows, zeros elsewhere), so the logits are one matmul ``k @ q_bd``
+    ``[B, S, T*N]`` and the output ``p @ v`` ``[B, T*N, K*Hv]`` of which each head keeps its own key head's
+    block: K times the products' work, on arrays that stay where they are. Same arguments as
+    ``_dense_one_group``, any number of query heads per key head."""
+    B, T, N, H = q.shape
+    S, K, Hv = k.shape[1], k.shape[2], v.shape[-1]
+    own = (jnp.arange(N) // (N // K))[:, None] == jnp.arange(K)[None, :]  # [N, K]: head n reads key head kv(n)
+    q_bd = jnp.where(own[:, :, None], q[:, :, :, None, :], jnp.zeros((), q.dtype))  # [B, T, N, K, H]
+    q_bd = q_bd.transpose(0, 3, 4, 1, 2).reshape(B, K * H, T * N)
+    logits = jnp.einsum("BSC,BCM->BSM", k.reshape(B, S, K * H), q_bd, preferred_element_type=jnp.float32)
+    logits = logits.reshape(B, S, T, N).transpose(0, 3, 2, 1) * jnp.asarray(scale, jnp.float32)  # [B, N, T, S]
+    if bias is not None:
+        logits = logits + bias
+    if allowed is not None:
+        logits = jnp.where(allowed, logits, -jnp.inf)
+    probs = jax.nn.softmax(logits, axis=-1) if empty is None else tile_core.softmax_rows(logits, empty)
+    out = jnp.einsum(
+        "BMS,BSC->BMC", probs.reshape(B, N * T, S).astype(v.dtype), v.reshape(B, S, K * Hv),
+        preferred_element_type=jnp.float32,
+    )  # fmt: skip
+    out = jnp.einsum("BNTKH,NK->BTNH", out.reshape(B, N, T, K, Hv), own.astype(jnp.float32)).astype(v.dtype)
+    return out if empty is None else jnp.where(jnp.swapaxes(empty, 1, 2), 0.0, out)  # [B|1, T|1, N|1, 1]
+
+
 # On the CPU, a call with one query head per key head written without jax.nn's map over the group
 # compiles to one XLA:CPU kernel for both products and the softmax. With a batch of two rows or more and
 # at most this many query rows over its batch and heads (B * N * T), that kernel was faster than jax.nn's
@@ -62,41 +99,66 @@ def _dense_one_group(q, k, v, bias, allowed, empty, scale):
 # no rule of shapes that told them apart.
 FUSED_MAX_ROWS = 3072
 
+# On the CPU, the key-major form (``_dense_key_major``) for a call of at most T query rows per head whose
+# k holds at least this many elements B * S * K * H: (T, elements) pairs, the first that T fits. Smaller
+# k stays in cache, where jax.nn's copies are cheap and the key-major form's K-fold products cost more.
+# `make dense-fusion`'s few-queries grid (docs/kernels.md, two runs, N = K = 8, H = 64): every call these
+# bounds admit is faster key-major in both runs, forward and forward+backward; from T = 8, or at T = 4
+# below 2**22 elements, forward+backward was slower in a run.
+KEY_MAJOR_SIZES = ((2, 2**20), (4, 2**22))
 
-def fuses(B: int, N: int, K: int, T: int, backend: str | None = None) -> bool:
-    """Whether ``dense_attention`` runs its fused form: on the CPU (``backend``, default
-    ``attnlab.platform.target()``), one query head per key head, a batch ``B`` (leading dims flattened) of
-    two or more, at most ``FUSED_MAX_ROWS`` query rows ``B * N * T``."""
-    backend = platform.normalize(backend)
-    return backend == "cpu" and K == N and B >= 2 and B * N * T <= FUSED_MAX_ROWS
+FORMS = ("mapped", "fused", "key_major")
 
 
-def dense_attention(q, k, v, bias=None, allowed=None, empty=None, scale=None, *, fuse=None):
+def dense_form(B: int, N: int, K: int, T: int, S: int, H: int, backend: str | None = None) -> str:
+    """The form ``dense_attention`` runs, from shapes (leading dims flattened into ``B``) and the backend
+    (default ``attnlab.platform.target()``): on the CPU, ``"key_major"`` for few query rows over a large k
+    (``KEY_MAJOR_SIZES``); else ``"fused"`` for one query head per key head, two or more batch rows and at
+    most ``FUSED_MAX_ROWS`` query rows ``B * N * T``; else, and on GPU and TPU, jax.nn's ``"mapped"``
+    program."""
+    if platform.normalize(backend) != "cpu":
+        return "mapped"
+    if any(T <= t and B * S * K * H >= size for t, size in KEY_MAJOR_SIZES):
+        return "key_major"
+    if K == N and B >= 2 and B * N * T <= FUSED_MAX_ROWS:
+        return "fused"
+    return "mapped"
+
+
+def dense_attention(q, k, v, bias=None, allowed=None, empty=None, scale=None, *, form=None):
     """jax.nn's XLA program, with attnlab's empty rows: ``q [B, T, N, H]``, ``k, v [B, S, K, H]``, an fp32
     ``bias`` and a bool ``allowed`` ``[B|1, N|1, T|1, S|1]`` and ``empty [B|1, N|1, T|1, 1]`` (the rows
     with no allowed key above a -inf bias; None only when no row is empty) -> ``[B, T, N, H]``.
 
-    The same einsums, layouts and fp32 softmax as ``jax.nn.dot_product_attention(implementation="xla")``
-    (one key head per query head, mapped over the G query heads of a key head; the mask a select on the
-    logits), so XLA fuses them alike. An empty row is zeroed after the product
-    (``tile_core.softmax_rows``), a select on the output where a guarded softmax would split XLA:CPU's
-    fused logits kernel.
+    ``form`` (default ``dense_form(...)``, the measured rule) picks one of three programs, each with the
+    fp32 softmax and the mask as a select on the logits:
 
-    ``fuse``: with one query head per key head, skip the map over the group (G = 1), which XLA:CPU then
-    compiles to one kernel for both products and the softmax; default ``fuses(...)``, the measured rule.
+    - ``"mapped"``: jax.nn's (``jax.nn.dot_product_attention(implementation="xla")``): the same einsums and
+      layouts, one key head per query head mapped over the G query heads of a key head, so XLA fuses them
+      alike;
+    - ``"fused"``: with one query head per key head, no map over the group, which XLA:CPU compiles to one
+      kernel for both products and the softmax;
+    - ``"key_major"``: few query rows, k and v read in their own layout (``_dense_key_major``).
+
+    An empty row is zeroed after the product (``tile_core.softmax_rows``), a select on the output where a
+    guarded softmax would split XLA:CPU's fused logits kernel.
 
     Raises:
-        ValueError: ``fuse=True`` with several query heads per key head.
+        ValueError: an unknown ``form``; ``form="fused"`` with several query heads per key head.
     """
     B, T, N, H = q.shape
-    K = k.shape[2]
+    S, K = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
+    if form is None:
+        form = dense_form(B, N, K, T, S, H)
+    if form not in FORMS:
+        raise ValueError(f"dense_attention: form must be one of {FORMS}, got {form!r}")
+    if form == "key_major":
+        return _dense_key_major(q, k, v, bias, allowed, empty, scale)
     one = functools.partial(_dense_one_group, scale=scale)
-    if fuse is None:
-        fuse = fuses(B, N, K, T)
-    if fuse:
+    if form == "fused":
         if K != N:
-            raise ValueError(f"dense_attention: fuse=True needs one query head per key head, got N={N}, K={K}")
+            raise ValueError(f"dense_attention: form='fused' needs one query head per key head, got N={N}, K={K}")
         return one(q, k, v, bias, allowed, empty)
     extras, axes = [], []
     for x in (bias, allowed, empty):
