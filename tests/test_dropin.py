@@ -324,6 +324,27 @@ def test_dense_forms_give_jax_nns_results(form):
     assert not np.asarray(ours[0])[1, 0, 2].any() and not np.asarray(ours[1][0])[1, 0, 2].any()
 
 
+def test_a_nan_in_one_key_head_on_the_dense_forms():
+    """docs/conventions.md, "Non-finite keys and values": jax.nn's mapped form keeps a NaN in key head 1 to
+    query heads 2 and 3; the key-major form's one product takes it to every head's rows that see the key
+    (k) or to every row (v); a key the mask excludes stays hidden on both."""
+    from attnlab.impls import xla
+
+    q, k, v = (
+        jax.random.normal(jax.random.key(i), (1, t, n, 8)) for i, (t, n) in enumerate(((1, 4), (16, 2), (16, 2)))
+    )
+    allowed = jnp.ones((1, 1, 1, 16), bool).at[..., 5].set(False)
+    cases = {
+        "k, a key seen": (k.at[0, 3, 1].set(jnp.nan), v, [False, False, True, True], [True] * 4),
+        "k, a key excluded": (k.at[0, 5, 1].set(jnp.nan), v, [False] * 4, [False] * 4),
+        "v, a key seen": (k, v.at[0, 3, 1].set(jnp.nan), [False, False, True, True], [True] * 4),
+    }
+    for name, (kn, vn, mapped, key_major) in cases.items():
+        for form, want in (("mapped", mapped), ("key_major", key_major)):
+            out = xla.dense_attention(q, kn, vn, None, allowed, None, form=form)
+            assert np.isnan(np.asarray(out))[0, 0].any(-1).tolist() == want, (name, form)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_a_decoding_step_runs_key_major_and_matches_the_reference(dtype):
     """A decoding step's shape (one query row, k of KEY_MAJOR_SIZES' first size, two query heads per key head)

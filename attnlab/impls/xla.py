@@ -65,12 +65,13 @@ def _dense_key_major(q, k, v, bias, allowed, empty, scale):
     """Few query rows: both products with the keys and values in their own ``[B, S, K*H]`` layout.
 
     jax.nn's products take k and v heads-first (``[B, K, S, H]``), a copy of each that, with few query
-    rows, costs more than the products: on XLA:CPU, a decoding step (T = 1, B = 8, S = 2K) is 10x the time
-    of one pass over k and v. Here the queries become a block-diagonal ``[B, K*H, T*N]`` matrix (query head
-    n's H values in key head kv(n)'s rows, zeros elsewhere), so the logits are one matmul ``k @ q_bd``
-    ``[B, S, T*N]`` and the output ``p @ v`` ``[B, T*N, K*Hv]`` of which each head keeps its own key head's
-    block: K times the products' work, on arrays that stay where they are. Same arguments as
-    ``_dense_one_group``, any number of query heads per key head."""
+    rows, costs more than the products (docs/kernels.md, "Dense XLA: few query rows"). Here the queries
+    become a block-diagonal ``[B, K*H, T*N]`` matrix (query head n's H values in key head kv(n)'s rows,
+    zeros elsewhere), so the logits are one matmul ``k @ q_bd`` ``[B, S, T*N]`` and the output ``p @ v``
+    ``[B, T*N, K*Hv]`` of which each head keeps its own key head's block: K times the products' work, on
+    arrays that stay where they are. Same arguments as ``_dense_one_group``, any number of query heads per
+    key head. The products meet every key head's values with zeros, so a NaN in one key head's k or v
+    reaches the other heads' rows too (docs/conventions.md, "Non-finite keys and values")."""
     B, T, N, H = q.shape
     S, K, Hv = k.shape[1], k.shape[2], v.shape[-1]
     own = (jnp.arange(N) // (N // K))[:, None] == jnp.arange(K)[None, :]  # [N, K]: head n reads key head kv(n)
