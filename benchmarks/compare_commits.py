@@ -70,6 +70,9 @@ CELLS = {
     "padding 128 x8 fwd+bwd": ("padding", 128, 8, 4, 32, True),
     "full 256 fwd": ("full", 256, 4, 8, 64, False),
     "graph 20000 nodes x10 edges fwd+bwd": ("graph", 20_000, 1, 8, 64, True),
+    # a decoding step: one query row per sequence over T cached keys, the cache's lengths as a padding mask
+    "decode 2048 x8 fwd": ("decode", 2048, 8, 8, 64, False),
+    "decode 2048 x8 fwd+bwd": ("decode", 2048, 8, 8, 64, True),
 }
 
 # --bench: a benchmark program each tree runs with its own copy, its output file, the fields that
@@ -129,6 +132,8 @@ def _cell(name: str, cotangent: str = "random", lib=None) -> tuple:
     kind, T, B, N, H, bwd = CELLS[name]
     ks = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(kk, (B, T, N, H), jnp.float32) for kk in ks)
+    if kind == "decode":
+        q = q[:, :1]
     lengths = jnp.asarray([T - 7 * i for i in range(B)], jnp.int32)
     cuts = np.sort(np.random.default_rng(0).choice(np.arange(1, T), size=15, replace=False))
     if kind == "graph":  # T nodes, 10 * T random edges (unique), self loops: the sparse kernel
@@ -140,6 +145,7 @@ def _cell(name: str, cotangent: str = "random", lib=None) -> tuple:
         "causal": masks.causal(),
         "window": masks.window(128, 128),
         "padding": masks.padding(lengths, lengths),
+        "decode": masks.padding(kv_lengths=lengths),
         "documents": masks.document(ids),  # 16 documents of random lengths, ids traced (a jit argument)
         "graph": masks.graph_edges(jnp.asarray(src), jnp.asarray(dst), T) if kind == "graph" else None,
     }[kind]

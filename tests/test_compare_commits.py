@@ -30,8 +30,21 @@ def test_fwd_bwd_cells_take_the_gradient_for_their_cotangent(cotangent):
 @pytest.mark.parametrize("name", sorted(compare_commits.CELLS))
 def test_cells_are_well_formed(name):
     kind, T, B, N, H, bwd = compare_commits.CELLS[name]
-    assert kind in ("full", "causal", "window", "padding", "documents", "graph") and T > 0 and B > 0 and N > 0 and H > 0
+    assert kind in ("full", "causal", "window", "padding", "documents", "graph", "decode")
+    assert T > 0 and B > 0 and N > 0 and H > 0
     assert isinstance(bwd, bool) and (("bwd" in name) == bwd) and str(T) in name
+
+
+def test_decode_cell_is_one_query_row_over_the_cache():
+    """The decode cell: one query row per sequence over T keys, the cache's lengths as the mask, dense XLA's
+    key-major form (attnlab.impls.xla.dense_form)."""
+    import attnlab
+    from attnlab.impls import xla
+
+    _, (q, k, v, m, ct) = compare_commits._cell("decode 2048 x8 fwd+bwd", "random")
+    assert q.shape == (8, 1, 8, 64) and k.shape == v.shape == (8, 2048, 8, 64) and ct.shape == q.shape
+    assert attnlab.explain(q, k, v, mask=m).implementation == "xla"
+    assert xla.dense_form(8, 8, 8, 1, 2048, 64, "cpu") == "key_major"
 
 
 def test_graph_cell_runs_the_edge_list_kernel():
