@@ -350,7 +350,7 @@ def dense_key_major(folder, names: tuple) -> str:
     as the code has it now) runs."""
     from attnlab.impls import xla  # noqa: PLC0415 (jax, only for this table)
 
-    records = [r for n in names for r in _records(folder, n)]
+    records = [r for n in names for r in _records(folder, n) if "key_major_ratio" in r]
     keys = sorted(
         dict.fromkeys((r["B"], r["N"], r["T"], r["S"], r["H"]) for r in records), key=lambda k: (k[2], k[0] * k[3])
     )

@@ -128,6 +128,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-graph": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_graph.json"),
     "compare-dense-before": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_dense_before.json"),
     "compare-dense": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_dense.json"),
+    "compare-decode": table("experiments.bench_tables:compare", BENCH, name="compare_c443d7a_decode.json"),
     "compare-same-process": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_same_process.json"),
     "compare-same-process-run2": table(
         "experiments.bench_tables:compare", BENCH, name="compare_04a795f_same_process_run2.json"
@@ -148,6 +149,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
             "dense_fusion_between_run2.json",
         ),
     ),
+    "dense-fusion-avx2": table("experiments.bench_tables:dense_fusion", BENCH, names=("dense_fusion_avx2.json",)),
     "dense-fusion-cross": table(
         "experiments.bench_tables:dense_fusion",
         BENCH,
