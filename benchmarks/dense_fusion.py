@@ -25,8 +25,9 @@ Decoding and pooling (one to eight query rows), ``dense_key_major*.json``:
     python -m benchmarks.dense_fusion --batch 1,8 --heads 8 --lengths 1,2,4,8 --kv_lengths 128,512,2048,8192 \
         --dims 64 --out results/dense_key_major
 
-Figures: the tables ``dense-fusion``, ``dense-fusion-cross`` and ``dense-key-major`` in docs/kernels.md
-(``python -m experiments.docs --write``).
+The default grid on an AVX2 host is ``dense_fusion_avx2.json``. Figures: the tables ``dense-fusion``,
+``dense-fusion-avx2``, ``dense-fusion-cross`` and ``dense-key-major`` in docs/kernels.md (``python -m
+experiments.docs --write``).
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ FORMS = {
 }
 
 
-# The key-major form is timed up to this many query rows only: its products grow with T * K, and beyond the
-# rule's bounds it is far behind (several times the other forms' time at T = 64, where the grid starts).
+# The key-major form is timed up to this many query rows only: its products grow with T * K, and at T = 8 it
+# was already up to 3x the other forms' time over a small k (dense_key_major*.json); the default grid starts
+# at T = 64.
 KEY_MAJOR_MAX_TIMED_T = 16
 
 

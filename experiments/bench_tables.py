@@ -308,13 +308,18 @@ def crossover(folder, names: tuple) -> str:
                 if not rs:
                     cells.append("")
                     continue
-                lo, hi = min(r["ratio"] for r in rs), max(r["ratio"] for r in rs)
-                cell = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
-                cells.append(cell + (" xla" if any(r["chosen"] == "xla" for r in rs) else ""))
+                chosen = " xla" if any(r["chosen"] == "xla" for r in rs) else ""
+                cells.append(_span([r["ratio"] for r in rs]) + chosen)
             rows.append([shape, mask, *cells])
         header = ["B x N x H", "mask", *(f"T = {T}" for T in lengths)]
         out.append(f"{mode}, xla ms / blockwise ms:\n\n" + _md(header, rows))
     return "\n".join(out)
+
+
+def _span(values) -> str:
+    """The range of ratios over runs, to two decimals: "0.91-1.04", or one number where both ends print alike."""
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def dense_fusion(folder, names: tuple) -> str:
@@ -332,8 +337,7 @@ def dense_fusion(folder, names: tuple) -> str:
         cells = []
         for H, d in cols:
             rs = [r for r in records if (r["B"], r["N"], r["T"], r["S"], r["H"], r["direction"]) == (B, N, T, S, H, d)]
-            lo, hi = min(r["ratio"] for r in rs), max(r["ratio"] for r in rs)
-            cells.append(f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}")
+            cells.append(_span([r["ratio"] for r in rs]))
         rule = "/".join(dict.fromkeys(xla.dense_form(B, N, N, T, S, H, "cpu") for H, _ in cols))
         rows.append([f"{B} x {N} x {T}" + ("" if S == T else f", S = {S}"), f"{B * N * T:,}", *cells, rule])
     header = ["B x N x T", "query rows", *(f"H = {H}, {d}" for H, d in cols), "rule"]
@@ -364,8 +368,7 @@ def dense_key_major(folder, names: tuple) -> str:
                 for r in records
                 if (r["B"], r["N"], r["T"], r["S"], r["H"], r["direction"]) == (B, N, T, S, H, d)
             ]
-            lo, hi = min(rs), max(rs)
-            cells.append(f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}")
+            cells.append(_span(rs))
         rows.append(
             [f"{B} x {N} x {T}", f"{S:,}", f"{B * S * N * H:,}", *cells, xla.dense_form(B, N, N, T, S, H, "cpu")]
         )
