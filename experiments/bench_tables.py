@@ -355,20 +355,15 @@ def dense_key_major(folder, names: tuple) -> str:
     from attnlab.impls import xla  # noqa: PLC0415 (jax, only for this table)
 
     records = [r for n in names for r in _records(folder, n) if "key_major_ratio" in r]
-    keys = sorted(
-        dict.fromkeys((r["B"], r["N"], r["T"], r["S"], r["H"]) for r in records), key=lambda k: (k[2], k[0] * k[3])
-    )
+
+    def at(r):
+        return r["B"], r["N"], r["T"], r["S"], r["H"]
+
     dirs = list(dict.fromkeys(r["direction"] for r in records))
     rows = []
-    for B, N, T, S, H in keys:
-        cells = []
-        for d in dirs:
-            rs = [
-                r["key_major_ratio"]
-                for r in records
-                if (r["B"], r["N"], r["T"], r["S"], r["H"], r["direction"]) == (B, N, T, S, H, d)
-            ]
-            cells.append(_span(rs))
+    for key in sorted(dict.fromkeys(map(at, records)), key=lambda k: (k[2], k[0] * k[3])):
+        B, N, T, S, H = key
+        cells = [_span([r["key_major_ratio"] for r in records if at(r) == key and r["direction"] == d]) for d in dirs]
         rows.append(
             [f"{B} x {N} x {T}", f"{S:,}", f"{B * S * N * H:,}", *cells, xla.dense_form(B, N, N, T, S, H, "cpu")]
         )
