@@ -64,12 +64,7 @@ def _jax_nn(q, k, v):
     return jax.nn.dot_product_attention(q, k, v, implementation="xla")
 
 
-FORMS = {
-    "fused": functools.partial(xla.dense_attention, form="fused"),
-    "mapped": functools.partial(xla.dense_attention, form="mapped"),
-    "key_major": functools.partial(xla.dense_attention, form="key_major"),
-    "jax.nn": _jax_nn,
-}
+FORMS = {form: functools.partial(xla.dense_attention, form=form) for form in xla.FORMS} | {"jax.nn": _jax_nn}
 
 
 # The key-major form is timed up to this many query rows only: its products grow with T * K, and at T = 8 it

@@ -27,6 +27,7 @@ __all__ = [
     "XLA_MAX_LOGITS_BYTES",
     "FUSED_MAX_ROWS",
     "KEY_MAJOR_SIZES",
+    "FORMS",
     "dense_form",
     "dense_attention",
 ]
