@@ -166,6 +166,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "scores": table("experiments.bench_tables:scores", BENCH),
     "flex": table("experiments.bench_tables:flex", BENCH),
     "flex-avx2": table("experiments.bench_tables:flex", BENCH, name="flex_avx2cap.json"),
+    "flex-avx2-host": table("experiments.bench_tables:flex", BENCH, name="flex_avx2host.json"),
     "traced-padding": table("experiments.bench_tables:traced_padding", BENCH),
     "ring-balance": table("experiments.bench_tables:ring_balance", BENCH),
     "inspect-memory": table("experiments.bench_tables:inspect_memory", BENCH),
