@@ -5,7 +5,8 @@ Two suites, each row a pair timed in alternating rounds (best of ``--repeats`` p
 
 * ``jax_nn``: ``jax.nn.dot_product_attention(...)`` against ``attnlab.dot_product_attention(...)`` with
   the very same arguments (jax's test shapes with each mask mode, GQA, bf16, a batch of four 256-token
-  rows, 1K, and a ±128 window at 8K, which jax.nn computes densely), forward and forward+backward.
+  rows, 1K, and a ±128 window at 8K, which jax.nn computes densely), forward and forward+backward (the
+  gradients of q, k and v for a fixed normal output cotangent, as every benchmark: ``harness.with_direction``).
   Targets: ratio (jax.nn ms / attnlab ms) >= 1 everywhere, >= 5 for the window at 8K.
 * ``flax``: a 2-layer model of stock Flax attention (pre-LayerNorm, residual; D = 512, 8 heads of 64,
   T = 2048, fp32) with Flax's attention_fn and with ``attnlab.flax.attention_fn``, fwd+bwd (the loss's
@@ -36,7 +37,7 @@ from absl import app, flags
 import attnlab
 import attnlab.flax
 from attnlab import dropin
-from benchmarks.harness import alternate_best, max_abs_diff, run_record, write_json
+from benchmarks.harness import DIRECTIONS, alternate_best, max_abs_diff, run_record, with_direction, write_json
 
 
 def define_flags():
@@ -105,17 +106,15 @@ def _split_kwargs(kw):
     return arrays, static
 
 
-def _fns(attention, static, mode):
+def _fn(attention, static, mode, args):
+    """(jit(fn), args): the call forward, or forward+backward as every benchmark takes it (the gradients of
+    q, k and v for the fixed normal output cotangent, ``harness.with_direction``)."""
+
     def fwd(q, k, v, arrays):
         return attention(q, k, v, **arrays, **static)
 
-    if mode == "fwd":
-        return jax.jit(fwd)
-
-    def loss(q, k, v, arrays):
-        return jnp.sum(fwd(q, k, v, arrays).astype(jnp.float32) ** 2)
-
-    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    fn, args = with_direction(fwd, mode, args)
+    return jax.jit(fn), args
 
 
 # Rows of at most this T also time jax.nn against a second jit of itself (the same program): the ratio
@@ -146,18 +145,18 @@ def suite_jax_nn(smoke, repeats, rounds, window_heads):
         kw = make_kw(sh)
         arrays, static = _split_kwargs(kw)
         chosen = _chosen(q, k, v, arrays, static)
-        for mode in ("fwd", "fwd+bwd"):
-            pairs = {
-                "jax.nn": _fns(jax.nn.dot_product_attention, static, mode),
-                "attnlab": _fns(attnlab.dot_product_attention, static, mode),
-            }
+        for mode in DIRECTIONS:
+            fns = {"jax.nn": jax.nn.dot_product_attention, "attnlab": attnlab.dot_product_attention}
             if sh["T"] <= CONTROL_UP_TO:  # jax.nn against itself: the noise a ratio of these calls carries
-                pairs["jax.nn again"] = _fns(jax.nn.dot_product_attention, static, mode)
+                fns["jax.nn again"] = jax.nn.dot_product_attention
+            pairs = {n: _fn(f, static, mode, (q, k, v, arrays)) for n, f in fns.items()}
+            args = pairs["jax.nn"][1]
+            pairs = {n: f for n, (f, _) in pairs.items()}
             t0 = time.perf_counter()
-            outs = {n: jax.block_until_ready(f(q, k, v, arrays)) for n, f in pairs.items()}
+            outs = {n: jax.block_until_ready(f(*args)) for n, f in pairs.items()}
             diff = max_abs_diff(outs["jax.nn"], outs["attnlab"])
             compile_s = time.perf_counter() - t0
-            best = alternate_best(pairs, (q, k, v, arrays), rounds=rounds, repeats=repeats)
+            best = alternate_best(pairs, args, rounds=rounds, repeats=repeats)
             control = round(best["jax.nn"] / best["jax.nn again"], 3) if "jax.nn again" in best else None
             rec = {
                 "suite": "jax_nn",

@@ -14,7 +14,7 @@ The torch peers (compiled ``flex_attention``, SDPA) are ``benchmarks.torch_peers
 
 ``build(name, case, T, N, H, direction)`` returns ``(fn, args)`` (``fn`` to ``jax.jit``: the
 output forward, the gradients of q, k and v for a fixed normal output cotangent forward+backward,
-``cotangent``, passed as the last argument) or raises
+``harness.with_direction``, the cotangent passed as the last argument) or raises
 ``UnsupportedError`` with the reason.
 """
 
@@ -34,7 +34,7 @@ from benchmarks import harness
 from benchmarks.cases import Case, UnsupportedError, additive_weights
 
 __all__ = ["JUDGE", "JAX_PEERS", "TORCH_PEERS", "PEERS", "UnsupportedError", "registered", "ours", "build"]
-__all__ += ["attnlab_mask", "attnlab_score", "inputs", "cotangent", "with_direction", "cost"]
+__all__ += ["attnlab_mask", "attnlab_score", "inputs", "cost"]
 
 JUDGE = "reference"  # the dense fp32 reference judges every implementation; it is not a contender
 JAX_PEERS = ("cudnn", "tokamax")
@@ -82,35 +82,14 @@ def inputs(T: int, N: int, H: int, dtype=jnp.bfloat16, seed: int = 0) -> tuple:
     return tuple(jax.random.normal(kk, (1, T, N, H), jnp.float32).astype(dtype) for kk in keys)
 
 
-@functools.lru_cache(maxsize=8)
-def cotangent(shape: tuple, dtype=jnp.bfloat16) -> jax.Array:
-    """The output cotangent of the forward+backward cells: normal, fixed (made once per shape). Not ones: the
-    gradient of ``sum(out)`` lets XLA simplify a backward it compiles (CHANGELOG.md, 2026-12-06)."""
-    return jax.random.normal(jax.random.key(7), shape, jnp.float32).astype(dtype)
-
-
-def with_direction(fwd, direction: str, args: tuple) -> tuple:
-    """``(fn, args)``: ``fwd(q, k, v, *rest)`` itself, or the gradients of q, k and v for the output cotangent
-    ``cotangent(q.shape)`` (the output's shape: Hv = H here), passed as one more argument."""
-    if direction == "fwd":
-        return fwd, args
-
-    def fwd_bwd(q, k, v, *rest_ct):
-        *rest, ct = rest_ct
-        out, pull = jax.vjp(lambda q, k, v: fwd(q, k, v, *rest), q, k, v)
-        return pull(ct.astype(out.dtype))
-
-    return fwd_bwd, (*args, cotangent(args[0].shape, args[0].dtype))
-
-
 def build(name: str, case: Case, T: int, N: int, H: int, direction: str, dtype=jnp.bfloat16):
     """``(fn, args)`` of contender ``name`` on ``case``, or ``UnsupportedError``."""
     qkv = inputs(T, N, H, dtype)
     if name == "cudnn":
-        return with_direction(_cudnn(case), direction, qkv)
+        return harness.with_direction(_cudnn(case), direction, qkv)
     if name == "tokamax":
         fwd, extra = _tokamax(case, T)
-        return with_direction(fwd, direction, qkv + extra)
+        return harness.with_direction(fwd, direction, qkv + extra)
     if name not in attnlab.IMPLEMENTATIONS:
         raise ValueError(f"contender must be one of {ours() + JAX_PEERS}, got {name!r}")
     return _ours(name, case, T, N, H, direction, qkv)
@@ -127,7 +106,7 @@ def _ours(name, case, T, N, H, direction, qkv):
     def fwd(q, k, v, *ids):  # the ids are an argument: traced, as a training step's would be
         return attnlab.attention(q, k, v, mask=attnlab_mask(case, *ids), score=score, implementation=name)
 
-    return with_direction(fwd, direction, qkv + (() if ids is None else (ids,)))
+    return harness.with_direction(fwd, direction, qkv + (() if ids is None else (ids,)))
 
 
 def _cudnn(case: Case):

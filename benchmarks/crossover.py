@@ -4,10 +4,11 @@ Dispatch on CPU sends a dot-product call to the blockwise kernel from ``BLOCKWIS
 key) pairs, and below that when its mask has an EMPTY tile and the kernel pays off by the rule this sweep
 measured (``attnlab.impls.blockwise``). It times both implementations on the same calls, for masks with
 EMPTY tiles (causal, windows, chunks), T = S from 128 to 1024, fp32 and bf16, forward and
-forward+backward, in alternating rounds (``harness.alternate_best``), outputs checked equal first. Each
-record has ``ratio`` = xla ms / blockwise ms (above 1: blockwise is faster), the share of the ``[T, S]``
-pairs that the kernel's non-empty 64 x 64 tiles cover (``visited``: ``blockwise.visited_share``, what
-dispatch weighs), the share the mask allows (``allowed``) and what ``implementation=None`` chooses.
+forward+backward (the gradients for a fixed normal output cotangent, ``harness.with_direction``), in
+alternating rounds (``harness.alternate_best``), outputs checked equal first. Each record has ``ratio`` =
+xla ms / blockwise ms (above 1: blockwise is faster), the share of the ``[T, S]`` pairs that the kernel's
+non-empty 64 x 64 tiles cover (``visited``: ``blockwise.visited_share``, what dispatch weighs), the share
+the mask allows (``allowed``) and what ``implementation=None`` chooses.
 
     make crossover                                        # -> results/crossover/crossover.json
     PYTHONPATH=. python -m benchmarks.crossover --smoke --out /tmp/crossover   # seconds
@@ -54,13 +55,14 @@ def define_flags():
     _SHAPES = flags.DEFINE_list("shapes", list(SHAPES), f"B x N x H (K=: key heads): any of {list(SHAPES)}.")
 
 
-def _fn(mask, implementation, mode):
+def _fn(mask, implementation, mode, args):
+    """(jit(fn), args): forward, or forward+backward for the fixed output cotangent (``harness.with_direction``)."""
+
     def fwd(q, k, v):
         return attnlab.attention(q, k, v, mask=mask, implementation=implementation)
 
-    if mode == "fwd":
-        return jax.jit(fwd)
-    return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fwd(q, k, v).astype(jnp.float32) ** 2), argnums=(0, 1, 2)))
+    fn, args = harness.with_direction(fwd, mode, args)
+    return jax.jit(fn), args
 
 
 def cell(shape, T, mask_name, dtype, mode, *, rounds, repeats):
@@ -69,12 +71,14 @@ def cell(shape, T, mask_name, dtype, mode, *, rounds, repeats):
     q = jax.random.normal(keys[0], (B, T, N, H)).astype(dtype)
     k, v = (jax.random.normal(kk, (B, T, K, H)).astype(dtype) for kk in keys[1:])
     mask = MASKS[mask_name]()
-    fns = {impl: _fn(mask, impl, mode) for impl in ("xla", "blockwise")}
+    fns = {impl: _fn(mask, impl, mode, (q, k, v)) for impl in ("xla", "blockwise")}
+    args = fns["xla"][1]
+    fns = {impl: f for impl, (f, _) in fns.items()}
     t0 = time.perf_counter()
-    outs = {impl: jax.block_until_ready(f(q, k, v)) for impl, f in fns.items()}
+    outs = {impl: jax.block_until_ready(f(*args)) for impl, f in fns.items()}
     compile_s = time.perf_counter() - t0
     diff = harness.max_abs_diff(outs["xla"], outs["blockwise"])
-    best = harness.alternate_best(fns, (q, k, v), rounds=rounds, repeats=repeats)
+    best = harness.alternate_best(fns, args, rounds=rounds, repeats=repeats)
     return {
         "shape": shape,
         "B": B,
@@ -103,7 +107,7 @@ def main(_):
     mask_names = ["causal"] if smoke else list(MASKS)
     dtypes = [jnp.float32] if smoke else [jnp.float32, jnp.bfloat16]
     grid = [(s, t, m, d, mode) for s in shapes for t in lengths for m in mask_names for d in dtypes
-            for mode in ("fwd", "fwd+bwd")]  # fmt: skip
+            for mode in harness.DIRECTIONS]  # fmt: skip
 
     def line(s, t, m, d, mode, rec):
         return (

@@ -7,7 +7,7 @@ per key head and no map, which XLA:CPU compiles to one kernel for both products 
 matrix). None is faster everywhere. This sweep times the three, and ``jax.nn.dot_product_attention``
 itself, on the same calls (B x N x T, T = S or, with ``--kv_lengths``, S keys, N = K, fp32, no mask),
 forward and forward+backward (the gradients of q, k and v for a fixed normal cotangent,
-``contenders.with_direction``), in alternating rounds (``harness.alternate_best``), outputs checked equal
+``harness.with_direction``), in alternating rounds (``harness.alternate_best``), outputs checked equal
 first. Each record has ``ratio`` = fused ms / mapped ms (below 1: fused is faster), ``key_major_ratio`` =
 key-major ms / the better of the other two, the query rows ``B * N * T`` and the form the rule
 ``xla.dense_form`` picks (``FUSED_MAX_ROWS``, ``KEY_MAJOR_SIZES``).
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from attnlab.impls import xla
-from benchmarks import contenders, harness
+from benchmarks import harness
 
 _OUT = _SMOKE = _REPEATS = _ROUNDS = _BATCH = _HEADS = _LENGTHS = _KV_LENGTHS = _DIMS = None
 
@@ -81,7 +81,7 @@ def cell(B, N, T, S, H, direction, *, rounds, repeats):
     fns = {}
     forms = {n: f for n, f in FORMS.items() if n != "key_major" or T <= KEY_MAJOR_MAX_TIMED_T}
     for name, fwd in forms.items():
-        fn, fargs = contenders.with_direction(fwd, direction, args)
+        fn, fargs = harness.with_direction(fwd, direction, args)
         fns[name] = jax.jit(fn)
     t0 = time.perf_counter()
     outs = {name: jax.block_until_ready(f(*fargs)) for name, f in fns.items()}

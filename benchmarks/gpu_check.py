@@ -432,7 +432,7 @@ def _block_fn(case: Case, T: int, N: int, H: int, direction: str, bq, bk):
     def fwd(q, k, v):
         return pallas(q, k, v, mask=mask, block_q=bq, block_k=bk)
 
-    return contenders.with_direction(fwd, direction, contenders.inputs(T, N, H))
+    return harness.with_direction(fwd, direction, contenders.inputs(T, N, H))
 
 
 def _time_block(ctx: Context, rec, row, fn, args) -> float | None:

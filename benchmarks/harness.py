@@ -8,6 +8,9 @@ Every program under ``benchmarks/`` builds on these pieces instead of its own co
   alternating rounds, so machine load hits all alike), ``blocking`` (a JAX call that waits for
   its result: ``jax.block_until_ready``), ``compile_all`` (ahead-of-time compiles in a thread
   pool: XLA compiles with the GIL released, so a 16-core GPU host compiles many cells at once);
+* **forward+backward, one convention**: ``with_direction`` (the gradients of q, k and v for the
+  fixed normal output ``cotangent``; not ``sum(out)``'s ones, which XLA simplifies, nor a sum of
+  squares, whose extra pass over the output moves small calls); every benchmark takes it;
 * **the run record**: ``Run`` / ``run_record``: host name, CPU model and SIMD flags (AVX2,
   AVX-512, AMX), load average, jax / jaxlib / torch versions, backend and device kind, date,
   command; every result file carries it;
@@ -32,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import gzip
 import importlib.metadata
 import json
@@ -68,6 +72,10 @@ __all__ = [
     "call_costs",
     "blocking",
     "compile_all",
+    "DIRECTIONS",
+    "cotangent",
+    "with_direction",
+    "fwd_bwd",
     "cpu_info",
     "host_devices",
     "versions",
@@ -84,6 +92,48 @@ __all__ = [
     "rows_table",
     "DeviceLock",
 ]
+
+# ------------------------------------------------------------------------------------------
+# Forward+backward: one convention for every benchmark
+
+DIRECTIONS = ("fwd", "fwd+bwd")
+
+
+@functools.lru_cache(maxsize=8)
+def cotangent(shape: tuple, dtype=jnp.bfloat16) -> jax.Array:
+    """The output cotangent of every forward+backward cell: normal, fixed (made once per shape). Not ones:
+    the gradient of ``sum(out)`` lets XLA simplify a backward it compiles (CHANGELOG.md, 2026-12-06)."""
+    return jax.random.normal(jax.random.key(7), shape, jnp.float32).astype(dtype)
+
+
+def with_direction(fwd: Callable, direction: str, args: tuple) -> tuple[Callable, tuple]:
+    """``(fn, args)``: ``fwd(q, k, v, *rest)`` itself (``"fwd"``), or (``"fwd+bwd"``) the gradients of q, k
+    and v for the output cotangent ``cotangent(q.shape, q.dtype)`` (the output's shape: Hv = H), passed
+    as one more argument after ``rest``.
+
+    Example:
+        >>> fn, a = with_direction(lambda q, k, v: q * k * v, "fwd+bwd", (jnp.ones(2),) * 3)
+        >>> bool(jnp.array_equal(fn(*a)[0], a[-1])), len(a)
+        (True, 4)
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if direction == "fwd":
+        return fwd, args
+    return fwd_bwd(fwd), (*args, cotangent(args[0].shape, args[0].dtype))
+
+
+def fwd_bwd(fwd: Callable) -> Callable:
+    """``fwd(q, k, v, *rest)`` -> ``fn(q, k, v, *rest, ct)``: the gradients of q, k and v for the output
+    cotangent ``ct`` (``with_direction``'s forward+backward, for a caller that passes ``ct`` itself)."""
+
+    def fn(q, k, v, *rest_ct):
+        *rest, ct = rest_ct
+        out, pull = jax.vjp(lambda q, k, v: fwd(q, k, v, *rest), q, k, v)
+        return pull(ct.astype(out.dtype))
+
+    return fn
+
 
 # ------------------------------------------------------------------------------------------
 # Timing

@@ -2,7 +2,8 @@ r"""Packed documents: the blockwise kernel with traced segment ids against concr
 
 Several documents of random lengths packed into one row of T tokens (``masks.document(ids) &
 masks.causal()``, the packed causal LM, and ``masks.document(ids)`` alone), 8 heads, H = 64, fp32,
-forward + backward (the gradients of q, k and v). Timed in one process, interleaved, best of
+forward + backward (the gradients of q, k and v for a fixed normal output cotangent, as every benchmark:
+``harness.fwd_bwd``). Timed in one process, interleaved, best of
 ``--repeats``:
 
 * ``traced``: ``jax.jit(f)(q, k, v, ids)``: the ids are an argument, the block layout is found on
@@ -62,12 +63,9 @@ def sum_sq(ids: np.ndarray) -> int:
 
 
 def _grad_fn(attend):
-    """(q, k, v, *args) -> gradients of sum(attend(q, k, v, *args) * ct) with respect to q, k, v."""
-
-    def loss(q, k, v, ct, *args):
-        return jnp.sum(attend(q, k, v, *args).astype(jnp.float32) * ct)
-
-    return jax.grad(loss, argnums=(0, 1, 2))
+    """jit of ``(q, k, v, *args, ct)`` -> the gradients of q, k and v for the output cotangent ``ct``
+    (``harness.with_direction``, the convention of every benchmark; ``ct`` is ``harness.cotangent``)."""
+    return jax.jit(harness.fwd_bwd(attend))
 
 
 def main(argv):
@@ -76,8 +74,9 @@ def main(argv):
     out = Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
     T, N, H = _T.value, _HEADS.value, 64
-    kq, kk, kv, kc = jax.random.split(jax.random.key(0), 4)
-    q, k, v, ct = (jax.random.normal(x, (1, T, N, H), jnp.float32) for x in (kq, kk, kv, kc))
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(x, (1, T, N, H), jnp.float32) for x in (kq, kk, kv))
+    ct = harness.cotangent(q.shape, q.dtype)
     records = []
     traces = {"n": 0}
 
@@ -91,18 +90,16 @@ def main(argv):
 
     for causal in (True, False):
         name = "document & causal" if causal else "document"
-        traced = jax.jit(_grad_fn(lambda q, k, v, ids, c=causal: traced_attend(q, k, v, ids, c)))
+        traced = _grad_fn(lambda q, k, v, ids, c=causal: traced_attend(q, k, v, ids, c))
         ids = packed_ids(T, _DOCS.value, seed=0)
-        concrete = jax.jit(
-            _grad_fn(lambda q, k, v, i=ids, c=causal: kernels.blockwise_attention(q, k, v, mask=doc_mask(i, c)))
-        )
+        concrete = _grad_fn(lambda q, k, v, i=ids, c=causal: kernels.blockwise_attention(q, k, v, mask=doc_mask(i, c)))
         row = {"mask": name, "T": T, "docs": _DOCS.value, "sum_len_sq": sum_sq(ids), "heads": N, "H": H}
-        t_traced = best_of(traced, (q, k, v, ct, jnp.asarray(ids)), _REPEATS.value)
+        t_traced = best_of(traced, (q, k, v, jnp.asarray(ids), ct), _REPEATS.value)
         t_concrete = best_of(concrete, (q, k, v, ct), _REPEATS.value)
         row |= {"traced_s": t_traced, "concrete_s": t_concrete, "traced_over_concrete": t_traced / t_concrete}
         if _XLA.value:
             dense = jnp.asarray(np.asarray(doc_mask(ids, causal).dense(T, T)).reshape(1, 1, T, T))
-            xla = jax.jit(_grad_fn(lambda q, k, v, m=dense: attnlab.attention(q, k, v, mask=m, implementation="xla")))
+            xla = _grad_fn(lambda q, k, v, m=dense: attnlab.attention(q, k, v, mask=m, implementation="xla"))
             t_xla = best_of(xla, (q, k, v, ct), max(1, _REPEATS.value - 1))
             row |= {"xla_s": t_xla, "xla_over_traced": t_xla / t_traced}
         print(json.dumps(row), flush=True)
@@ -110,16 +107,16 @@ def main(argv):
 
     # one trace across batches of new ids (the causal program is reused)
     traces["n"] = 0
-    traced = jax.jit(_grad_fn(lambda q, k, v, ids: traced_attend(q, k, v, ids, True)))
+    traced = _grad_fn(lambda q, k, v, ids: traced_attend(q, k, v, ids, True))
     for b in range(_BATCHES.value):
-        jax.block_until_ready(traced(q, k, v, ct, jnp.asarray(packed_ids(T, _DOCS.value, seed=100 + b))))
+        jax.block_until_ready(traced(q, k, v, jnp.asarray(packed_ids(T, _DOCS.value, seed=100 + b)), ct))
     records.append({"suite": "retrace", "batches": _BATCHES.value, "traces": traces["n"]})
     print(json.dumps(records[-1]), flush=True)
 
     # time against sum(len_i^2): more documents, less work
     for docs in map(int, _SCALING.value):
         ids = packed_ids(T, docs, seed=docs)
-        t = best_of(traced, (q, k, v, ct, jnp.asarray(ids)), _REPEATS.value)
+        t = best_of(traced, (q, k, v, jnp.asarray(ids), ct), _REPEATS.value)
         rec = {"suite": "scaling", "mask": "document & causal", "T": T, "docs": docs, "sum_len_sq": sum_sq(ids)}
         records.append(rec | {"traced_s": t})
         print(json.dumps(records[-1]), flush=True)

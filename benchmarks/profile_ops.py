@@ -33,7 +33,7 @@ from absl import app, flags
 
 import attnlab
 from attnlab import masks
-from benchmarks import contenders, harness
+from benchmarks import harness
 
 _T = _HEADS = _HEAD_DIM = _WINDOW = _DIRECTION = _IMPL = _TOP = _OUT = _PAGES_KEPT = _COSTS_ONLY = None
 
@@ -77,14 +77,14 @@ def kind(op: str) -> str:
 
 def program(T, heads, head_dim, window, direction, implementation):
     """The jitted call and its arguments: the forward, or the gradients of q, k and v for the fixed normal
-    output cotangent of every benchmark's forward+backward (``contenders.with_direction``)."""
+    output cotangent of every benchmark's forward+backward (``harness.with_direction``)."""
     q, k, v = (jax.random.normal(key, (1, T, heads, head_dim)) for key in jax.random.split(jax.random.key(0), 3))
     mask = masks.window(window, window)
 
     def fwd(q, k, v):
         return attnlab.attention(q, k, v, mask=mask, implementation=implementation)
 
-    fn, args = contenders.with_direction(fwd, direction, (q, k, v))
+    fn, args = harness.with_direction(fwd, direction, (q, k, v))
     return jax.jit(fn), args
 
 

@@ -13,11 +13,11 @@ For each layout (``attnlab.parallel.attention(..., seq_axis="sp", layout=...)`` 
   lockstep critical path: the ring moves in steps that each end with a ``ppermute``, so a step
   lasts as long as its busiest device; the sum over steps of the largest per-device tile count,
   against the ideal total / D. These counts do not depend on the machine.
-* For ``--time_masks``: the step time of ``jax.grad`` of ``sum(out * ct)`` (forward + backward),
-  jitted, after a warm-up call, median and best of ``--repeats`` calls (the layouts take turns), compile time apart.
-  On a CPU whose 8 "host devices" share a few cores these times measure total work, not the
-  critical path: they are not a speedup measurement; on 8 real devices the critical path is what
-  a step waits for.
+* For ``--time_masks``: the step time of the gradients for a fixed output cotangent (``harness.fwd_bwd``;
+  forward + backward), jitted, after a warm-up call, median and best of ``--repeats`` calls (the layouts
+  take turns), compile time apart. On a CPU whose 8 "host devices" share a few cores these times
+  measure total work, not the critical path: they are not a speedup measurement; on 8 real devices
+  the critical path is what a step waits for.
 
 Writes one JSON object to ``--out`` and prints a table.
 """
@@ -91,21 +91,21 @@ def work(mask, T: int, D: int, block: int, layout: str) -> dict:
 def compile_step(mask, T: int, D: int, block: int, layout: str):
     """(compiled fwd+bwd, its inputs, compile seconds) for one layout."""
     mesh = parallel.make_mesh(f"sp={D}")
-    k1, k2, k3, k4 = jax.random.split(jax.random.key(0), 4)
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     shape = (1, T, FLAGS.num_heads, FLAGS.head_dim)
-    q, k, v, ct = (jax.random.normal(key, shape, jnp.float32) for key in (k1, k2, k3, k4))
-    q, k, v = (parallel.shard(x, mesh, seq_axis="sp") for x in (q, k, v))
+    q, k, v = (jax.random.normal(key, shape, jnp.float32) for key in (k1, k2, k3))
+    # sharded as q (the output's sharding); the cotangent every benchmark takes (harness.with_direction)
+    args = tuple(parallel.shard(x, mesh, seq_axis="sp") for x in (q, k, v, harness.cotangent(shape, jnp.float32)))
     bs = BlockSizes(block, block)
 
-    def loss(q, k, v):
-        out = parallel.attention(q, k, v, mesh=mesh, seq_axis="sp", mask=mask, block_sizes=bs, layout=layout)
-        return jnp.sum(out * ct)
+    def fwd(q, k, v):
+        return parallel.attention(q, k, v, mesh=mesh, seq_axis="sp", mask=mask, block_sizes=bs, layout=layout)
 
     t0 = time.perf_counter()
-    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
+    compiled = jax.jit(harness.fwd_bwd(fwd)).lower(*args).compile()
     compile_s = time.perf_counter() - t0
-    jax.block_until_ready(compiled(q, k, v))  # warm-up
-    return compiled, (q, k, v), compile_s
+    jax.block_until_ready(compiled(*args))  # warm-up
+    return compiled, args, compile_s
 
 
 def time_alternating(programs: dict, repeats: int) -> dict:
@@ -144,7 +144,7 @@ def main(argv):
             dtype="float32",
             repeats=FLAGS.repeats,
             timing="compiled programs called in turn, warm-up excluded",
-            what="jax.grad of sum(out * ct): forward + backward",
+            what="the gradients of q, k, v for a fixed normal output cotangent (harness.fwd_bwd): forward + backward",
         ),
         environment=harness.run_record()
         | dict(

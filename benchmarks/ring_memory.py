@@ -4,13 +4,13 @@ Command (8 CPU host devices are forced when the script starts; a few minutes on 
 
     python -m benchmarks.ring_memory --out results/ring_memory
 
-For each sequence length N it compiles attention forward + backward (``jax.grad`` of a sum) for
-B = 1, 8 heads, H = 64, fp32, causal mask, two ways: ``attnlab.parallel.attention`` with the
-sequence sharded over a mesh ``sp=8`` (ring attention), and ``attnlab.attention(...,
-implementation="blockwise")`` on one device. Nothing is run: the memory is XLA's buffer
-assignment for the compiled program, per device (``compiled.memory_analysis()``: temporaries +
-arguments + outputs - aliased), which is what a device must hold at its peak; CPU devices report
-no runtime peak. Then it searches (doubling, then bisection on multiples of 8 x 256) the largest N
+For each sequence length N it compiles attention forward + backward (the gradients for an output
+cotangent passed in, ``harness.fwd_bwd``) for B = 1, 8 heads, H = 64, fp32, causal mask, two ways:
+``attnlab.parallel.attention`` with the sequence sharded over a mesh ``sp=8`` (ring attention), and
+``attnlab.attention(..., implementation="blockwise")`` on one device. Nothing is run: the memory is
+XLA's buffer assignment for the compiled program, per device (``compiled.memory_analysis()``:
+temporaries + arguments + outputs - aliased), which is what a device must hold at its peak; CPU
+devices report no runtime peak. Then it searches (doubling, then bisection on multiples of 8 x 256) the largest N
 whose per-device memory fits ``--budget_gib`` for each.
 
 Writes ``<out>/ring_memory.jsonl`` (one line per compiled program), ``<out>/summary.json``
@@ -41,6 +41,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import attnlab  # noqa: E402
 from attnlab import masks, parallel  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from experiments import common
 
 FLAGS = flags.FLAGS
@@ -74,11 +75,8 @@ def per_device_bytes(method: str, n: int, *, devices: int, heads: int, head_dim:
         def attend(q, k, v):
             return attnlab.attention(q, k, v, mask=mask, implementation="blockwise")
 
-    def loss(q, k, v):
-        return jnp.sum(attend(q, k, v))
-
-    t0 = time.perf_counter()
-    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile()
+    t0 = time.perf_counter()  # the gradients for an output cotangent passed in (sharded as q), as every benchmark
+    compiled = jax.jit(harness.fwd_bwd(attend)).lower(x, x, x, x).compile()
     ma = compiled.memory_analysis()
     cm = common.compiled_memory(compiled)  # the one formula: temp + arguments + outputs - aliased
     return dict(

@@ -57,8 +57,9 @@ def _qkv(T, N, H):
     return tuple(jax.random.normal(x, (1, T, N, H), jnp.float32) for x in (kq, kk, kv))
 
 
-def _fwd_bwd(attend):
-    return jax.grad(lambda q, k, v: attend(q, k, v).sum(), argnums=(0, 1, 2))
+def _fwd_bwd(attend, args):
+    """(fn, args with the cotangent): the gradients for the fixed output cotangent (``harness.with_direction``)."""
+    return harness.with_direction(attend, "fwd+bwd", tuple(args))
 
 
 def per_element(T: int, N: int, H: int) -> list[dict]:
@@ -73,11 +74,12 @@ def per_element(T: int, N: int, H: int) -> list[dict]:
             def attend(q, k, v, score=score, mask=mask):
                 return kernels.blockwise_attention(q, k, v, mask=mask, score=score)
 
-            cells[mask_name, score_name, "fwd"] = jax.jit(attend)
-            cells[mask_name, score_name, "fwd+bwd"] = jax.jit(_fwd_bwd(attend))
+            for mode in harness.DIRECTIONS:
+                fn, args = harness.with_direction(attend, mode, (q, k, v))
+                cells[mask_name, score_name, mode] = (jax.jit(fn), args)
     print(f"part 1: {len(cells)} cells, {_ROUNDS.value} interleaved rounds of {_REPEATS.value} calls", flush=True)
     timed = harness.interleaved(
-        {key: harness.blocking(fn, q, k, v) for key, fn in cells.items()},
+        {key: harness.blocking(fn, *args) for key, (fn, args) in cells.items()},
         rounds=_ROUNDS.value,
         repeats=_REPEATS.value,
         settle=True,
@@ -96,7 +98,7 @@ def per_element(T: int, N: int, H: int) -> list[dict]:
     return records
 
 
-def _temp_gib(fn, *args) -> float:
+def _temp_gib(fn, args) -> float:
     return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes / 2**30
 
 
@@ -118,17 +120,18 @@ def additive(T: int, N: int, H: int) -> dict:
     spec2 = [jax.ShapeDtypeStruct((1, 2 * T, N, H), jnp.float32)] * 3
     print(f"part 2: compiled memory at T = {T} and {2 * T}", flush=True)
     mem = {
-        "tiled_temp_gib": _temp_gib(_fwd_bwd(tiled), *spec),
-        "dense_temp_gib": _temp_gib(_fwd_bwd(dense), *spec),
-        "tiled_temp_gib_2T": _temp_gib(_fwd_bwd(tiled), *spec2),
-        "dot_temp_gib": _temp_gib(_fwd_bwd(dot), *spec),
+        "tiled_temp_gib": _temp_gib(*_fwd_bwd(tiled, spec)),
+        "dense_temp_gib": _temp_gib(*_fwd_bwd(dense, spec)),
+        "tiled_temp_gib_2T": _temp_gib(*_fwd_bwd(tiled, spec2)),
+        "dot_temp_gib": _temp_gib(*_fwd_bwd(dot, spec)),
     }
     print(json.dumps(mem), flush=True)
     flops = {name: harness.useful_flops(T * T, N, H, "fwd+bwd", name) for name in ("additive", "dot")}
     out = {"T": T, "heads": N, "H": H, "mode": "fwd+bwd", **mem, "inputs_gib": 3 * 4 * T * N * H / 2**30}
     for name, fn in (("dot", dot), ("additive", tiled)):
         print(f"part 2: timing {name} fwd+bwd at T = {T} (one warm-up call, one timed)", flush=True)
-        s = harness.best_of(jax.jit(_fwd_bwd(fn)), (q, k, v), 1)
+        fwd_bwd, args = _fwd_bwd(fn, (q, k, v))
+        s = harness.best_of(jax.jit(fwd_bwd), args, 1)
         out[f"{name}_s"], out[f"{name}_gflops"] = s, flops[name] / s / 1e9
         print(json.dumps({name: s}), flush=True)
     out["additive_over_dot_time"] = out["additive_s"] / out["dot_s"]

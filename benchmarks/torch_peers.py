@@ -161,7 +161,7 @@ def _inputs(torch, T: int, N: int, H: int, device: str):
 
 def _cotangent(torch, like):
     """The output cotangent of a forward+backward cell: normal, fixed, ``like``'s shape, dtype and device
-    (as ``contenders.cotangent`` for the JAX rows; not ones, which lets XLA simplify its side)."""
+    (as ``harness.cotangent`` for the JAX rows; not ones, which lets XLA simplify its side)."""
     gen = torch.Generator(device="cpu").manual_seed(7)
     return torch.randn(tuple(like.shape), generator=gen).to(device=like.device, dtype=like.dtype)
 

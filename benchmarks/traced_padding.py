@@ -64,12 +64,10 @@ def _traced_tiles(bigbird, lengths, T):
     return seen["tiles"]
 
 
-def main(_):
-    T, B, N, H = _T.value, _B.value, _N.value, _H.value
-    key = jax.random.key(0)
-    q, k, v = (jax.random.normal(kk, (B, T, N, H), jnp.float32) for kk in jax.random.split(key, 3))
-    lengths = np.array([T - T // 8, T // 2], np.int32)[:B]
-    bigbird = masks.bigbird(T, block_size=64)
+def programs(q, k, v, bigbird, lengths) -> dict:
+    """``{"fwd/concrete": (jitted fn, args), "fwd/traced", "fwd+bwd/concrete", "fwd+bwd/traced"}``: attention
+    with ``bigbird & padding(kv_lengths=lengths)``, lengths closed over or a jit argument; forward+backward is
+    the gradients for the fixed output cotangent (``harness.with_direction``)."""
 
     def concrete(q, k, v):
         return attnlab.attention(q, k, v, mask=bigbird & masks.padding(kv_lengths=lengths))
@@ -77,15 +75,21 @@ def main(_):
     def traced(q, k, v, lengths):
         return attnlab.attention(q, k, v, mask=bigbird & masks.padding(kv_lengths=lengths))
 
-    def loss(f):
-        return lambda q, k, v, *a: jnp.sum(f(q, k, v, *a) ** 2)
+    fns = {}
+    for mode in harness.DIRECTIONS:
+        for name, f, args in (("concrete", concrete, (q, k, v)), ("traced", traced, (q, k, v, jnp.asarray(lengths)))):
+            fn, args = harness.with_direction(f, mode, args)
+            fns[f"{mode}/{name}"] = (jax.jit(fn), args)
+    return fns
 
-    fns = {
-        "fwd/concrete": (jax.jit(concrete), (q, k, v)),
-        "fwd/traced": (jax.jit(traced), (q, k, v, jnp.asarray(lengths))),
-        "fwd+bwd/concrete": (jax.jit(jax.grad(loss(concrete), argnums=(0, 1, 2))), (q, k, v)),
-        "fwd+bwd/traced": (jax.jit(jax.grad(loss(traced), argnums=(0, 1, 2))), (q, k, v, jnp.asarray(lengths))),
-    }
+
+def main(_):
+    T, B, N, H = _T.value, _B.value, _N.value, _H.value
+    key = jax.random.key(0)
+    q, k, v = (jax.random.normal(kk, (B, T, N, H), jnp.float32) for kk in jax.random.split(key, 3))
+    lengths = np.array([T - T // 8, T // 2], np.int32)[:B]
+    bigbird = masks.bigbird(T, block_size=64)
+    fns = programs(q, k, v, bigbird, lengths)
     np.testing.assert_allclose(
         fns["fwd/traced"][0](*fns["fwd/traced"][1]), fns["fwd/concrete"][0](q, k, v), atol=1e-5, rtol=1e-5
     )

@@ -216,3 +216,19 @@ def test_flex_cap_isa_caps_both_sides_with_a_fresh_inductor_cache(monkeypatch):
     finally:
         for env in (first, second):
             shutil.rmtree(env["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+
+
+def test_ring_balance_benchmark_runs_small(tmp_path):
+    """`make ring-balance` at a tiny size on 8 host devices: the zig-zag ring's even tile counts (17 per device
+    at T = 256, tiles of 16: 136 causal tiles over 8), the contiguous ring's 4d + 3 (two query blocks per device),
+    and both layouts' forward+backward step timed."""
+    out = tmp_path / "ring_balance.json"
+    cmd = [sys.executable, "-m", "benchmarks.ring_balance", "--seq_len=256", "--block=16", "--num_heads=2",
+           "--head_dim=8", "--repeats=1", "--masks=causal", f"--out={out}"]  # fmt: skip
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {r["layout"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["zigzag"]["tiles_per_device"] == [17] * 8
+    assert rows["contiguous"]["tiles_per_device"] == [4 * d + 3 for d in range(8)]
+    assert all(r["step_s_best"] > 0 for r in rows.values())

@@ -308,23 +308,72 @@ def test_host_devices_auto_is_the_largest_divisor_of_heads_within_the_cores():
 
 
 def test_profile_ops_program_takes_the_gradients_for_the_benchmarks_cotangent():
-    """fwd+bwd profiles the gradients for ``contenders.cotangent`` (not ones, which XLA simplifies), as the
+    """fwd+bwd profiles the gradients for ``harness.cotangent`` (not ones, which XLA simplifies), as the
     other benchmarks' forward+backward rows do: checked against the reference's vjp."""
     import jax
     import jax.numpy as jnp
 
     import attnlab
     from attnlab import masks
-    from benchmarks import contenders, profile_ops
+    from benchmarks import profile_ops
 
     fn, (q, k, v, ct) = profile_ops.program(128, 2, 16, 8, "fwd+bwd", "blockwise")
-    assert bool(jnp.array_equal(ct, contenders.cotangent(q.shape, q.dtype))) and float(jnp.std(ct)) > 0.5
+    assert bool(jnp.array_equal(ct, harness.cotangent(q.shape, q.dtype))) and float(jnp.std(ct)) > 0.5
     ref = lambda q, k, v: attnlab.attention(q, k, v, mask=masks.window(8, 8), implementation="reference")  # noqa: E731
     want = jax.vjp(ref, q, k, v)[1](ct)
     for got, w in zip(fn(q, k, v, ct), want, strict=True):
         assert float(jnp.max(jnp.abs(got - w))) < 1e-4 * float(jnp.max(jnp.abs(w)))
     fwd, args = profile_ops.program(128, 2, 16, 8, "fwd", "blockwise")
     assert len(args) == 3 and float(jnp.max(jnp.abs(fwd(*args) - ref(*args)))) < 1e-5
+
+
+def test_with_direction_is_the_vjp_for_the_fixed_normal_cotangent():
+    """``harness.with_direction``: the forward as given, or the gradients of q, k and v for
+    ``harness.cotangent`` (normal, fixed, passed last), equal to ``jax.vjp``'s; anything else is refused."""
+    import attnlab
+
+    keys = jax.random.split(jax.random.key(3), 3)
+    q, k, v = (jax.random.normal(kk, (1, 32, 2, 8)) for kk in keys)
+    ref = lambda q, k, v, m: attnlab.attention_reference(q, k, v, mask=m)  # noqa: E731
+    fwd, args = harness.with_direction(ref, "fwd", (q, k, v, masks.causal()))
+    assert fwd is ref and len(args) == 4
+    fn, args = harness.with_direction(ref, "fwd+bwd", (q, k, v, masks.causal()))
+    ct = args[-1]
+    assert len(args) == 5 and ct is harness.cotangent(q.shape, q.dtype) and float(jnp.std(ct)) > 0.5
+    want = jax.vjp(lambda q, k, v: ref(q, k, v, masks.causal()), q, k, v)[1](ct)
+    for got, w in zip(jax.jit(fn, static_argnums=3)(*args), want, strict=True):
+        np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="direction must be one of"):
+        harness.with_direction(ref, "bwd", (q, k, v))
+
+
+@pytest.mark.parametrize("bench", ["adopt", "crossover", "scores", "traced_padding"])
+def test_every_benchmarks_fwd_bwd_takes_the_fixed_cotangent(bench):
+    """adopt, crossover, scores and traced_padding time forward+backward as ``harness.with_direction`` does
+    (not the gradient of a sum or of a sum of squares): their programs' gradients equal the reference's vjp
+    for ``harness.cotangent``."""
+    import importlib
+
+    import attnlab
+
+    module = importlib.import_module(f"benchmarks.{bench}")
+    keys = jax.random.split(jax.random.key(4), 3)
+    q, k, v = (jax.random.normal(kk, (1, 64, 2, 16)) for kk in keys)
+    mask = masks.causal()
+    if bench == "adopt":
+        fn, args = module._fn(jax.nn.dot_product_attention, {"is_causal": True}, "fwd+bwd", (q, k, v, {}))
+    elif bench == "crossover":
+        fn, args = module._fn(mask, "blockwise", "fwd+bwd", (q, k, v))
+    elif bench == "scores":
+        fn, args = module._fwd_bwd(lambda q, k, v: attnlab.kernels.blockwise_attention(q, k, v, mask=mask), (q, k, v))
+    else:
+        lengths = np.array([40], np.int32)
+        mask = masks.bigbird(64, block_size=16) & masks.padding(kv_lengths=lengths)
+        fn, args = module.programs(q, k, v, masks.bigbird(64, block_size=16), lengths)["fwd+bwd/traced"]
+    assert args[-1] is harness.cotangent(q.shape, q.dtype)
+    want = jax.vjp(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=mask), q, k, v)[1](args[-1])
+    for got, w in zip(fn(*args), want, strict=True):
+        np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-5)
 
 
 def test_sweep_measures_each_point_and_rewrites_the_file_after_each(tmp_path, capsys):

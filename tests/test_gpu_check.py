@@ -212,12 +212,12 @@ def test_default_run_fits_the_device_lease():
 
 
 def test_fwd_bwd_cells_take_the_gradient_for_a_fixed_normal_cotangent():
-    """A forward+backward cell's gradients are the reference's vjp of ``contenders.cotangent`` (passed as its
+    """A forward+backward cell's gradients are the reference's vjp of ``harness.cotangent`` (passed as its
     last argument), not of ones; the torch rows use a cotangent of their own, fixed too."""
     case = {c.name: c for c in speed_cases(window=3, docs=3)}["documents"]
     fn, args = contenders.build("xla", case, 32, 2, 8, "fwd+bwd")
     q, k, v, ids, ct = args
-    assert ct is contenders.cotangent(q.shape, q.dtype) and float(jnp.std(ct.astype(jnp.float32))) > 0.5
+    assert ct is harness.cotangent(q.shape, q.dtype) and float(jnp.std(ct.astype(jnp.float32))) > 0.5
     mask = contenders.attnlab_mask(case, ids)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
     _, pull = jax.vjp(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=mask), *f32)
