@@ -25,6 +25,17 @@ def _records(folder, name: str) -> list[dict]:
     return json.loads((Path(folder) / name).read_text())["records"]
 
 
+def _host(runs, extra: str = "") -> str:
+    """ "Host: model, CPUs (SIMD); jax, dates." from the committed files' run records, one per distinct host
+    (so a table can not name another host than its runs'); ``extra`` goes before the dates."""
+    hosts: dict[str, list] = {}
+    for d in runs:
+        simd = ", ".join(f for f in d["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
+        key = f"{d['host']['cpu_model']}, {d['host']['host_cpus']} CPUs ({simd}); jax {d['jax']}{extra}"
+        hosts.setdefault(key, []).append(d["date"])
+    return " ".join(f"Host: {k}, {', '.join(dict.fromkeys(v))}." for k, v in hosts.items())
+
+
 _IMPL_NAMES = {"attnlab.blockwise": "attnlab (1 device)", "attnlab.blockwise/2dev": "attnlab (2 host devices)"}
 
 
@@ -195,11 +206,7 @@ def packed_docs(folder) -> str:
         [[str(r["docs"]), f"{r['sum_len_sq']:,}", f"{r['traced_s']:.2f}"] for r in scaling],
     )
     retrace = next(r for r in data["records"] if r["suite"] == "retrace")
-    simd = ", ".join(f for f in data["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
-    return table + (
-        f"\nTraces over {retrace['batches']} batches of new ids: **{retrace['traces']}**. Host: "
-        f"{data['host']['cpu_model']}, {data['host']['host_cpus']} CPUs ({simd}); jax {data['jax']}, {data['date']}.\n"
-    )
+    return table + f"\nTraces over {retrace['batches']} batches of new ids: **{retrace['traces']}**. {_host([data])}\n"
 
 
 def scores(folder) -> str:
@@ -210,7 +217,6 @@ def scores(folder) -> str:
          f"{r['score_over_dot']:.2f}x"]
         for r in data["records"]
     ]  # fmt: skip
-    simd = ", ".join(f for f in data["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
     table = _md(["score", "mask", "mode", "T", "dot ms", "score ms", "score / dot"], rows)
     a = data["additive"]
     add = _md(
@@ -220,8 +226,7 @@ def scores(folder) -> str:
           f"{a['dot_s']:.1f}", f"{a['dot_gflops']:.1f}", f"{a['tiled_temp_gib']:.3f}", f"{a['tiled_temp_gib_2T']:.3f}",
           f"{a['dense_temp_gib']:,.0f}"]],
     )  # fmt: skip
-    host = f"Host: {data['host']['cpu_model']} ({simd}); jax {data['jax']}, {data['date']}."
-    return table + "\nAdditive (tanh) attention, fwd+bwd, no mask:\n\n" + add + f"\n{host}\n"
+    return table + "\nAdditive (tanh) attention, fwd+bwd, no mask:\n\n" + add + f"\n{_host([data])}\n"
 
 
 def flex(folder, name: str = "flex.json") -> str:
@@ -233,26 +238,23 @@ def flex(folder, name: str = "flex.json") -> str:
         name = f"document ({r['docs']} docs, ids traced)" if r["mask"] == "document" else f"window ±{r['window']}"
         row = [name, f"{r['T']:,}", f"{1e3 * r['attnlab_s']:.0f}", f"{1e3 * r['flex_s']:.0f}"]
         row.append(f"{r['flex_over_attnlab']:.2f}x")
-        if dev:
-            row += [f"{1e3 * r['attnlab_devices_s']:.0f}", f"{r['flex_over_attnlab_devices']:.2f}x"]
+        row += [f"{1e3 * r['attnlab_devices_s']:.0f}", f"{r['flex_over_attnlab_devices']:.2f}x"] if dev else []
         rows.append(row + [f"{r['flex_block_mask_s']:.1f}", f"{r['max_abs_diff']:.0e}"])
-    simd = ", ".join(f for f in data["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
     header = ["mask", "T", "attnlab ms", "flex ms", "flex / attnlab"]
     if dev:
         header += [f"attnlab ms, heads on {dev} host devices", "flex / that"]
     table = _md(header + ["flex block mask s", "max abs diff"], rows)
-    return table + (
-        f"\nHost: {data['host']['cpu_model']}, {data['host']['host_cpus']} CPUs ({simd}); jax {data['jax']}, "
-        f"torch {data['torch']} ({data['torch_threads']} threads), {data['date']}"
-        + (f"; generated code capped at {data['cap_isa'].upper()} (`--cap_isa`).\n" if data.get("cap_isa") else ".\n")
-    )
+    host = _host([data], f", torch {data['torch']} ({data['torch_threads']} threads)")
+    cap = f" Generated code capped at {data['cap_isa'].upper()} (`--cap_isa`)." if data.get("cap_isa") else ""
+    return table + f"\n{host}{cap}\n"
 
 
 def adopt(folder, names: tuple[str, ...] = ("adopt.json",)) -> str:
     """``make adopt-bench`` (``benchmarks.adopt``): per row, the first run's best ms on each side and every run's
     ratio (peer / attnlab: > 1 is attnlab faster), with the implementation attnlab ran;
     on the small rows, jax.nn against a second copy of itself in each run (the A/A ratio: the noise)."""
-    runs = [json.loads((Path(folder) / name).read_text())["records"] for name in names]
+    files = [json.loads((Path(folder) / name).read_text()) for name in names]
+    runs = [d["records"] for d in files]
     ratios = [{(r["case"], r["mode"]): r["ratio"] for r in records} for records in runs]
     controls = [{(r["case"], r["mode"]): r.get("control_ratio") for r in records} for records in runs]
     rows = []
@@ -267,7 +269,8 @@ def adopt(folder, names: tuple[str, ...] = ("adopt.json",)) -> str:
         rows.append([r["case"], r["mode"], peer, ms(theirs), ms(r["attnlab_ms"]), *per_run, control, runs_on])
     head = ["peer / attnlab"] if len(runs) == 1 else [f"peer / attnlab, run {i + 1}" for i in range(len(runs))]
     aa_head = "A/A: jax.nn / jax.nn" + ("" if len(runs) == 1 else ", runs")
-    return _md(["case", "direction", "peer", "peer ms", "attnlab ms", *head, aa_head, "attnlab runs"], rows)
+    header = ["case", "direction", "peer", "peer ms", "attnlab ms", *head, aa_head, "attnlab runs"]
+    return _md(header, rows) + f"\n{_host(files)}\n"
 
 
 def profile_ops(folder, names: tuple) -> str:
@@ -295,7 +298,8 @@ def crossover(folder, names: tuple) -> str:
     calls (above 1: blockwise faster), per shape, mask and T, as the range over fp32 / bf16 and the committed
     runs ``names``; one table per direction, forward+backward first. A cell marked "xla" is a call that
     ``implementation=None`` sends to dense XLA."""
-    records = [r for n in names for r in _records(folder, n)]
+    files = [json.loads((Path(folder) / n).read_text()) for n in names]
+    records = [r for d in files for r in d["records"]]
     lengths = sorted({r["T"] for r in records})
     rows_of = list(dict.fromkeys((r["shape"], r["mask"]) for r in records))
     out = []
@@ -313,7 +317,7 @@ def crossover(folder, names: tuple) -> str:
             rows.append([shape, mask, *cells])
         header = ["B x N x H", "mask", *(f"T = {T}" for T in lengths)]
         out.append(f"{mode}, xla ms / blockwise ms:\n\n" + _md(header, rows))
-    return "\n".join(out)
+    return "\n".join(out) + f"\n{_host(files)}\n"
 
 
 def _span(values) -> str:
