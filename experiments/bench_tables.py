@@ -4,8 +4,9 @@ One function per benchmark, each taking the results folder and the committed fil
 returning markdown: ``suite`` / ``graph`` / ``memory`` (``make bench``), ``ring_memory``,
 ``traced_padding``, ``ring_balance``, ``inspect_memory``, ``compare`` (``make compare-main``),
 ``packed_docs``, ``scores``, ``flex``, ``adopt`` (``make adopt-bench``), ``profile_ops``, ``call_costs``
-(``make profile-window``), ``crossover`` (``make crossover``). ``experiments/docs.py`` calls
-them; what each benchmark records is described in its own module under ``benchmarks/``.
+(``make profile-window``); the CPU dispatch rules' tables are ``experiments.dispatch_tables``. Each table
+ends with the host of its runs (``host_line``, from the files). ``experiments/docs.py`` calls them; what
+each benchmark records is described in its own module under ``benchmarks/``.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ def _records(folder, name: str) -> list[dict]:
     return json.loads((Path(folder) / name).read_text())["records"]
 
 
-def _host(runs, extra: str = "") -> str:
+def host_line(runs, extra: str = "") -> str:
     """ "Host: model, CPUs (SIMD); jax, dates." from the committed files' run records, one per distinct host
     (so a table can not name another host than its runs'); ``extra`` goes before the dates."""
     hosts: dict[str, list] = {}
-    for d in runs:
+    for d in (r.get("meta", r) for r in runs):  # compare_commits keeps its run record in "meta"
+        if "host" not in d:  # files written before the run record
+            continue
         simd = ", ".join(f for f in d["host"]["cpu_simd_flags"] if f in ("avx2", "avx512f", "amx_tile"))
         key = f"{d['host']['cpu_model']}, {d['host']['host_cpus']} CPUs ({simd}); jax {d['jax']}{extra}"
         hosts.setdefault(key, []).append(d["date"])
@@ -170,7 +173,7 @@ def compare(folder, name: str) -> str:
         header.append("per round: median (range)")
         for row, r in zip(rows, data["rows"], strict=True):
             row.append("{median:.2f} ({min:.2f}-{max:.2f})".format(**r["round_ratios"]))
-    return _md(header, rows)
+    return _md(header, rows) + (f"\n{host}\n" if (host := host_line([data])) else "")
 
 
 def compare_bench(folder, names: tuple) -> str:
@@ -185,7 +188,7 @@ def compare_bench(folder, names: tuple) -> str:
                      for run in runs]  # fmt: skip
             rows.append([f"{r['mask']} {r['T']:,}", ratio, *cells])
     header = ["mask, T", "ratio", *(f"run {k + 1}: {base} / after" for k in range(len(runs)))]
-    return _md(header, rows)
+    return _md(header, rows) + f"\n{host_line(runs)}\n"
 
 
 def packed_docs(folder) -> str:
@@ -206,7 +209,9 @@ def packed_docs(folder) -> str:
         [[str(r["docs"]), f"{r['sum_len_sq']:,}", f"{r['traced_s']:.2f}"] for r in scaling],
     )
     retrace = next(r for r in data["records"] if r["suite"] == "retrace")
-    return table + f"\nTraces over {retrace['batches']} batches of new ids: **{retrace['traces']}**. {_host([data])}\n"
+    return (
+        table + f"\nTraces over {retrace['batches']} batches of new ids: **{retrace['traces']}**. {host_line([data])}\n"
+    )
 
 
 def scores(folder) -> str:
@@ -226,7 +231,7 @@ def scores(folder) -> str:
           f"{a['dot_s']:.1f}", f"{a['dot_gflops']:.1f}", f"{a['tiled_temp_gib']:.3f}", f"{a['tiled_temp_gib_2T']:.3f}",
           f"{a['dense_temp_gib']:,.0f}"]],
     )  # fmt: skip
-    return table + "\nAdditive (tanh) attention, fwd+bwd, no mask:\n\n" + add + f"\n{_host([data])}\n"
+    return table + "\nAdditive (tanh) attention, fwd+bwd, no mask:\n\n" + add + f"\n{host_line([data])}\n"
 
 
 def flex(folder, name: str = "flex.json") -> str:
@@ -244,7 +249,7 @@ def flex(folder, name: str = "flex.json") -> str:
     if dev:
         header += [f"attnlab ms, heads on {dev} host devices", "flex / that"]
     table = _md(header + ["flex block mask s", "max abs diff"], rows)
-    host = _host([data], f", torch {data['torch']} ({data['torch_threads']} threads)")
+    host = host_line([data], f", torch {data['torch']} ({data['torch_threads']} threads)")
     cap = f" Generated code capped at {data['cap_isa'].upper()} (`--cap_isa`)." if data.get("cap_isa") else ""
     return table + f"\n{host}{cap}\n"
 
@@ -270,7 +275,7 @@ def adopt(folder, names: tuple[str, ...] = ("adopt.json",)) -> str:
     head = ["peer / attnlab"] if len(runs) == 1 else [f"peer / attnlab, run {i + 1}" for i in range(len(runs))]
     aa_head = "A/A: jax.nn / jax.nn" + ("" if len(runs) == 1 else ", runs")
     header = ["case", "direction", "peer", "peer ms", "attnlab ms", *head, aa_head, "attnlab runs"]
-    return _md(header, rows) + f"\n{_host(files)}\n"
+    return _md(header, rows) + f"\n{host_line(files)}\n"
 
 
 def profile_ops(folder, names: tuple) -> str:
@@ -291,87 +296,6 @@ def profile_ops(folder, names: tuple) -> str:
         )
     rows.append(["all ops", *(f"{t:.0f}" for t in totals)])
     return _md(["kind of op", *(f"run {i + 1}: ms (share)" for i in range(len(runs)))], rows)
-
-
-def crossover(folder, names: tuple) -> str:
-    """``make crossover`` (``benchmarks.crossover``): dense XLA's time over the blockwise kernel's on the same
-    calls (above 1: blockwise faster), per shape, mask and T, as the range over fp32 / bf16 and the committed
-    runs ``names``; one table per direction, forward+backward first. A cell marked "xla" is a call that
-    ``implementation=None`` sends to dense XLA."""
-    files = [json.loads((Path(folder) / n).read_text()) for n in names]
-    records = [r for d in files for r in d["records"]]
-    lengths = sorted({r["T"] for r in records})
-    rows_of = list(dict.fromkeys((r["shape"], r["mask"]) for r in records))
-    out = []
-    for mode in ("fwd+bwd", "fwd"):
-        rows = []
-        for shape, mask in rows_of:
-            cells = []
-            for T in lengths:
-                rs = [r for r in records if (r["shape"], r["mask"], r["T"], r["mode"]) == (shape, mask, T, mode)]
-                if not rs:
-                    cells.append("")
-                    continue
-                chosen = " xla" if any(r["chosen"] == "xla" for r in rs) else ""
-                cells.append(_span([r["ratio"] for r in rs]) + chosen)
-            rows.append([shape, mask, *cells])
-        header = ["B x N x H", "mask", *(f"T = {T}" for T in lengths)]
-        out.append(f"{mode}, xla ms / blockwise ms:\n\n" + _md(header, rows))
-    return "\n".join(out) + f"\n{_host(files)}\n"
-
-
-def _span(values) -> str:
-    """The range of ratios over runs, to two decimals: "0.91-1.04", or one number where both ends print alike."""
-    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
-    return lo if lo == hi else f"{lo}-{hi}"
-
-
-def dense_fusion(folder, names: tuple) -> str:
-    """``make dense-fusion`` (``benchmarks.dense_fusion``): the fused dense program's time over the mapped one's
-    (below 1: fused faster), per B x N x T (and S where S != T: cross-attention) and per H and direction, as
-    the range over the committed runs ``names``; the query rows B * N * T, and the form the rule
-    (``xla.dense_form``, as the code has it now) runs (per H where it differs, "a/b")."""
-    from attnlab.impls import xla  # noqa: PLC0415 (jax, only for this table)
-
-    records = [{"S": r["T"]} | r for n in names for r in _records(folder, n)]  # S: runs before --kv_lengths
-    keys = list(dict.fromkeys((r["B"], r["N"], r["T"], r["S"]) for r in records))
-    cols = list(dict.fromkeys((r["H"], r["direction"]) for r in records))
-    rows = []
-    for B, N, T, S in sorted(keys, key=lambda k: (k[0] * k[1] * k[2], k)):
-        cells = []
-        for H, d in cols:
-            rs = [r for r in records if (r["B"], r["N"], r["T"], r["S"], r["H"], r["direction"]) == (B, N, T, S, H, d)]
-            cells.append(_span([r["ratio"] for r in rs]))
-        rule = "/".join(dict.fromkeys(xla.dense_form(B, N, N, T, S, H, "cpu") for H, _ in cols))
-        rows.append([f"{B} x {N} x {T}" + ("" if S == T else f", S = {S}"), f"{B * N * T:,}", *cells, rule])
-    header = ["B x N x T", "query rows", *(f"H = {H}, {d}" for H, d in cols), "rule"]
-    spread = [r["mapped_over_jax_nn"] for r in records]
-    return _md(header, rows) + (
-        f"\nThe mapped form over jax.nn's own time, every call: {min(spread):.2f}-{max(spread):.2f}.\n"
-    )
-
-
-def dense_key_major(folder, names: tuple) -> str:
-    """``make dense-fusion``'s few-queries grid: the key-major form's time over the better of the fused and
-    mapped forms (below 1: key-major faster), per B x N x T and S, forward and forward+backward, as the range
-    over the committed runs ``names``; k's elements B * S * K * H, and the form the rule (``xla.dense_form``,
-    as the code has it now) runs."""
-    from attnlab.impls import xla  # noqa: PLC0415 (jax, only for this table)
-
-    records = [r for n in names for r in _records(folder, n) if "key_major_ratio" in r]
-
-    def at(r):
-        return r["B"], r["N"], r["T"], r["S"], r["H"]
-
-    dirs = list(dict.fromkeys(r["direction"] for r in records))
-    rows = []
-    for key in sorted(dict.fromkeys(map(at, records)), key=lambda k: (k[2], k[0] * k[3])):
-        B, N, T, S, H = key
-        cells = [_span([r["key_major_ratio"] for r in records if at(r) == key and r["direction"] == d]) for d in dirs]
-        rows.append(
-            [f"{B} x {N} x {T}", f"{S:,}", f"{B * S * N * H:,}", *cells, xla.dense_form(B, N, N, T, S, H, "cpu")]
-        )
-    return _md(["B x N x T", "S", "k's elements B x S x K x H", *dirs, "rule"], rows)
 
 
 _COSTS = {

@@ -140,7 +140,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
         "experiments.bench_tables:profile_ops", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
     ),
     "dense-fusion": table(
-        "experiments.bench_tables:dense_fusion",
+        "experiments.dispatch_tables:dense_fusion",
         BENCH,
         names=(
             "dense_fusion.json",
@@ -149,16 +149,18 @@ TABLES: dict[str, Callable[[Path], str]] = {
             "dense_fusion_between_run2.json",
         ),
     ),
-    "dense-fusion-avx2": table("experiments.bench_tables:dense_fusion", BENCH, names=("dense_fusion_avx2.json",)),
+    "dense-fusion-avx2": table("experiments.dispatch_tables:dense_fusion", BENCH, names=("dense_fusion_avx2.json",)),
     "dense-fusion-cross": table(
-        "experiments.bench_tables:dense_fusion",
+        "experiments.dispatch_tables:dense_fusion",
         BENCH,
         names=("dense_fusion_cross.json", "dense_fusion_cross_run2.json"),
     ),
     "dense-key-major": table(
-        "experiments.bench_tables:dense_key_major", BENCH, names=("dense_key_major.json", "dense_key_major_run2.json")
+        "experiments.dispatch_tables:dense_key_major",
+        BENCH,
+        names=("dense_key_major.json", "dense_key_major_run2.json"),
     ),
-    "crossover": table("experiments.bench_tables:crossover", BENCH, names=("crossover.json", "crossover_run2.json")),
+    "crossover": table("experiments.dispatch_tables:crossover", BENCH, names=("crossover.json", "crossover_run2.json")),
     "profile-window-costs": table(
         "experiments.bench_tables:call_costs", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
     ),

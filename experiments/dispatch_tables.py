@@ -1,0 +1,99 @@
+"""The CPU dispatch rules' evidence as the docs' tables, from the committed results
+(``benchmarks/results/cpu-2core-shared/``): ``crossover`` (``make crossover``: where blockwise pays off),
+``dense_fusion`` and ``dense_key_major`` (``make dense-fusion``: dense XLA's three forms). Each cell is the
+range over the committed runs (``_span``); each table ends with its runs' host (``bench_tables.host_line``).
+``experiments/docs.py`` calls them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments.bench_tables import host_line
+from experiments.tables import markdown_table
+
+
+def _md(header, rows) -> str:
+    return markdown_table(header, rows) + "\n"
+
+
+def crossover(folder, names: tuple) -> str:
+    """``make crossover`` (``benchmarks.crossover``): dense XLA's time over the blockwise kernel's on the same
+    calls (above 1: blockwise faster), per shape, mask and T, as the range over fp32 / bf16 and the committed
+    runs ``names``; one table per direction, forward+backward first. A cell marked "xla" is a call that
+    ``implementation=None`` sends to dense XLA."""
+    files = [json.loads((Path(folder) / n).read_text()) for n in names]
+    records = [r for d in files for r in d["records"]]
+    lengths = sorted({r["T"] for r in records})
+    rows_of = list(dict.fromkeys((r["shape"], r["mask"]) for r in records))
+    out = []
+    for mode in ("fwd+bwd", "fwd"):
+        rows = []
+        for shape, mask in rows_of:
+            cells = []
+            for T in lengths:
+                rs = [r for r in records if (r["shape"], r["mask"], r["T"], r["mode"]) == (shape, mask, T, mode)]
+                if not rs:
+                    cells.append("")
+                    continue
+                chosen = " xla" if any(r["chosen"] == "xla" for r in rs) else ""
+                cells.append(_span([r["ratio"] for r in rs]) + chosen)
+            rows.append([shape, mask, *cells])
+        header = ["B x N x H", "mask", *(f"T = {T}" for T in lengths)]
+        out.append(f"{mode}, xla ms / blockwise ms:\n\n" + _md(header, rows))
+    return "\n".join(out) + f"\n{host_line(files)}\n"
+
+
+def _span(values) -> str:
+    """The range of ratios over runs, to two decimals: "0.91-1.04", or one number where both ends print alike."""
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def dense_fusion(folder, names: tuple) -> str:
+    """``make dense-fusion`` (``benchmarks.dense_fusion``): the fused dense program's time over the mapped one's
+    (below 1: fused faster), per B x N x T (and S where S != T: cross-attention) and per H and direction, as
+    the range over the committed runs ``names``; the query rows B * N * T, and the form the rule
+    (``xla.dense_form``, as the code has it now) runs (per H where it differs, "a/b")."""
+    from attnlab.impls import xla  # noqa: PLC0415 (jax, only for this table)
+
+    files = [json.loads((Path(folder) / n).read_text()) for n in names]
+    records = [{"S": r["T"]} | r for d in files for r in d["records"]]  # S: runs before --kv_lengths
+    keys = list(dict.fromkeys((r["B"], r["N"], r["T"], r["S"]) for r in records))
+    cols = list(dict.fromkeys((r["H"], r["direction"]) for r in records))
+    rows = []
+    for B, N, T, S in sorted(keys, key=lambda k: (k[0] * k[1] * k[2], k)):
+        cells = []
+        for H, d in cols:
+            rs = [r for r in records if (r["B"], r["N"], r["T"], r["S"], r["H"], r["direction"]) == (B, N, T, S, H, d)]
+            cells.append(_span([r["ratio"] for r in rs]))
+        rule = "/".join(dict.fromkeys(xla.dense_form(B, N, N, T, S, H, "cpu") for H, _ in cols))
+        rows.append([f"{B} x {N} x {T}" + ("" if S == T else f", S = {S}"), f"{B * N * T:,}", *cells, rule])
+    header = ["B x N x T", "query rows", *(f"H = {H}, {d}" for H, d in cols), "rule"]
+    spread = [r["mapped_over_jax_nn"] for r in records]
+    spread_line = f"The mapped form over jax.nn's own time, every call: {min(spread):.2f}-{max(spread):.2f}."
+    return _md(header, rows) + f"\n{spread_line} {host_line(files)}\n"
+
+
+def dense_key_major(folder, names: tuple) -> str:
+    """``make dense-fusion``'s few-queries grid: the key-major form's time over the better of the fused and
+    mapped forms (below 1: key-major faster), per B x N x T and S, forward and forward+backward, as the range
+    over the committed runs ``names``; k's elements B * S * K * H, and the form the rule (``xla.dense_form``,
+    as the code has it now) runs."""
+    from attnlab.impls import xla  # noqa: PLC0415 (jax, only for this table)
+
+    files = [json.loads((Path(folder) / n).read_text()) for n in names]
+    records = [r for d in files for r in d["records"] if "key_major_ratio" in r]
+
+    def at(r):
+        return r["B"], r["N"], r["T"], r["S"], r["H"]
+
+    dirs = list(dict.fromkeys(r["direction"] for r in records))
+    rows = []
+    for key in sorted(dict.fromkeys(map(at, records)), key=lambda k: (k[2], k[0] * k[3])):
+        B, N, T, S, H = key
+        cells = [_span([r["key_major_ratio"] for r in records if at(r) == key and r["direction"] == d]) for d in dirs]
+        rows.append(
+            [f"{B} x {N} x {T}", f"{S:,}", f"{B * S * N * H:,}", *cells, xla.dense_form(B, N, N, T, S, H, "cpu")]
+        )
+    return _md(["B x N x T", "S", "k's elements B x S x K x H", *dirs, "rule"], rows) + f"\n{host_line(files)}\n"
