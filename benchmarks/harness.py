@@ -10,7 +10,9 @@ Every program under ``benchmarks/`` builds on these pieces instead of its own co
   pool: XLA compiles with the GIL released, so a 16-core GPU host compiles many cells at once);
 * **forward+backward, one convention**: ``with_direction`` (the gradients of q, k and v for the
   fixed normal output ``cotangent``; not ``sum(out)``'s ones, which XLA simplifies, nor a sum of
-  squares, whose extra pass over the output moves small calls); every benchmark takes it;
+  squares, another program: CHANGELOG.md, 2026-12-06); every benchmark takes it but
+  ``compare_commits``' worker, which runs against another tree's attnlab and keeps the same convention
+  self-contained (``vdot(out, ct)``);
 * **the run record**: ``Run`` / ``run_record``: host name, CPU model and SIMD flags (AVX2,
   AVX-512, AMX), load average, jax / jaxlib / torch versions, backend and device kind, date,
   command; every result file carries it;
