@@ -137,8 +137,9 @@ def attention(
             2. ``"blockwise"`` for the dot score when the bias is None or callable and either the
                mask's block layout has an EMPTY tile (window, causal, block-sparse graph, also with
                traced padding lengths) or there are at least ``BLOCKWISE_MIN_PAIRS`` = 512 x 512 pairs
-               (below that, not when its non-empty tiles cover more than ``BLOCKWISE_MAX_VISITED`` = half
-               the pairs with H < 64 and one key head per query head: dense XLA measured faster there);
+               (below that, only when its non-empty tiles cover at most ``BLOCKWISE_MAX_VISITED`` = half
+               the pairs, or with fewer key heads than query heads from ``BLOCKWISE_GQA_MIN_PAIRS`` =
+               256 x 256 pairs: dense XLA measured faster forward+backward elsewhere);
             3. ``"xla"`` for the dot score with Hv == H (small dense cases);
             4. ``"reference"`` otherwise.
 

@@ -18,7 +18,7 @@ others were skipped::
 Per-backend order (``ORDER``):
 
 * cpu: sparse -> blockwise (from 512 x 512 pairs, or when the mask has an EMPTY tile, unless its non-empty
-  tiles still cover more than half the pairs with H < 64 and K == N) -> xla -> reference
+  tiles still cover more than half the pairs, with K == N or below 256 x 256 pairs) -> xla -> reference
 * gpu: sparse -> cudnn -> mosaic (where a tuning table times it faster than pallas: its ``pays_off``) -> pallas
   (but additive scores: its ``pays_off``) -> xla (where the dense fp32 logits
   fit in ``XLA_MAX_LOGITS_BYTES``)

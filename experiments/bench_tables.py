@@ -93,7 +93,8 @@ def memory(folder, file: str) -> str:
         for r in records
     ]
     header = ["N", "blockwise temp MB", "arguments + outputs MB", "one dense fp32 [N, T, S] logits array MB"]
-    return _md(header, rows)
+    host = host_line([json.loads((Path(folder) / file).read_text())])
+    return _md(header, rows) + (f"\n{host}\n" if host else "")
 
 
 def ring_memory(folder) -> str:
@@ -117,8 +118,8 @@ def ring_memory(folder) -> str:
 
 def traced_padding(folder) -> str:
     """``make traced-padding``: attention with traced vs concrete padding lengths, one row per labelled run."""
-    rows = []
-    for r in json.loads((Path(folder) / "traced_padding.json").read_text()):
+    rows, runs = [], json.loads((Path(folder) / "traced_padding.json").read_text())
+    for r in runs:
         t, ms, x = r["tiles"]["traced"], r["best_ms"], r["traced_over_concrete"]
         rows.append(
             [r["label"], f"{t['block_q']} × {t['block_k']}", f"{100 * t['visited']:.0f}%",
@@ -126,13 +127,14 @@ def traced_padding(folder) -> str:
              f"{ms['fwd+bwd/concrete']:.1f} ms", f"{ms['fwd+bwd/traced']:.1f} ms", f"{x['fwd+bwd']:.2f}x"]
         )  # fmt: skip
     header = ["code", "tiles (traced)", "visited", "fwd concrete", "fwd traced", "ratio", "fwd+bwd concrete"]
-    return _md([*header, "fwd+bwd traced", "ratio"], rows)
+    host = host_line(runs)  # the runs written before the run record name no host
+    return _md([*header, "fwd+bwd traced", "ratio"], rows) + (f"\n{host}\n" if host else "")
 
 
 def ring_balance(folder) -> str:
     """``make ring-balance``: tiles per device of the contiguous and zig-zag ring layouts, and the step times."""
-    rows = []
-    for r in json.loads((Path(folder) / "ring_balance.json").read_text())["rows"]:
+    rows, data = [], json.loads((Path(folder) / "ring_balance.json").read_text())
+    for r in data["rows"]:
         tiles = r["tiles_per_device"]
         per = f"{tiles[0]} each" if len(set(tiles)) == 1 else " ".join(map(str, tiles))
         step = f"{1e3 * r['step_s_median']:.0f} ms ({1e3 * r['step_s_best']:.0f})" if "step_s_median" in r else "-"
@@ -140,7 +142,8 @@ def ring_balance(folder) -> str:
         rows.append([r["mask"], r["layout"], per, f"{r['max_over_mean']:.2f}",
                      f"{r['critical_path_tiles']} ({r['ideal_tiles']:.0f})", step, compile_s])  # fmt: skip
     header = ["mask", "layout", "tiles per device (d = 0..7)", "max/mean", "lockstep critical path (ideal)"]
-    return _md([*header, "fwd+bwd median (best)", "compile"], rows)
+    host = host_line([data["environment"]]) if "environment" in data else ""
+    return _md([*header, "fwd+bwd median (best)", "compile"], rows) + (f"\n{host}\n" if host else "")
 
 
 def inspect_memory(folder) -> str:

@@ -21,7 +21,8 @@ def crossover(folder, names: tuple) -> str:
     """``make crossover`` (``benchmarks.crossover``): dense XLA's time over the blockwise kernel's on the same
     calls (above 1: blockwise faster), per shape, mask and T, as the range over fp32 / bf16 and the committed
     runs ``names``; one table per direction, forward+backward first. A cell marked "xla" is a call that
-    ``implementation=None`` sends to dense XLA."""
+    ``implementation=None`` sends to dense XLA, as the code has it now (``attnlab.explain``; the runs record
+    what it chose then)."""
     files = [json.loads((Path(folder) / n).read_text()) for n in names]
     records = [r for d in files for r in d["records"]]
     lengths = sorted({r["T"] for r in records})
@@ -36,12 +37,23 @@ def crossover(folder, names: tuple) -> str:
                 if not rs:
                     cells.append("")
                     continue
-                chosen = " xla" if any(r["chosen"] == "xla" for r in rs) else ""
-                cells.append(_span([r["ratio"] for r in rs]) + chosen)
+                cells.append(_span([r["ratio"] for r in rs]) + (" xla" if _chosen(shape, mask, T) == "xla" else ""))
             rows.append([shape, mask, *cells])
         header = ["B x N x H", "mask", *(f"T = {T}" for T in lengths)]
         out.append(f"{mode}, xla ms / blockwise ms:\n\n" + _md(header, rows))
     return "\n".join(out) + f"\n{host_line(files)}\n"
+
+
+def _chosen(shape: str, mask: str, T: int) -> str:
+    """What ``implementation=None`` runs on a crossover call (``T = S``), from its shape alone."""
+    import jax.numpy as jnp  # noqa: PLC0415 (jax, only for this table)
+
+    import attnlab  # noqa: PLC0415
+    from benchmarks import crossover as bench  # noqa: PLC0415
+
+    B, N, K, H = bench.SHAPES[shape]
+    q, kv = jnp.zeros((B, T, N, H)), jnp.zeros((B, T, K, H))
+    return attnlab.explain(q, kv, kv, mask=bench.MASKS[mask]()).implementation
 
 
 def _span(values) -> str:

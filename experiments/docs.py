@@ -113,7 +113,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
         "experiments.bench_tables:suite", BENCH, file=BENCH_RUN, suite="window ±128 fwd+bwd", per_token=True
     ),
     "bench-graph": table("experiments.bench_tables:graph", BENCH, file=BENCH_RUN),
-    "bench-memory": table("experiments.bench_tables:memory", BENCH, file=BENCH_RUN),
+    # make bench's memory suite, rerun with the one forward+backward (2026-12-07)
+    "bench-memory": table("experiments.bench_tables:memory", BENCH, file="bench_memory.json"),
     "ring-memory": table("experiments.bench_tables:ring_memory", BENCH),
     "compare-main": table("experiments.bench_tables:compare", BENCH, name="compare_160a7db.json"),
     "compare-core": table("experiments.bench_tables:compare", BENCH, name="compare_a437441.json"),
@@ -160,7 +161,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
         BENCH,
         names=("dense_key_major.json", "dense_key_major_run2.json"),
     ),
-    "crossover": table("experiments.dispatch_tables:crossover", BENCH, names=("crossover.json", "crossover_run2.json")),
+    "crossover": table(
+        "experiments.dispatch_tables:crossover", BENCH, names=("crossover_ct.json", "crossover_ct_run2.json")
+    ),
     "profile-window-costs": table(
         "experiments.bench_tables:call_costs", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
     ),

@@ -99,7 +99,8 @@ def test_explain_tpu_and_cpu_orders():
 
 def test_cpu_small_masked_calls_take_dense_xla_where_it_measured_faster():
     """Below BLOCKWISE_MIN_PAIRS an EMPTY tile is not enough on cpu when the kernel would still visit
-    more than half the pairs with narrow heads, one key head per query head (``make crossover``)."""
+    more than half the pairs, unless fewer key heads serve the query heads from BLOCKWISE_GQA_MIN_PAIRS
+    (``make crossover``, forward+backward)."""
 
     def choice(shape, mask, K=None):
         q = _sds(shape, jnp.float32)
@@ -109,15 +110,17 @@ def test_cpu_small_masked_calls_take_dense_xla_where_it_measured_faster():
     # causal at T = 256: 10 of the 16 64 x 64 tiles are non-empty (62%)
     ex = choice((2, 256, 4, 32), masks.causal())
     assert ex.implementation == "xla"
-    assert "(here 62%)" in ex.reason("blockwise") and "K = N = 4" in ex.reason("blockwise")
-    assert 10 / 16 > impls.BLOCKWISE_MAX_VISITED and 32 < impls.BLOCKWISE_MIN_HEAD_DIM
-    assert choice((2, 256, 4, 64), masks.causal()).implementation == "blockwise"  # H >= 64
-    assert choice((2, 256, 4, 32), masks.causal(), K=1).implementation == "blockwise"  # one key head
+    assert "(here 62%)" in ex.reason("blockwise") and "K = 4, N = 4, 65536 pairs" in ex.reason("blockwise")
+    assert 10 / 16 > impls.BLOCKWISE_MAX_VISITED and 256 * 256 == impls.BLOCKWISE_GQA_MIN_PAIRS
+    assert choice((1, 256, 8, 64), masks.causal()).implementation == "xla"  # whatever the head dim
+    assert choice((2, 256, 4, 32), masks.causal(), K=1).implementation == "blockwise"  # one key head, 256^2 pairs
+    assert choice((2, 128, 4, 32), masks.causal(), K=1).implementation == "xla"  # one key head, fewer pairs
     assert choice((2, 256, 4, 32), masks.chunks(64)).implementation == "blockwise"  # 4 of 16 tiles
     assert choice((2, 256, 4, 32), masks.window(16, 0)).implementation == "blockwise"  # 7 of 16 tiles
     # no EMPTY tile: dense; from 512 x 512 pairs: blockwise whatever the tiles
     assert choice((2, 128, 4, 64), masks.window(64, 64)).implementation == "xla"
     assert choice((2, 512, 4, 32), masks.causal()).implementation == "blockwise"
+    assert choice((1, 384, 8, 64), masks.causal() & masks.window(128, 0)).implementation == "blockwise"  # 42%
 
 
 def test_explain_table_reads():

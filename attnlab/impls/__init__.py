@@ -16,7 +16,7 @@ Ring attention (``attnlab.kernels.ring``) runs across devices and is reached thr
 """
 
 from attnlab.impls.base import Implementation, LazyImplementation, LazyKernel
-from attnlab.impls.blockwise import BLOCKWISE, BLOCKWISE_MAX_VISITED, BLOCKWISE_MIN_HEAD_DIM, BLOCKWISE_MIN_PAIRS
+from attnlab.impls.blockwise import BLOCKWISE, BLOCKWISE_GQA_MIN_PAIRS, BLOCKWISE_MAX_VISITED, BLOCKWISE_MIN_PAIRS
 from attnlab.impls.cudnn import CUDNN
 from attnlab.impls.mosaic import MOSAIC
 from attnlab.impls.pallas import PALLAS
@@ -31,7 +31,7 @@ __all__ = [
     "ALL",
     "BLOCKWISE",
     "BLOCKWISE_MAX_VISITED",
-    "BLOCKWISE_MIN_HEAD_DIM",
+    "BLOCKWISE_GQA_MIN_PAIRS",
     "BLOCKWISE_MIN_PAIRS",
     "CUDNN",
     "Implementation",

@@ -14,7 +14,7 @@ __all__ = [
     "BLOCKWISE",
     "BLOCKWISE_MIN_PAIRS",
     "BLOCKWISE_MAX_VISITED",
-    "BLOCKWISE_MIN_HEAD_DIM",
+    "BLOCKWISE_GQA_MIN_PAIRS",
     "PAIR_FORM_DENSE_BYTES",
     "visited_share",
 ]
@@ -24,14 +24,15 @@ __all__ = [
 # T = S = 256 and 512 and 2.3x at 1K, fwd+bwd 1.2x at 1K (`make bench`; it compiles ~3x longer).
 BLOCKWISE_MIN_PAIRS = 512 * 512
 
-# Below that, a mask with an EMPTY 64 x 64 tile sends the call to the blockwise kernel, except where its
-# non-empty tiles cover more than BLOCKWISE_MAX_VISITED of the pairs, the head dim is below
-# BLOCKWISE_MIN_HEAD_DIM and every query head has its own key head: there (causal and causal windows at
-# T = 128..384 with H = 32) dense XLA ran forward+backward faster in both runs of `make crossover`
-# (B x N x H = 2 x 4 x 32, the same with one key head, 1 x 8 x 64; T = 128..1024; docs/kernels.md). With
-# H = 64 or one key head the kernel was as fast or faster.
+# Below that, a mask with an EMPTY 64 x 64 tile sends the call to the blockwise kernel where its non-empty
+# tiles cover at most BLOCKWISE_MAX_VISITED of the pairs, and above that share only with fewer key heads
+# than query heads (K < N) from BLOCKWISE_GQA_MIN_PAIRS pairs. Elsewhere (causal, causal windows and
+# ±32 windows at T = 128..384) dense XLA ran forward+backward faster in both runs of `make crossover`
+# (B x N x H = 2 x 4 x 32, the same with one key head, 1 x 8 x 64; T = 128..1024; the gradients for a
+# fixed output cotangent; docs/kernels.md), while the kernel ran the forward alone faster: a training
+# step runs both.
 BLOCKWISE_MAX_VISITED = 0.5
-BLOCKWISE_MIN_HEAD_DIM = 64
+BLOCKWISE_GQA_MIN_PAIRS = 256 * 256
 
 # A score with a pair form (additive: tanh(q_t + k_s) for every pair and head dim) takes the blockwise
 # kernel on cpu once the reference's dense [B, T, S, N, H] fp32 intermediate would exceed this.
@@ -92,12 +93,12 @@ class Blockwise(Implementation):
                 f"pays off on cpu from {BLOCKWISE_MIN_PAIRS} (query, key) pairs or with an EMPTY {bq} x {bk} tile "
                 f"(here {T} x {S}, none empty)"
             )
-        if visited <= BLOCKWISE_MAX_VISITED or call.H >= BLOCKWISE_MIN_HEAD_DIM or call.K < call.N:
+        if visited <= BLOCKWISE_MAX_VISITED or (call.K < call.N and T * S >= BLOCKWISE_GQA_MIN_PAIRS):
             return None
         return (
             f"below {BLOCKWISE_MIN_PAIRS} pairs on cpu its non-empty {bq} x {bk} tiles must cover at most "
-            f"{BLOCKWISE_MAX_VISITED:.0%} of the pairs (here {visited:.0%}), or H >= {BLOCKWISE_MIN_HEAD_DIM} "
-            f"(here {call.H}), or K < N (here K = N = {call.N}): dense xla is faster"
+            f"{BLOCKWISE_MAX_VISITED:.0%} of the pairs (here {visited:.0%}), or K < N from "
+            f"{BLOCKWISE_GQA_MIN_PAIRS} pairs (here K = {call.K}, N = {call.N}, {T * S} pairs): dense xla is faster"
         )
 
     def run(self, call):
