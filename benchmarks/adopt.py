@@ -61,7 +61,8 @@ def _jax_nn_cases(smoke: bool, window_heads: int):
     tiny = dict(B=1, T=16, N=2, K=2, H=8, dtype="float32")
     medium = dict(B=1, T=64 if smoke else 1024, N=8, K=8, H=64, dtype="float32")
     batch = dict(B=4, T=64 if smoke else 256, N=8, K=8, H=64, dtype="float32")  # a batch of short rows: dense XLA
-    long = dict(B=1, T=256 if smoke else 8192, N=window_heads, K=window_heads, H=64, dtype="float32")
+    # smoke: 512 x 512 pairs, where the window takes the blockwise kernel (below, dispatch weighs its tiles)
+    long = dict(B=1, T=512 if smoke else 8192, N=window_heads, K=window_heads, H=64, dtype="float32")
     w = 16 if smoke else 128
 
     def lengths(sh):

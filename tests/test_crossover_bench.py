@@ -10,7 +10,7 @@ import pytest
 
 from attnlab import masks
 from attnlab.impls.blockwise import visited_share
-from experiments import bench_tables
+from experiments import dispatch_tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def test_crossover_benchmark_runs_small(tmp_path):
         assert r["chosen"] == "xla"
     # the docs' table reads the file: one row per (shape, mask), the ratio in its T column
     (tmp_path / "run2.json").write_text(json.dumps(result))
-    md = bench_tables.crossover(tmp_path, ("crossover.json", "run2.json"))
+    md = dispatch_tables.crossover(tmp_path, ("crossover.json", "run2.json"))
     fwd_bwd = md.split("fwd, xla ms")[0]
     row = [line for line in fwd_bwd.splitlines() if line.startswith("| 2x4x32 | causal")]
     assert row == [f"| 2x4x32 | causal | {recs[1]['ratio']:.2f} xla |"], md
@@ -73,6 +73,6 @@ def test_dense_fusion_benchmark_runs_small(tmp_path):
         assert r["key_major_ratio"] == pytest.approx(r["key_major_ms"] / min(r["fused_ms"], r["mapped_ms"]), rel=0.01)
         assert r["rule_form"] == ("fused" if r["B"] >= 2 else "mapped")  # one batch row: mapped
     (tmp_path / "run2.json").write_text(json.dumps(result))
-    md = bench_tables.dense_fusion(tmp_path, ("dense_fusion.json", "run2.json"))
+    md = dispatch_tables.dense_fusion(tmp_path, ("dense_fusion.json", "run2.json"))
     row = [line for line in md.splitlines() if line.startswith("| 2 x 2 x 16 |")]
     assert row == [f"| 2 x 2 x 16 | 64 | {recs[2]['ratio']:.2f} | {recs[3]['ratio']:.2f} | fused |"], md

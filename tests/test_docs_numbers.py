@@ -84,7 +84,7 @@ def test_a_manifest_entry_whose_text_left_the_page_fails(tmp_path):
     page.write_text(page.read_text().replace("from 4 to 64 documents the work falls 18x", "the work falls"))
     errors = docs_numbers.check(root)
     assert (
-        "docs/kernels.md: 'from 4 to 64 documents the work falls 18x and the time 3x': this text is not on the page"
+        "docs/kernels.md: 'from 4 to 64 documents the work falls 18x and the time 4x': this text is not on the page"
         in errors
     )
 
