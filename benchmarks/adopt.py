@@ -37,7 +37,7 @@ from absl import app, flags
 import attnlab
 import attnlab.flax
 from attnlab import dropin
-from benchmarks.harness import DIRECTIONS, alternate_best, max_abs_diff, run_record, with_direction, write_json
+from benchmarks.harness import DIRECTIONS, alternate_best, directed, max_abs_diff, run_record, write_json
 
 
 def define_flags():
@@ -107,15 +107,11 @@ def _split_kwargs(kw):
     return arrays, static
 
 
-def _fn(attention, static, mode, args):
-    """(jit(fn), args): the call forward, or forward+backward as every benchmark takes it (the gradients of
-    q, k and v for the fixed normal output cotangent, ``harness.with_direction``)."""
-
+def _fwd(attention, static):
     def fwd(q, k, v, arrays):
         return attention(q, k, v, **arrays, **static)
 
-    fn, args = with_direction(fwd, mode, args)
-    return jax.jit(fn), args
+    return fwd
 
 
 # Rows of at most this T also time jax.nn against a second jit of itself (the same program): the ratio
@@ -150,9 +146,8 @@ def suite_jax_nn(smoke, repeats, rounds, window_heads):
             fns = {"jax.nn": jax.nn.dot_product_attention, "attnlab": attnlab.dot_product_attention}
             if sh["T"] <= CONTROL_UP_TO:  # jax.nn against itself: the noise a ratio of these calls carries
                 fns["jax.nn again"] = jax.nn.dot_product_attention
-            pairs = {n: _fn(f, static, mode, (q, k, v, arrays)) for n, f in fns.items()}
-            args = pairs["jax.nn"][1]
-            pairs = {n: f for n, (f, _) in pairs.items()}
+            # forward+backward as every benchmark takes it: the gradients for the fixed output cotangent
+            pairs, args = directed({n: _fwd(f, static) for n, f in fns.items()}, mode, (q, k, v, arrays))
             t0 = time.perf_counter()
             outs = {n: jax.block_until_ready(f(*args)) for n, f in pairs.items()}
             diff = max_abs_diff(outs["jax.nn"], outs["attnlab"])

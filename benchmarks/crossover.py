@@ -55,25 +55,17 @@ def define_flags():
     _SHAPES = flags.DEFINE_list("shapes", list(SHAPES), f"B x N x H (K=: key heads): any of {list(SHAPES)}.")
 
 
-def _fn(mask, implementation, mode, args):
-    """(jit(fn), args): forward, or forward+backward for the fixed output cotangent (``harness.with_direction``)."""
-
-    def fwd(q, k, v):
-        return attnlab.attention(q, k, v, mask=mask, implementation=implementation)
-
-    fn, args = harness.with_direction(fwd, mode, args)
-    return jax.jit(fn), args
-
-
 def cell(shape, T, mask_name, dtype, mode, *, rounds, repeats):
     B, N, K, H = SHAPES[shape]
     keys = jax.random.split(jax.random.key(T), 3)
     q = jax.random.normal(keys[0], (B, T, N, H)).astype(dtype)
     k, v = (jax.random.normal(kk, (B, T, K, H)).astype(dtype) for kk in keys[1:])
     mask = MASKS[mask_name]()
-    fns = {impl: _fn(mask, impl, mode, (q, k, v)) for impl in ("xla", "blockwise")}
-    args = fns["xla"][1]
-    fns = {impl: f for impl, (f, _) in fns.items()}
+    fns, args = harness.directed(
+        {impl: functools.partial(attnlab.attention, mask=mask, implementation=impl) for impl in ("xla", "blockwise")},
+        mode,
+        (q, k, v),
+    )  # forward+backward: the gradients for the fixed output cotangent
     t0 = time.perf_counter()
     outs = {impl: jax.block_until_ready(f(*args)) for impl, f in fns.items()}
     compile_s = time.perf_counter() - t0

@@ -77,6 +77,7 @@ __all__ = [
     "DIRECTIONS",
     "cotangent",
     "with_direction",
+    "directed",
     "fwd_bwd",
     "cpu_info",
     "host_devices",
@@ -123,6 +124,12 @@ def with_direction(fwd: Callable, direction: str, args: tuple) -> tuple[Callable
     if direction == "fwd":
         return fwd, args
     return fwd_bwd(fwd), (*args, cotangent(args[0].shape, args[0].dtype))
+
+
+def directed(fwds: Mapping[Any, Callable], direction: str, args: tuple) -> tuple[dict, tuple]:
+    """``with_direction`` for several contenders on the same arguments: ``({name: jit(fn)}, args)``."""
+    jitted = {name: jax.jit(with_direction(f, direction, args)[0]) for name, f in fwds.items()}
+    return jitted, with_direction(lambda *a: None, direction, args)[1]  # the arguments alone: the same for each
 
 
 def fwd_bwd(fwd: Callable) -> Callable:
