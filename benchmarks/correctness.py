@@ -47,7 +47,7 @@ class CorrCase:
 def corr_cases(sz) -> list[CorrCase]:
     """The cases in the order they run (each for every head dim and dtype before the next, so a budget
     cut leaves out whole cases, last first): full, causal, traced padding, the scores (causal), the
-    windows, the graph."""
+    windows, the graph; only those whose mask name is in ``sz.corr_masks`` where that is set."""
     B, T, N, _ = sz.corr_shape
     rng = np.random.default_rng(0)
     q_len = np.array([T - T // 7, T], np.int32)[:B]  # batch 1 has no keys at all: every row empty
@@ -66,11 +66,12 @@ def corr_cases(sz) -> list[CorrCase]:
     for name in sz.corr_scores:  # the additive reference is [B, N, T, S, H]: at a length where it fits
         t = T if name != "additive" else min(T, int((sz.dense_ref_bytes / (B * N * max(sz.corr_heads) * 4)) ** 0.5))
         out.append(CorrCase("causal", (lambda lens: masks.causal(),), None, name, t - t % 8))
-    return out + [
+    out += [
         CorrCase(f"window({w},0)", (lambda lens: masks.window(w, 0),), None, "dot", T),
         CorrCase(f"window({w2},{w2})", (lambda lens: masks.window(w2, w2),), None, "dot", T),
         CorrCase("graph_1pct", graphs, None, "dot", T),
     ]
+    return [c for c in out if sz.corr_masks is None or c.mask in sz.corr_masks]
 
 
 def corr_score(name: str, N: int, H: int):

@@ -115,6 +115,7 @@ class Sizes:
     additive_at: tuple = ((64, 4096),)  # (H, T) of the additive speed case
     corr_scores: tuple = ("softcap", "alibi_mod", "additive")
     corr_dtypes: tuple = ("bfloat16", "float32")
+    corr_masks: tuple | None = None  # the correctness cases' mask names to run (None: every case)
     dense_ref_bytes: int = 2**31  # the additive reference's [B, N, T, S, H] fp32 tensor at most
     blocks: tuple = ((64, 64), (128, 64), (64, 128), (128, 128))  # (block_q, block_k) of the blocks section
 

@@ -205,6 +205,46 @@ def _np_expected(case, dtype):
     return np_attention(q, k, v, mask=_dense(make(), t, s))[0]
 
 
+@functools.cache
+def _reference(case, dtype):
+    """The reference's output and gradients on a case's inputs (computed once per process, for every kernel)."""
+    (t, s), make = CASES[case]
+    q, k, v = qkv((B, t, N, H), s=s, kv_heads=K, dtype=DTYPES[dtype])
+    mask = make()
+    return fwd_and_grads(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=mask), q, k, v)
+
+
+def _score_inputs(t, s, dt):
+    q, k, v = qkv((B, t, N, H), s=s, kv_heads=K, dtype=dt, seed=8)
+    return q * 4.0, k, v  # large logits, so a cap matters
+
+
+@functools.cache
+def _score_reference(score_case, mask_case, dtype):
+    """The reference's output and gradients (q, k, v, the score) of a score case, and its output with the plain
+    dot product (computed once per process, for every kernel)."""
+    (t, s), make = CASES[mask_case]
+    q, k, v = _score_inputs(t, s, DTYPES[dtype])
+    score, kw = SCORE_CASES[score_case]()
+    mask = make()
+    ref = lambda q, k, v, sc: attnlab.attention_reference(q, k, v, mask=mask, score=sc, **kw)  # noqa: E731
+    return (*fwd_and_grads(ref, q, k, v, score), attnlab.attention_reference(q, k, v, mask=mask, bias=kw.get("bias")))
+
+
+@functools.cache
+def _vmap_reference(case, dtype):
+    """A loop of unbatched reference calls over a vmap case's examples, in fp32 on the same values: output and
+    gradients (computed once per process, for every kernel)."""
+    dt = DTYPES[dtype]
+    data, make = VMAP_CASES[case]
+    take = lambda b: None if data is None else jax.tree.map(lambda a: a[b], data)  # noqa: E731
+
+    def loop(q, k, v):
+        return jnp.stack([attnlab.attention_reference(q[b], k[b], v[b], mask=make(take(b))) for b in range(VB)])
+
+    return fwd_and_grads(lambda *a: loop(*_upcast(*a)).astype(dt), *qkv((VB, VT, 2, H), dtype=dt, seed=3))
+
+
 def _huge_negative_bias(q_idx, k_idx):
     """finfo.min on every entry of odd query rows, 0.5 * (k - q) elsewhere: [T', S']."""
     rel = 0.5 * (k_idx[None, :] - q_idx[:, None]).astype(jnp.float32)
@@ -304,7 +344,7 @@ class Conformance:
         self.require(q, k, v, mask=mask)
 
         out, grads = fwd_and_grads(lambda q, k, v: self.attention(q, k, v, mask=mask), q, k, v)
-        out_r, grads_r = fwd_and_grads(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=mask), q, k, v)
+        out_r, grads_r = _reference(case, dtype)
         assert out.shape == (B, t, N, H) and out.dtype == dt
         compare(out, out_r, tol(dt))
         compare(out, _np_expected(case, dtype), tol(dt))
@@ -340,17 +380,14 @@ class Conformance:
         """Scores with a tile form: outputs and gradients (q, k, v and the score's own arrays) = the reference."""
         (t, s), make = CASES[mask_case]
         dt = DTYPES[dtype]
-        q, k, v = qkv((B, t, N, H), s=s, kv_heads=K, dtype=dt, seed=8)
-        q = q * 4.0  # large logits, so a cap matters
+        q, k, v = _score_inputs(t, s, dt)
         score, kw = SCORE_CASES[score_case]()
         mask = make()
         self.require(q, k, v, mask=mask, score=score, **kw)
 
-        def run(fn):
-            return fwd_and_grads(lambda q, k, v, sc: fn(q, k, v, mask=mask, score=sc, **kw), q, k, v, score)
-
-        out, grads = run(self.attention)
-        out_r, grads_r = run(attnlab.attention_reference)
+        fn = lambda q, k, v, sc: self.attention(q, k, v, mask=mask, score=sc, **kw)  # noqa: E731
+        out, grads = fwd_and_grads(fn, q, k, v, score)
+        out_r, grads_r, plain = _score_reference(score_case, mask_case, dtype)
         compare(out, out_r, tol(dt))
         for g, g_r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads_r), strict=True):
             if g_r.dtype == jax.dtypes.float0:  # an integer array of the score (ids): no gradient
@@ -364,7 +401,6 @@ class Conformance:
             assert leaf.dtype == jax.dtypes.float0 or np.abs(np.asarray(leaf, np.float32)).max() > 0
         if mask_case == "empty_rows":
             assert not np.asarray(out[0], np.float32).any()
-        plain = attnlab.attention_reference(q, k, v, mask=mask, bias=kw.get("bias"))
         assert not np.allclose(np.asarray(out_r, np.float32), np.asarray(plain, np.float32), atol=1e-2)
 
     # ------------------------------------------------------------------------------------------
@@ -648,12 +684,9 @@ class Conformance:
                 lambda q, k, v, d: self.attention(q, k, v, mask=make(d)), (0, 0, 0, None if data is None else 0)
             )(q, k, v, data)
 
-        def loop(q, k, v):
-            return jnp.stack([attnlab.attention_reference(q[b], k[b], v[b], mask=make(take(b))) for b in range(VB)])
-
         out, grads = fwd_and_grads(vmapped, q, k, v)
         chex.assert_shape(out, q.shape)
-        out_r, grads_r = fwd_and_grads(lambda *a: loop(*_upcast(*a)).astype(dt), q, k, v)  # fp32 on the same values
+        out_r, grads_r = _vmap_reference(case, dtype)
         compare(out, out_r, tol(dt))
         for g, w in zip(grads, grads_r, strict=True):
             compare(g, w, grad_tol(dt))

@@ -324,8 +324,10 @@ def test_correctness_checks_the_mosaic_forward_with_its_own_backward_too():
     equal to the reference; at the smoke's H = 8 both say why not."""
     opts = gpu_check.Options(contenders=("mosaic",), repeats=1, minutes=tuple((s, 10.0) for s in gpu_check.SECTIONS))
     sizes = {"corr_heads": (8, 64), "corr_shape": (1, 40, 2, 1), "corr_dtypes": ("bfloat16",), "corr_scores": ()}
+    sizes["corr_masks"] = ("causal",)  # the other masks' Mosaic cells: test_mosaic
     result = gpu_check.run(smoke=True, sections=("correctness",), out=None, opts=opts, sizes=sizes)
-    rows = [r for r in result["correctness"] if r["mask"] == "causal"]
+    rows = result["correctness"]
+    assert {r["mask"] for r in rows} == {"causal"}  # corr_masks keeps only the cases it names
     by = {(r["implementation"], r["H"]): r for r in rows}
     assert {i for i, _ in by} == {"mosaic", "mosaic+mosaic_bwd"}
     assert all(by[i, 8]["status"] == "unsupported" for i in ("mosaic", "mosaic+mosaic_bwd"))
