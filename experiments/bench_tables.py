@@ -1,7 +1,7 @@
 """The committed benchmark results (``benchmarks/results/cpu-2core-shared/``) as the docs' tables.
 
 One function per benchmark, each taking the results folder and the committed file's name and
-returning markdown: ``suite`` / ``graph`` / ``memory`` (``make bench``), ``ring_memory``,
+returning markdown: ``suite`` / ``graph`` / ``memory`` / ``ratios_by_host`` (``make bench``), ``ring_memory``,
 ``traced_padding``, ``ring_balance``, ``inspect_memory``, ``compare`` (``make compare-main``),
 ``packed_docs``, ``scores``, ``flex``, ``adopt`` (``make adopt-bench``), ``profile_ops``, ``call_costs``
 (``make profile-window``); the CPU dispatch rules' tables are ``experiments.dispatch_tables``. Each table
@@ -73,7 +73,35 @@ def suite(folder, file: str, suite: str, per_token: bool = False) -> str:
                 r = by.get((impl, n), {})
                 row.append(f"{r[k]:.2f}x" if k in r else "")
         rows.append(row)
-    return _md(header, rows)
+    return _md(header, rows) + _host(folder, file)
+
+
+def _host(folder, file: str) -> str:
+    host = host_line([json.loads((Path(folder) / file).read_text())["meta"]])
+    return f"\n{host}\n" if host else ""
+
+
+def ratios_by_host(folder, files: tuple[str, ...]) -> str:
+    """attnlab's ratios to its peers in each ``make bench`` file (one column per file, named by its host):
+    peer time / attnlab time, above 1 attnlab faster; only the cells every file has."""
+    runs = [json.loads((Path(folder) / f).read_text()) for f in files]
+    cells = [
+        {(r["suite"], r["N"], r["impl"], k[5:]): v for r in run["records"] for k, v in r.items() if k[:5] == "x_vs_"}
+        for run in runs
+    ]
+    header = ["suite", "N", "attnlab", "vs"]
+    for run in runs:
+        simd = "AVX-512" if "avx512f" in run["meta"]["host"]["cpu_simd_flags"] else "AVX2"
+        label = f"{run['meta']['host']['cpu_model'].split(' Processor')[0]} ({simd})"
+        same = sum(h.startswith(label) for h in header)
+        header.append(label + (f" run {same + 1}" if same else ""))
+    rows = [
+        [suite, f"{n // 1024}K" if n < 10**6 else f"{n:,} edges", _IMPL_NAMES.get(impl, impl), peer]
+        + [f"{c[(suite, n, impl, peer)]:.2f}x" for c in cells]
+        for (suite, n, impl, peer) in cells[0]
+        if all((suite, n, impl, peer) in c for c in cells)
+    ]
+    return _md(header, rows) + f"\n{host_line([run['meta'] for run in runs])}\n"
 
 
 def graph(folder, file: str) -> str:
@@ -83,7 +111,7 @@ def graph(folder, file: str) -> str:
         ratio = next((f"{v:.2f}x vs {k[len('x_vs_') :]}" for k, v in r.items() if k.startswith("x_vs_")), "")
         temp = f"{r['temp_mb']:.0f}" if "temp_mb" in r else ""
         rows.append([r["impl"], f"{r['ms']:,.0f}", temp, ratio])
-    return f"{records[0]['suite']}:\n\n" + _md(["implementation", "ms", "temp MB", "ratio"], rows)
+    return f"{records[0]['suite']}:\n\n" + _md(["implementation", "ms", "temp MB", "ratio"], rows) + _host(folder, file)
 
 
 def memory(folder, file: str) -> str:
@@ -93,8 +121,7 @@ def memory(folder, file: str) -> str:
         for r in records
     ]
     header = ["N", "blockwise temp MB", "arguments + outputs MB", "one dense fp32 [N, T, S] logits array MB"]
-    host = host_line([json.loads((Path(folder) / file).read_text())])
-    return _md(header, rows) + (f"\n{host}\n" if host else "")
+    return _md(header, rows) + _host(folder, file)
 
 
 def ring_memory(folder) -> str:

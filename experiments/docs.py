@@ -113,6 +113,12 @@ TABLES: dict[str, Callable[[Path], str]] = {
         "experiments.bench_tables:suite", BENCH, file=BENCH_RUN, suite="window ±128 fwd+bwd", per_token=True
     ),
     "bench-graph": table("experiments.bench_tables:graph", BENCH, file=BENCH_RUN),
+    # make bench on the AVX-512 Xeon (2026-12-06) and twice on the AVX2 EPYC (2026-12-07): attnlab's ratios
+    "bench-hosts": table(
+        "experiments.bench_tables:ratios_by_host",
+        BENCH,
+        files=(BENCH_RUN, "bench_avx2host.json", "bench_avx2host_run2.json"),
+    ),
     # make bench's memory suite, rerun with the one forward+backward (2026-12-07)
     "bench-memory": table("experiments.bench_tables:memory", BENCH, file="bench_memory.json"),
     "ring-memory": table("experiments.bench_tables:ring_memory", BENCH),
@@ -121,6 +127,13 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-wide": table("experiments.bench_tables:compare", BENCH, name="compare_wide.json"),
     "compare-tilecore": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f.json"),
     "compare-tilecore-run2": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_run2.json"),
+    "compare-tilecore-avx2": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f_avx2.json"),
+    "compare-tilecore-avx2-run2": table(
+        "experiments.bench_tables:compare", BENCH, name="compare_04a795f_avx2_run2.json"
+    ),
+    "compare-tilecore-avx2-same-process": table(
+        "experiments.bench_tables:compare", BENCH, name="compare_04a795f_avx2_same_process.json"
+    ),
     "compare-flex": table(
         "experiments.bench_tables:compare_bench",
         BENCH,
