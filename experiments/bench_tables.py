@@ -325,7 +325,7 @@ def profile_ops(folder, names: tuple) -> str:
             ]
         )
     rows.append(["all ops", *(f"{t:.0f}" for t in totals)])
-    return _md(["kind of op", *(f"run {i + 1}: ms (share)" for i in range(len(runs)))], rows)
+    return _md(["kind of op", *(f"run {i + 1}: ms (share)" for i in range(len(runs)))], rows) + f"\n{host_line(runs)}\n"
 
 
 _COSTS = {
@@ -342,13 +342,14 @@ def call_costs(folder, names: tuple) -> str:
     """``make profile-window``'s ``call_costs`` (``harness.call_costs``): what one untraced call costs the
     host per call, one column per committed run ``names``, and beside it the same call with freed memory
     kept by the C library (``call_costs_pages_kept``) where the run has it."""
-    runs, heads = [], []
+    runs, heads, files = [], [], []
     for i, n in enumerate(names):
         d = json.loads((Path(folder) / n).read_text())
+        files.append(d)
         runs.append(d["call_costs"])
         heads.append(f"run {i + 1}")
         if "call_costs_pages_kept" in d:
             runs.append(d["call_costs_pages_kept"])
             heads.append(f"run {i + 1}, pages kept")
     rows = [[label, *(f"{r[key]:.0f}" for r in runs)] for key, label in _COSTS.items()]
-    return _md(["per call", *heads], rows)
+    return _md(["per call", *heads], rows) + f"\n{host_line(files)}\n"

@@ -180,6 +180,16 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "profile-window-costs": table(
         "experiments.bench_tables:call_costs", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
     ),
+    "profile-window-avx2": table(
+        "experiments.bench_tables:profile_ops",
+        BENCH,
+        names=("profile_window16k_avx2.json", "profile_window16k_avx2_run2.json"),
+    ),
+    "profile-window-costs-avx2": table(
+        "experiments.bench_tables:call_costs",
+        BENCH,
+        names=("profile_window16k_avx2.json", "profile_window16k_avx2_run2.json"),
+    ),
     "packed-docs": table("experiments.bench_tables:packed_docs", BENCH),
     "scores": table("experiments.bench_tables:scores", BENCH),
     "flex": table("experiments.bench_tables:flex", BENCH),
