@@ -1,0 +1,27 @@
+"""experiments.bench_tables on hand-written files: the ratios-by-host table of ``make bench`` runs."""
+
+import json
+
+from experiments import bench_tables
+
+
+def _run(tmp_path, name, model, flags, records):
+    host = {"cpu_model": model, "cpu_simd_flags": flags, "host_cpus": 2}
+    meta = {"host": host, "jax": "0.10.2", "date": "2026-12-07"}
+    (tmp_path / name).write_text(json.dumps({"meta": meta, "records": records}))
+
+
+def test_ratios_by_host_puts_each_runs_ratio_under_its_host_and_keeps_only_shared_cells(tmp_path):
+    full = {"suite": "full fwd", "impl": "attnlab.blockwise", "N": 1024, "ms": 1.0}
+    graph = {"suite": "graph", "impl": "attnlab.sparse (layer)", "N": 1_000_000, "ms": 1.0}
+    _run(tmp_path, "a.json", "Intel(R) Xeon(R) Processor", ["avx2", "avx512f"], [full | {"x_vs_torch.sdpa": 0.556}])
+    for name, ratio in (("b.json", 1.454), ("c.json", 0.85)):
+        only_here = graph | {"x_vs_pyg": 2.0}  # not in a.json: no row
+        _run(tmp_path, name, "AMD EPYC", ["avx2"], [full | {"x_vs_torch.sdpa": ratio}, only_here])
+    lines = bench_tables.ratios_by_host(tmp_path, ("a.json", "b.json", "c.json")).strip().splitlines()
+    hosts = "Intel(R) Xeon(R) (AVX-512) | AMD EPYC (AVX2) | AMD EPYC (AVX2) run 2"
+    assert lines[0] == f"| suite | N | attnlab | vs | {hosts} |"
+    assert lines[2] == "| full fwd | 1K | attnlab (1 device) | torch.sdpa | 0.56x | 1.45x | 0.85x |"
+    assert len([line for line in lines if line.startswith("|")]) == 3  # header, rule, the one shared cell
+    assert "Host: Intel(R) Xeon(R) Processor, 2 CPUs (avx2, avx512f)" in lines[-1]
+    assert "Host: AMD EPYC, 2 CPUs (avx2); jax 0.10.2, 2026-12-07." in lines[-1]
