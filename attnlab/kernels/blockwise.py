@@ -47,6 +47,7 @@ from attnlab.kernels.xla_loops import (  # the lax loops on the tile core (also 
     LoopSpec,
     backward,
     backward_wide,
+    flat_kv,
     forward,
     forward_wide,
     row_tiles,
@@ -197,7 +198,7 @@ def _flash_wide(q, k, v, mask, leaves, consts, starts, ls, bias_fn):
 
 
 def _flash_wide_fwd(q, k, v, mask, leaves, consts, starts, ls, bias_fn):
-    (qs, ks, vs), untile_vjp = jax.vjp(lambda q, k, v: (tile_q(q, ls), tile_kv(k, ls), tile_kv(v, ls)), q, k, v)
+    (qs, ks, vs), untile_vjp = jax.vjp(lambda q, k, v: (tile_q(q, ls), flat_kv(k, ls), flat_kv(v, ls)), q, k, v)
     out, lse = forward_wide(qs, ks, vs, mask, leaves, consts, starts, ls=ls, bias_fn=bias_fn)
     T = q.shape[1]
     rows = (

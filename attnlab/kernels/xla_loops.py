@@ -45,6 +45,7 @@ __all__ = [
     "tile_q",
     "row_tiles",
     "tile_kv",
+    "flat_kv",
     "untile",
     "tile_keep",
 ]
@@ -339,17 +340,11 @@ def wide_spans(layout: np.ndarray, S: int, bk: int, max_keys: int, max_pairs: in
 WIDE_UNROLL = 8
 
 
-def _flat_kv(x):
-    """Key/value tiles ``[nk, B*K, bk, D]`` -> ``[B*K, nk*bk, D]``."""
-    nk, BK, bk, D = x.shape
-    return jnp.swapaxes(x, 0, 1).reshape(BK, nk * bk, D)
-
-
 def forward_wide(q, k, v, mask, leaves, consts, starts, *, ls: LoopSpec, bias_fn, rows: bool = False):
     """The forward over one key span per query block (``wide_spans``): same outputs as ``forward``.
 
-    Tiles (``rows=False``): q ``[nq, B*K, G*bq, H]`` (pre-scaled), k, v ``[nk, B*K, bk, H|Hv]``; returns out
-    ``[nq, B*K, G*bq, Hv]`` and ``(m, log l)``, each ``[nq, B*K, G*bq]`` (fp32).
+    Tiles (``rows=False``): q ``[nq, B*K, G*bq, H]`` (pre-scaled), k, v ``[B*K, nk*bk, H|Hv]`` (``flat_kv``);
+    returns out ``[nq, B*K, G*bq, Hv]`` and ``(m, log l)``, each ``[nq, B*K, G*bq]`` (fp32).
 
     Rows (``rows=True``): q ``[B, nq*bq, N, H]`` (unscaled), k, v ``[B, nk*bk, K, H|Hv]`` (lengths padded to
     whole blocks); each step slices its ``bq`` query rows and its span of ``W`` keys and moves only those
@@ -375,7 +370,7 @@ def forward_wide(q, k, v, mask, leaves, consts, starts, *, ls: LoopSpec, bias_fn
 
         kf, vf = k, v
     else:
-        kf, vf = _flat_kv(k), _flat_kv(v)
+        kf, vf = k, v
         query = q.__getitem__
 
         def span(x, k0):
@@ -413,11 +408,12 @@ def forward_wide(q, k, v, mask, leaves, consts, starts, *, ls: LoopSpec, bias_fn
 
 
 def backward_wide(q, k, v, mask, leaves, consts, starts, out, lse, dout, *, ls: LoopSpec, bias_fn, dlse=None):
-    """The backward of ``forward_wide``: a scan over query blocks adding each span's dk, dv in place.
-    Returns ``(dq, dk, dv, d_leaves, d_consts)`` as ``backward``."""
-    nk, BK, bk, H = k.shape
+    """The backward of ``forward_wide`` on tiles (k, v ``[B*K, nk*bk, H|Hv]``, ``flat_kv``): a scan over query
+    blocks adding each span's dk, dv in place. Returns ``(dq, dk, dv, d_leaves, d_consts)`` as ``backward``,
+    dk and dv in k and v's layout."""
+    BK, S, H = k.shape
     Hv, W = v.shape[-1], ls.wide
-    kf, vf = _flat_kv(k), _flat_kv(v)
+    kf, vf = k, v
     delta = core.softmax_delta(out, dout, dlse)
 
     def one(carry, args):
@@ -444,19 +440,16 @@ def backward_wide(q, k, v, mask, leaves, consts, starts, out, lse, dout, *, ls: 
         return (add(dkt, dk_j), add(dvt, dv_j), dls, dcs), dq_i
 
     init = (
-        jnp.zeros((BK, H, nk * bk), jnp.float32),
-        jnp.zeros((BK, Hv, nk * bk), jnp.float32),
+        jnp.zeros((BK, H, S), jnp.float32),
+        jnp.zeros((BK, Hv, S), jnp.float32),
         tuple(jnp.zeros(x.shape, jnp.float32) for x in leaves),
         tuple(jnp.zeros(x.shape, jnp.float32) for x in consts),
     )
     iq = jnp.arange(q.shape[0], dtype=jnp.int32)
     xs = (q, dout, lse[0], lse[1], delta, iq, starts)
     (dkt, dvt, dls, dcs), dq = jax.lax.scan(one, init, xs, unroll=WIDE_UNROLL)
-
-    def tiles(xt):  # [B*K, D, nk*bk] -> [nk, B*K, bk, D]
-        return xt.reshape(BK, xt.shape[1], nk, bk).transpose(2, 0, 3, 1)
-
-    return dq * ls.core.grad_scale, tiles(dkt) * ls.core.grad_scale, tiles(dvt), dls, dcs
+    dk, dv = jnp.swapaxes(dkt, 1, 2), jnp.swapaxes(dvt, 1, 2)  # [B*K, nk*bk, D]
+    return dq * ls.core.grad_scale, dk * ls.core.grad_scale, dv, dls, dcs
 
 
 # ------------------------------------------------------------------------------------------
@@ -485,6 +478,15 @@ def tile_kv(x, ls: LoopSpec):
     nk = -(-S // bk)
     x = jnp.pad(x.astype(ls.compute_dtype), ((0, 0), (0, nk * bk - S), (0, 0), (0, 0)))
     return x.reshape(B, nk, bk, K, D).transpose(1, 0, 3, 2, 4).reshape(nk, B * K, bk, D)
+
+
+def flat_kv(x, ls: LoopSpec):
+    """``[B, S, K, D]`` -> one row of keys per head ``[B*K, nk*bk, D]`` (compute dtype, S padded to nk*bk): a
+    band's layout, each query block's span a slice of it (one move, where tiles then rows were two)."""
+    B, S, K, D = x.shape
+    nk = -(-S // ls.bk)
+    x = jnp.pad(x.astype(ls.compute_dtype), ((0, 0), (0, nk * ls.bk - S), (0, 0), (0, 0)))
+    return jnp.swapaxes(x, 1, 2).reshape(B * K, nk * ls.bk, D)
 
 
 def untile(out, ls: LoopSpec, T: int):
