@@ -136,6 +136,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     ),
     "compare-flat-kv": table("experiments.bench_tables:compare", BENCH, name="compare_2dd3877_flat_kv.json"),
     "compare-flat-kv-run2": table("experiments.bench_tables:compare", BENCH, name="compare_2dd3877_flat_kv_run2.json"),
+    "compare-flat-kv-04a795f": table(
+        "experiments.bench_tables:compare", BENCH, name="compare_04a795f_avx2_same_process_flat_kv.json"
+    ),
     "compare-flex": table(
         "experiments.bench_tables:compare_bench",
         BENCH,
