@@ -44,6 +44,9 @@ BENCH = "benchmarks/results/cpu-2core-shared"
 H200 = "benchmarks/results/h200"
 PAGES = ("README.md", "docs/*.md")
 BENCH_RUN = "bench.json"  # make bench: every suite in one run, 2026-12-06
+# make profile-window: two runs on the AVX-512 Xeon (2026-12-06), two on the AVX2 EPYC (2026-12-07)
+PROFILE_RUNS = ("profile_window16k.json", "profile_window16k_run2.json")
+PROFILE_RUNS_AVX2 = ("profile_window16k_avx2.json", "profile_window16k_avx2_run2.json")
 
 MARKERS = re.compile(
     r"(?P<begin><!-- begin generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(?P<end><!-- end generated: (?P=name) -->)",
@@ -155,9 +158,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-unroll": table("experiments.bench_tables:compare", BENCH, name="compare_ee32ec5_unroll.json"),
     "compare-unroll-run2": table("experiments.bench_tables:compare", BENCH, name="compare_ee32ec5_unroll_run2.json"),
     "adopt": table("experiments.bench_tables:adopt", BENCH, names=("adopt.json", "adopt_run2.json")),
-    "profile-window": table(
-        "experiments.bench_tables:profile_ops", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
-    ),
+    "profile-window": table("experiments.bench_tables:profile_ops", BENCH, names=PROFILE_RUNS),
     "dense-fusion": table(
         "experiments.dispatch_tables:dense_fusion",
         BENCH,
@@ -182,19 +183,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "crossover": table(
         "experiments.dispatch_tables:crossover", BENCH, names=("crossover_ct.json", "crossover_ct_run2.json")
     ),
-    "profile-window-costs": table(
-        "experiments.bench_tables:call_costs", BENCH, names=("profile_window16k.json", "profile_window16k_run2.json")
-    ),
-    "profile-window-avx2": table(
-        "experiments.bench_tables:profile_ops",
-        BENCH,
-        names=("profile_window16k_avx2.json", "profile_window16k_avx2_run2.json"),
-    ),
-    "profile-window-costs-avx2": table(
-        "experiments.bench_tables:call_costs",
-        BENCH,
-        names=("profile_window16k_avx2.json", "profile_window16k_avx2_run2.json"),
-    ),
+    "profile-window-costs": table("experiments.bench_tables:call_costs", BENCH, names=PROFILE_RUNS),
+    "profile-window-avx2": table("experiments.bench_tables:profile_ops", BENCH, names=PROFILE_RUNS_AVX2),
+    "profile-window-costs-avx2": table("experiments.bench_tables:call_costs", BENCH, names=PROFILE_RUNS_AVX2),
     "packed-docs": table("experiments.bench_tables:packed_docs", BENCH),
     "scores": table("experiments.bench_tables:scores", BENCH),
     "flex": table("experiments.bench_tables:flex", BENCH),

@@ -191,8 +191,9 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 def _flash_wide(q, k, v, mask, leaves, consts, starts, ls, bias_fn):
     """One key span per query block (``ls.wide``) on the ``[B, T, N, H]`` layout, T and S padded to whole
     blocks: (out [B, T, N, Hv] fp32, lse [B, T, N] fp32, -inf on empty rows). The forward alone reads its
-    tiles from that layout in place (``forward_wide(rows=True)``); under differentiation the arrays are tiled
-    once and shared by the forward and ``backward_wide``."""
+    tiles from that layout in place (``forward_wide(rows=True)``); under differentiation the queries are tiled
+    and the keys and values laid out one row per head (``flat_kv``) once, shared by the forward and
+    ``backward_wide``."""
     out, lse = forward_wide(q, k, v, mask, leaves, consts, starts, ls=ls, bias_fn=bias_fn, rows=True)
     return out, core.lse_natural(*lse, base2=ls.core.base2)
 

@@ -471,22 +471,26 @@ def row_tiles(x, ls: LoopSpec):
     return x.reshape(B, nq, bq, K, G, D).transpose(1, 0, 3, 4, 2, 5).reshape(nq, B * K, G * bq, D)
 
 
+def _padded_keys(x, ls: LoopSpec):
+    """``[B, S, K, D]`` in the compute dtype, S padded to whole key blocks (``nk * bk``)."""
+    S = x.shape[1]
+    return jnp.pad(x.astype(ls.compute_dtype), ((0, 0), (0, -(-S // ls.bk) * ls.bk - S), (0, 0), (0, 0)))
+
+
 def tile_kv(x, ls: LoopSpec):
     """``[B, S, K, D]`` -> key/value tiles ``[nk, B*K, bk, D]`` (compute dtype, S padded to nk*bk)."""
+    x = _padded_keys(x, ls)
     B, S, K, D = x.shape
-    bk = ls.bk
-    nk = -(-S // bk)
-    x = jnp.pad(x.astype(ls.compute_dtype), ((0, 0), (0, nk * bk - S), (0, 0), (0, 0)))
-    return x.reshape(B, nk, bk, K, D).transpose(1, 0, 3, 2, 4).reshape(nk, B * K, bk, D)
+    nk = S // ls.bk
+    return x.reshape(B, nk, ls.bk, K, D).transpose(1, 0, 3, 2, 4).reshape(nk, B * K, ls.bk, D)
 
 
 def flat_kv(x, ls: LoopSpec):
     """``[B, S, K, D]`` -> one row of keys per head ``[B*K, nk*bk, D]`` (compute dtype, S padded to nk*bk): a
     band's layout, each query block's span a slice of it (one move, where tiles then rows were two)."""
+    x = _padded_keys(x, ls)
     B, S, K, D = x.shape
-    nk = -(-S // ls.bk)
-    x = jnp.pad(x.astype(ls.compute_dtype), ((0, 0), (0, nk * ls.bk - S), (0, 0), (0, 0)))
-    return jnp.swapaxes(x, 1, 2).reshape(B * K, nk * ls.bk, D)
+    return jnp.swapaxes(x, 1, 2).reshape(B * K, S, D)
 
 
 def untile(out, ls: LoopSpec, T: int):
