@@ -206,6 +206,20 @@ def compare(folder, name: str) -> str:
     return _md(header, rows) + (f"\n{host}\n" if (host := host_line([data])) else "")
 
 
+def compare_steps(folder, names: tuple) -> str:
+    """Consecutive ``compare_commits --same_process`` runs, one commit step each (a bisection of a change in
+    time): per step and cell the best ms of both commits, their ratio and each round's ratio (median, range)."""
+    runs = [json.loads((Path(folder) / n).read_text()) for n in names]
+    rows = [
+        [f"{run['meta']['base']} -> {run['meta']['head']}", r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}",
+         f"{r['ratio']:.2f}", "{median:.2f} ({min:.2f}-{max:.2f})".format(**r["round_ratios"])]
+        for run in runs
+        for r in run["rows"]
+    ]  # fmt: skip
+    header = ["step (before -> after)", "cell", "before ms", "after ms", "after / before", "per round: median (range)"]
+    return _md(header, rows) + f"\n{host_line(runs)}\n"
+
+
 def compare_bench(folder, names: tuple) -> str:
     """``make compare-flex`` (``compare_commits --bench``): per record and ratio, base and head in each run
     (the runs side by side), from the committed ``names`` JSON."""

@@ -142,6 +142,14 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-flat-kv-04a795f": table(
         "experiments.bench_tables:compare", BENCH, name="compare_04a795f_avx2_same_process_flat_kv.json"
     ),
+    "compare-bisect-avx2": table(
+        "experiments.bench_tables:compare_steps",
+        BENCH,
+        names=tuple(
+            f"bisect_window16k_{step}.json"
+            for step in ("04a795f_0938d59", "0938d59_f13c103", "f13c103_740154a", "740154a_84faa47")
+        ),
+    ),
     "compare-flex": table(
         "experiments.bench_tables:compare_bench",
         BENCH,

@@ -1,4 +1,4 @@
-"""experiments.bench_tables on hand-written files: the ratios-by-host table of ``make bench`` runs."""
+"""experiments.bench_tables on hand-written files: make bench's ratios by host, a bisection's steps."""
 
 import json
 
@@ -25,3 +25,20 @@ def test_ratios_by_host_puts_each_runs_ratio_under_its_host_and_keeps_only_share
     assert len([line for line in lines if line.startswith("|")]) == 3  # header, rule, the one shared cell
     assert "Host: Intel(R) Xeon(R) Processor, 2 CPUs (avx2, avx512f)" in lines[-1]
     assert "Host: AMD EPYC, 2 CPUs (avx2); jax 0.10.2, 2026-12-07." in lines[-1]
+
+
+def test_compare_steps_puts_each_step_on_its_own_row_with_its_rounds(tmp_path):
+    host = {"cpu_model": "AMD EPYC", "cpu_simd_flags": ["avx2"], "host_cpus": 2}
+    for name, base, head, (b, h), rounds in (
+        ("s1.json", "aaa", "bbb", (700.0, 791.0), [0.9, 1.13, 1.05]),
+        ("s2.json", "bbb", "ccc", (800.0, 736.0), [0.82, 0.92, 1.09]),
+    ):
+        ratios = {"median": sorted(rounds)[1], "min": min(rounds), "max": max(rounds)}
+        row = {"cell": "window 16384 fwd+bwd", "base_ms": b, "head_ms": h, "ratio": h / b, "round_ratios": ratios}
+        meta = {"host": host, "jax": "0.10.2", "date": "2026-12-07", "base": base, "head": head, "same_process": True}
+        (tmp_path / name).write_text(json.dumps({"meta": meta, "rows": [row]}))
+    lines = bench_tables.compare_steps(tmp_path, ("s1.json", "s2.json")).strip().splitlines()
+    assert lines[0].startswith("| step (before -> after) | cell | before ms | after ms | after / before |")
+    assert lines[2] == "| aaa -> bbb | window 16384 fwd+bwd | 700.0 | 791.0 | 1.13 | 1.05 (0.90-1.13) |"
+    assert lines[3] == "| bbb -> ccc | window 16384 fwd+bwd | 800.0 | 736.0 | 0.92 | 0.92 (0.82-1.09) |"
+    assert lines[-1] == "Host: AMD EPYC, 2 CPUs (avx2); jax 0.10.2, 2026-12-07."
