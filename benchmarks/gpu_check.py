@@ -61,6 +61,7 @@ import json
 import os
 import tempfile
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -531,6 +532,8 @@ def print_tables(result: dict) -> None:
 
 
 def main(_):
+    # jax 0.11 warns at each Pallas Triton kernel's lowering (hundreds of lines in a run): a known choice
+    warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
     ints = lambda values: tuple(int(x) for x in values)  # noqa: E731
     opts = Options(
         contenders=tuple(FLAGS.contenders) or None, cases=tuple(FLAGS.cases) or None, repeats=FLAGS.repeats,

@@ -126,6 +126,13 @@ def _kernel_call(plgpu, body, out_type, **kw):
     return plgpu.kernel(body, **{key: out_type}, **kw)
 
 
+def _lane_semantics(plgpu) -> dict:
+    """The per-lane lowering (explicit register layouts), which these kernels are written for and checked in:
+    jax 0.11 made per-warpgroup lowering the default, so it is asked for by name where jax has the choice."""
+    semantics = getattr(plgpu, "LoweringSemantics", None)
+    return {} if semantics is None else {"lowering_semantics": semantics.Lane}
+
+
 def _launch(plgpu, st: _Static, kernel, scratch, grid, grid_names, out_type, *args):
     """``kernel(*refs, scoped)`` on ``grid`` with three warpgroups (two consumers, one producer) and the
     run-scoped ``scratch`` (shared memory, barriers) they share; in Pallas' GPU interpreter off a GPU."""
@@ -135,7 +142,7 @@ def _launch(plgpu, st: _Static, kernel, scratch, grid, grid_names, out_type, *ar
 
         kw["interpret"] = InterpretGPUParams()
     else:
-        kw["compiler_params"] = plgpu.CompilerParams(approx_math=True)
+        kw["compiler_params"] = plgpu.CompilerParams(approx_math=True, **_lane_semantics(plgpu))
 
     def entry(*refs):
         pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch, collective_axes="wg")
@@ -225,8 +232,13 @@ def _allowed(st: _Static, q_pos, k_pos, q_len, kv_len, q_ids=None, k_ids=None):
 
 
 def _vec(plgpu, st: _Static, ref, layout):
-    """A vector from shared memory in a register layout (as it is in the GPU interpreter)."""
-    return ref[...] if st.interpret else plgpu.load(ref, (), layout=layout)
+    """A vector from shared memory in a register layout (as it is in the GPU interpreter). The whole ref: jax
+    0.10 asks for its index (``()``), jax 0.11 deprecates passing one."""
+    if st.interpret:
+        return ref[...]
+    if inspect.signature(plgpu.load).parameters["idx"].default is inspect.Parameter.empty:
+        return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, layout=layout)
 
 
 def _along(x, like, axis: int):
