@@ -249,7 +249,8 @@ def autotune(
         raise ValueError(f"autotune: implementation={implementation!r} {why}")
     key = key_of(implementation, call, backend, direction)
     configs = list(tunable.space(call, backend) if candidates is None else candidates)
-    rows, t_start, args = [], time.perf_counter(), (call.q, call.k, call.v)
+    rows, t_start = [], time.perf_counter()
+    args = _args(call, direction)
     workers = max(1, compile_workers)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         ahead = None  # with workers > 1: every candidate's compile, queued at once
@@ -281,7 +282,8 @@ def autotune(
 
 
 def _program(tunable, call, config, direction):
-    """A jitted function of (q, k, v) running the call with ``config``: forward, or forward and gradients."""
+    """A jitted function running the call with ``config``: the forward of (q, k, v), or the gradients of q, k
+    and v for an output cotangent passed last (``_args``), as training computes them."""
 
     def fwd(q, k, v):
         return tunable.run(dataclasses.replace(call, q=q, k=k, v=v), config)
@@ -289,11 +291,23 @@ def _program(tunable, call, config, direction):
     if direction == "fwd":
         return jax.jit(fwd)
 
-    def fwd_bwd(q, k, v):
-        out, vjp = jax.vjp(fwd, q, k, v)
-        return out, vjp(jnp.ones_like(out))
+    def fwd_bwd(q, k, v, ct):
+        _, vjp = jax.vjp(fwd, q, k, v)
+        return vjp(ct)
 
     return jax.jit(fwd_bwd)
+
+
+def _args(call, direction) -> tuple:
+    """The arguments of ``_program``: (q, k, v), and for ``"fwd_bwd"`` a fixed normal output cotangent (the
+    output's shape ``[..., T, N, Hv]`` and dtype). Not ones: the gradient of ``sum(out)`` lets XLA simplify the
+    backward it compiles, so a tile choice timed on it can be wrong for training (the benchmarks' convention
+    too: ``benchmarks.harness.cotangent``)."""
+    qkv = (call.q, call.k, call.v)
+    if direction == "fwd":
+        return qkv
+    shape = (*call.q.shape[:-1], call.Hv)
+    return (*qkv, jax.random.normal(jax.random.key(7), shape, jnp.float32).astype(call.q.dtype))
 
 
 def store(key: Key, config: dict, path: Path | str, *, ms: float | None = None, source: str | None = None) -> None:

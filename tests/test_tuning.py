@@ -78,6 +78,25 @@ def test_autotune_times_every_candidate_keeps_the_fastest_and_blockwise_then_use
     assert "| ms |" in result.table()
 
 
+def test_fwd_bwd_candidates_are_timed_on_the_gradients_for_a_normal_cotangent():
+    """The tuner's forward+backward is training's: the gradients of q, k, v for a passed output cotangent,
+    normal and fixed (not ones, whose backward XLA simplifies); they equal the reference's vjp of it."""
+    q, k, v = _x(T=96, seed=1), _x(T=96, seed=2), _x(T=96, H=8, seed=3)
+    m = masks.causal() & masks.padding(kv_lengths=[80])
+    call = bind(q, k, v, mask=m)
+    args = tuning._args(call, "fwd_bwd")
+    ct = args[-1]
+    assert len(args) == 4 and ct.shape == (1, 96, 2, 8) and ct.dtype == q.dtype
+    assert 0.8 < float(jnp.std(ct)) < 1.2 and abs(float(jnp.mean(ct))) < 0.2  # a standard normal, not ones
+    assert jnp.array_equal(ct, tuning._args(call, "fwd_bwd")[-1])  # fixed: every candidate gets the same
+    assert tuning._args(call, "fwd") == (call.q, call.k, call.v)
+    tunable = attnlab.dispatch.IMPLEMENTATIONS["blockwise"].tunable
+    grads = tuning._program(tunable, call, kernels.BlockSizes(64, 32), "fwd_bwd")(*args)
+    _, pull = jax.vjp(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=m), q, k, v)
+    for g, g_ref in zip(grads, pull(ct), strict=True):
+        np.testing.assert_allclose(g, g_ref, atol=2e-5, rtol=2e-5)
+
+
 def test_lookup_prefers_fwd_bwd_then_the_nearest_length(table):
     x = jax.ShapeDtypeStruct((1, 512, 2, 16), jnp.float32)
     call = bind(x, x, x, mask=masks.causal())
