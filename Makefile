@@ -107,7 +107,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long sweep-repeat plots \
-	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover dense-fusion gpu-check gpu-wheels compare-main compare-flex claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
+	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover dense-fusion tune-cpu gpu-check gpu-wheels compare-main compare-flex claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -339,6 +339,9 @@ profile-window: $(DEPS)  ## where the CPU window target's time goes (±128 at 16
 
 ring-balance: $(DEPS)  ## causal ring on 8 host devices: tiles per device, critical path, fwd+bwd time, contiguous vs zig-zag -> benchmarks/results/cpu-2core-shared/ring_balance.json
 	$(PY) -m benchmarks.ring_balance --out benchmarks/results/cpu-2core-shared/ring_balance.json
+
+tune-cpu: $(DEPS)  ## attnlab.autotune for the blockwise kernel on this CPU (full, causal, ±128 window, documents; fwd+bwd), the fastest tiles re-timed against the default ones -> results/tune_cpu.json (~15 min)
+	$(PY) -m benchmarks.tune_cpu --out results/tune_cpu.json
 
 traced-padding: $(DEPS)  ## bigbird(2048, 64) & padding under jit: traced vs concrete lengths (tiles chosen from the layout) -> results/traced_padding.json
 	$(PY) -m benchmarks.traced_padding --out results/traced_padding.json

@@ -109,3 +109,43 @@ def dense_key_major(folder, names: tuple) -> str:
             [f"{B} x {N} x {T}", f"{S:,}", f"{B * S * N * H:,}", *cells, xla.dense_form(B, N, N, T, S, H, "cpu")]
         )
     return _md(["B x N x T", "S", "k's elements B x S x K x H", *dirs, "rule"], rows) + f"\n{host_line(files)}\n"
+
+
+def tune_cpu_rows(result: dict, run: str = "") -> str:
+    """``make tune-cpu``'s table of one run (``benchmarks.tune_cpu``): per case the candidates autotune timed,
+    the default tiles and the fastest with their autotune times, then both re-timed in alternating rounds.
+    ``run`` is appended to each case's name."""
+    return _md(_TUNE_HEADER, _tune_rows(result, run))
+
+
+_TUNE_HEADER = ["case (fwd+bwd)", "tiles timed", "default tiles", "autotune ms", "fastest tiles", "autotune ms",
+                "re-timed default ms", "re-timed fastest ms", "fastest / default"]  # fmt: skip
+
+
+def _tune_rows(result: dict, run: str) -> list:
+    rows = []
+    for r in result["rows"]:
+        ms = {(c["config"]["block_q"], c["config"]["block_k"]): c["ms"] for c in r["candidates"]}
+        tiles = lambda t: f"{t['block_q']} x {t['block_k']}"  # noqa: E731
+        default = ms.get((r["default"]["block_q"], r["default"]["block_k"]))
+        tried = sum(m is not None for m in ms.values())
+        default = "" if default is None else f"{default:.1f}"
+        cells = [f"{r['case']} {r['T']:,}{run}", str(tried), tiles(r["default"]), default]
+        if r.get("best") is None:
+            rows.append([*cells, "", "", "", "", ""])
+            continue
+        cells += [tiles(r["best"]), f"{r['autotune_best_ms']:.1f}", f"{r['default_ms']:.1f}", f"{r['best_ms']:.1f}"]
+        same = r["best"] == r["default"]  # one program timed twice: the ratio is the run's noise
+        rows.append([*cells, f"{r['best_over_default']:.2f}" + (" (same tiles)" if same else "")])
+    return rows
+
+
+def tune_cpu(folder, names: tuple) -> str:
+    """``make tune-cpu``: the committed runs ``names``, each case's rows side by side (run k), with their host."""
+    runs = [json.loads((Path(folder) / n).read_text()) for n in names]
+    label = (lambda k: f" (run {k + 1})") if len(runs) > 1 else (lambda k: "")
+    by_case: dict = {}
+    for k, result in enumerate(runs):
+        for r, row in zip(result["rows"], _tune_rows(result, label(k)), strict=True):
+            by_case.setdefault(r["case"], []).append(row)
+    return _md(_TUNE_HEADER, [row for rows in by_case.values() for row in rows]) + f"\n{host_line(runs)}\n"

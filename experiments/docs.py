@@ -188,6 +188,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
         BENCH,
         names=("dense_key_major.json", "dense_key_major_run2.json"),
     ),
+    "tune-cpu": table(
+        "experiments.dispatch_tables:tune_cpu", BENCH, names=("tune_cpu_avx2.json", "tune_cpu_avx2_run2.json")
+    ),
     "crossover": table(
         "experiments.dispatch_tables:crossover", BENCH, names=("crossover_ct.json", "crossover_ct_run2.json")
     ),
