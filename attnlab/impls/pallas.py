@@ -79,7 +79,7 @@ def _leaves_reason(call: Call, backend: str) -> str | None:
             f"pallas: the score's {what} fails on one head's tile [1, t, s] with its arrays sliced per head "
             f"({type(e).__name__}: {str(e).splitlines()[0]})"
         )
-    used = _primitives(jaxpr.jaxpr) & (_NO_TRITON if backend != "cpu" else frozenset())
+    used = _primitives(jaxpr) & (_NO_TRITON if backend != "cpu" else frozenset())  # a ClosedJaxpr has .eqns
     if used:
         return (
             f"pallas: the score's fn uses {', '.join(sorted(used))} (forward or backward), which the Triton "
