@@ -40,7 +40,7 @@ from attnlab import platform
 
 __all__ = [
     "Key", "TuneResult", "autotune", "lookup", "cache_path", "device_kind", "mask_family", "key_of", "load",
-    "load_timed", "store",
+    "load_timed", "store", "output_cotangent",
 ]  # fmt: skip
 
 DIRECTIONS = ("fwd", "fwd_bwd")
@@ -298,16 +298,20 @@ def _program(tunable, call, config, direction):
     return jax.jit(fwd_bwd)
 
 
+def output_cotangent(shape: tuple, dtype) -> jax.Array:
+    """The output cotangent a forward+backward is timed with (here and in every benchmark, through
+    ``benchmarks.harness.cotangent``): normal, fixed. Not ones: the gradient of ``sum(out)`` lets XLA simplify
+    the backward it compiles, so a choice timed on it can be wrong for training."""
+    return jax.random.normal(jax.random.key(7), shape, jnp.float32).astype(dtype)
+
+
 def _args(call, direction) -> tuple:
-    """The arguments of ``_program``: (q, k, v), and for ``"fwd_bwd"`` a fixed normal output cotangent (the
-    output's shape ``[..., T, N, Hv]`` and dtype). Not ones: the gradient of ``sum(out)`` lets XLA simplify the
-    backward it compiles, so a tile choice timed on it can be wrong for training (the benchmarks' convention
-    too: ``benchmarks.harness.cotangent``)."""
+    """The arguments of ``_program``: (q, k, v), and for ``"fwd_bwd"`` the ``output_cotangent`` of the
+    output's shape ``[..., T, N, Hv]`` and dtype."""
     qkv = (call.q, call.k, call.v)
     if direction == "fwd":
         return qkv
-    shape = (*call.q.shape[:-1], call.Hv)
-    return (*qkv, jax.random.normal(jax.random.key(7), shape, jnp.float32).astype(call.q.dtype))
+    return (*qkv, output_cotangent((*call.q.shape[:-1], call.Hv), call.q.dtype))
 
 
 def store(key: Key, config: dict, path: Path | str, *, ms: float | None = None, source: str | None = None) -> None:

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnlab import platform as attnlab_platform  # host_cpu: the CPU model and flags, as tuning reads them
-from attnlab import testing
+from attnlab import testing, tuning
 
 __all__ = [
     "Timing",
@@ -104,9 +104,10 @@ DIRECTIONS = ("fwd", "fwd+bwd")
 
 @functools.lru_cache(maxsize=8)
 def cotangent(shape: tuple, dtype=jnp.bfloat16) -> jax.Array:
-    """The output cotangent of every forward+backward cell: normal, fixed (made once per shape). Not ones:
-    the gradient of ``sum(out)`` lets XLA simplify a backward it compiles (CHANGELOG.md, 2026-12-06)."""
-    return jax.random.normal(jax.random.key(7), shape, jnp.float32).astype(dtype)
+    """The output cotangent of every forward+backward cell, as ``attnlab.autotune`` times its candidates
+    (``attnlab.tuning.output_cotangent``: normal, fixed; made once per shape here). Not ones: the gradient of
+    ``sum(out)`` lets XLA simplify a backward it compiles (CHANGELOG.md, 2026-12-06)."""
+    return tuning.output_cotangent(shape, dtype)
 
 
 def with_direction(fwd: Callable, direction: str, args: tuple) -> tuple[Callable, tuple]:

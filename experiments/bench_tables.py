@@ -202,8 +202,13 @@ def compare(folder, name: str) -> str:
     if data["meta"].get("same_process"):  # --same_process: each round's ratio, its median and range
         header.append("per round: median (range)")
         for row, r in zip(rows, data["rows"], strict=True):
-            row.append("{median:.2f} ({min:.2f}-{max:.2f})".format(**r["round_ratios"]))
+            row.append(_rounds(r))
     return _md(header, rows) + (f"\n{host}\n" if (host := host_line([data])) else "")
+
+
+def _rounds(row: dict) -> str:
+    """A ``--same_process`` cell's per-round ratios: "median (min-max)"."""
+    return "{median:.2f} ({min:.2f}-{max:.2f})".format(**row["round_ratios"])
 
 
 def compare_steps(folder, names: tuple) -> str:
@@ -212,7 +217,7 @@ def compare_steps(folder, names: tuple) -> str:
     runs = [json.loads((Path(folder) / n).read_text()) for n in names]
     rows = [
         [f"{run['meta']['base']} -> {run['meta']['head']}", r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}",
-         f"{r['ratio']:.2f}", "{median:.2f} ({min:.2f}-{max:.2f})".format(**r["round_ratios"])]
+         f"{r['ratio']:.2f}", _rounds(r)]
         for run in runs
         for r in run["rows"]
     ]  # fmt: skip

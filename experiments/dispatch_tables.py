@@ -111,33 +111,35 @@ def dense_key_major(folder, names: tuple) -> str:
     return _md(["B x N x T", "S", "k's elements B x S x K x H", *dirs, "rule"], rows) + f"\n{host_line(files)}\n"
 
 
-def tune_cpu_rows(result: dict, run: str = "") -> str:
-    """``make tune-cpu``'s table of one run (``benchmarks.tune_cpu``): per case the candidates autotune timed,
-    the default tiles and the fastest with their autotune times, then both re-timed in alternating rounds.
-    ``run`` is appended to each case's name."""
-    return _md(_TUNE_HEADER, _tune_rows(result, run))
-
-
 _TUNE_HEADER = ["case (fwd+bwd)", "tiles timed", "default tiles", "autotune ms", "fastest tiles", "autotune ms",
                 "re-timed default ms", "re-timed fastest ms", "fastest / default"]  # fmt: skip
 
 
-def _tune_rows(result: dict, run: str) -> list:
+def _tiles(t: dict) -> str:
+    return f"{t['block_q']} x {t['block_k']}"
+
+
+def _tune_rows(result: dict, run: str = "") -> list:
+    """One run's rows (``benchmarks.tune_cpu``): per case the candidates autotune timed, the default tiles and
+    the fastest with their autotune times, then both re-timed in alternating rounds; ``run`` labels the case."""
     rows = []
     for r in result["rows"]:
-        ms = {(c["config"]["block_q"], c["config"]["block_k"]): c["ms"] for c in r["candidates"]}
-        tiles = lambda t: f"{t['block_q']} x {t['block_k']}"  # noqa: E731
-        default = ms.get((r["default"]["block_q"], r["default"]["block_k"]))
-        tried = sum(m is not None for m in ms.values())
-        default = "" if default is None else f"{default:.1f}"
-        cells = [f"{r['case']} {r['T']:,}{run}", str(tried), tiles(r["default"]), default]
+        ms = {_tiles(c["config"]): c["ms"] for c in r["candidates"]}
+        default = ms.get(_tiles(r["default"]))
+        cells = [f"{r['case']} {r['T']:,}{run}", str(sum(m is not None for m in ms.values())), _tiles(r["default"]),
+                 "" if default is None else f"{default:.1f}"]  # fmt: skip
         if r.get("best") is None:
             rows.append([*cells, "", "", "", "", ""])
             continue
-        cells += [tiles(r["best"]), f"{r['autotune_best_ms']:.1f}", f"{r['default_ms']:.1f}", f"{r['best_ms']:.1f}"]
+        cells += [_tiles(r["best"]), f"{r['autotune_best_ms']:.1f}", f"{r['default_ms']:.1f}", f"{r['best_ms']:.1f}"]
         same = r["best"] == r["default"]  # one program timed twice: the ratio is the run's noise
         rows.append([*cells, f"{r['best_over_default']:.2f}" + (" (same tiles)" if same else "")])
     return rows
+
+
+def tune_cpu_rows(result: dict) -> str:
+    """``make tune-cpu``'s table of one run, as the program prints it."""
+    return _md(_TUNE_HEADER, _tune_rows(result))
 
 
 def tune_cpu(folder, names: tuple) -> str:
