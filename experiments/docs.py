@@ -38,6 +38,8 @@ from typing import Any
 
 from absl import app, flags
 
+from experiments import figures
+
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = "docs/results/sweep"
 BENCH = "benchmarks/results/cpu-2core-shared"
@@ -58,10 +60,11 @@ MARKERS = re.compile(
 class Table:
     """One generated table: ``function(root / folder, **options)``, ``function`` named ``"module:name"``.
 
-    ``copy``: the function runs on a temporary copy of the folder (an experiment's report draws its
-    figures and writes summary.md into the folder it reads, so it never runs on the committed one),
-    its text stripped of blank lines at the ends; ``only``: copy just these files of the folder (one
-    report, two tables on two pages). ``fenced``: the text goes in a code block.
+    ``copy``: the function runs on a temporary copy of the folder (an experiment's report writes
+    summary.md into the folder it reads, so it never runs on the committed one), its text stripped of
+    blank lines at the ends; ``only``: copy just these files of the folder (one report, two tables on
+    two pages). ``fenced``: the text goes in a code block. Only the text is kept, so the figures a
+    report draws are closed unsaved (``experiments.figures.discarded``).
     """
 
     function: str
@@ -72,6 +75,10 @@ class Table:
     fenced: bool = False
 
     def __call__(self, root: Path) -> str:
+        with figures.discarded():  # only the text is kept: the figures a report draws would be thrown away
+            return self._text(Path(root))
+
+    def _text(self, root: Path) -> str:
         module, name = self.function.split(":")
         fn = getattr(importlib.import_module(module), name)
         if self.fenced:

@@ -2,7 +2,8 @@
 
 ``pyplot()`` and ``save_figure`` (re-exported by ``experiments.common``) are how every report draws;
 ``lines`` is the plot most figures are (one line per series over a common x) and ``style`` an axis' scales,
-labels and legend.
+labels and legend. Inside ``discarded()`` figures are closed unsaved: for a caller that keeps only a
+report's text (``experiments.docs`` regenerates the docs' tables from reports run on a temporary copy).
 
 Example:
     >>> plt = pyplot()
@@ -13,9 +14,13 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
 
-__all__ = ["lines", "pyplot", "save_figure", "style"]
+__all__ = ["discarded", "lines", "pyplot", "save_figure", "style"]
+
+_DISCARD = contextvars.ContextVar("attnlab_discard_figures", default=False)
 
 
 def pyplot():
@@ -28,10 +33,23 @@ def pyplot():
     return plt
 
 
+@contextlib.contextmanager
+def discarded() -> Iterator[None]:
+    """Within: ``save_figure`` closes each figure without laying it out or writing it (no file appears)."""
+    token = _DISCARD.set(True)
+    try:
+        yield
+    finally:
+        _DISCARD.reset(token)
+
+
 def save_figure(fig, path, *, dpi: int = 120) -> None:
-    """Lays out, writes and closes a figure."""
+    """Lays out, writes and closes a figure (only closes it inside ``discarded()``)."""
     import matplotlib.pyplot as plt
 
+    if _DISCARD.get():
+        plt.close(fig)
+        return
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)

@@ -21,6 +21,7 @@ import sys
 from absl import app, flags
 
 from attnlab import train as train_lib
+from experiments.figures import pyplot, save_figure
 
 FLAGS = flags.FLAGS
 if __name__ == "__main__":
@@ -69,10 +70,7 @@ def _panels(records):
 
 
 def _line_plot(records, metric, ylabel, path, title, *, logy=True):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     modes, mask_list = _panels(records)
     fig, axes = plt.subplots(
@@ -123,16 +121,11 @@ def _line_plot(records, metric, ylabel, path, title, *, logy=True):
         f"{title}: {heads} heads, H={r0['head_dim']}, B={r0['batch']}, {r0['dtype']}\n{_machine(records)}",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def _heads_plot(records, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     modes, _ = _panels(records)
     n = max(r["seq_len"] for r in records)
@@ -165,9 +158,7 @@ def _heads_plot(records, path):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(_machine(records), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def summary_markdown(records) -> str:

@@ -27,3 +27,35 @@ def test_style_leaves_unset_what_it_is_not_given():
     assert ax.get_xscale() == "linear" and ax.get_yscale() == "linear" and ax.get_legend() is None
     assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("", "y", "")
     plt.close(fig)
+
+
+def test_inside_discarded_a_figure_is_closed_unsaved_and_outside_it_is_saved_again(tmp_path):
+    plt = figures.pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    with figures.discarded():
+        figures.save_figure(fig, tmp_path / "dropped.png")
+    assert not (tmp_path / "dropped.png").exists()
+    assert not plt.fignum_exists(fig.number)  # closed all the same: no figure piles up in pyplot
+    fig2, _ = plt.subplots()
+    figures.save_figure(fig2, tmp_path / "kept.png")  # the context is over
+    assert (tmp_path / "kept.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_docs_regenerate_a_report_without_drawing_its_figures(tmp_path, monkeypatch):
+    """experiments.docs keeps a report's text only: inside its tables, save_figure writes nothing."""
+    from experiments import docs
+
+    saved = []
+
+    def report(folder):
+        plt = figures.pyplot()
+        fig, _ = plt.subplots()
+        figures.save_figure(fig, folder / "fig.png")
+        saved.append((folder / "fig.png").exists())
+        return "text"
+
+    monkeypatch.setattr(docs.importlib, "import_module", lambda name: type("M", (), {"report": staticmethod(report)}))
+    (tmp_path / "results").mkdir()
+    assert docs.Table("m:report", "results")(tmp_path) == "text\n"
+    assert saved == [False] and not (tmp_path / "results" / "fig.png").exists()
