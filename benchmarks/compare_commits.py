@@ -73,6 +73,11 @@ CELLS = {
     # a decoding step: one query row per sequence over T cached keys, the cache's lengths as a padding mask
     "decode 2048 x8 fwd": ("decode", 2048, 8, 8, 64, False),
     "decode 2048 x8 fwd+bwd": ("decode", 2048, 8, 8, 64, True),
+    # masks known at trace time (closed over, not jit arguments): their tiles are classified while tracing
+    "bigbird 16384 fwd": ("bigbird", 16384, 1, 8, 64, False),
+    "documents16 known 16384 fwd": ("documents known", 16384, 1, 8, 64, False),
+    "documents16 known & causal 16384 fwd": ("documents known & causal", 16384, 1, 8, 64, False),
+    "window_2d ±3 16384 (128x128) fwd": ("window_2d", 16384, 1, 8, 64, False),
 }
 
 # --bench: a benchmark program each tree runs with its own copy, its output file, the fields that
@@ -94,7 +99,7 @@ BENCHES = {
 
 def define_flags():
     """Defines the command-line flags; only when run as a program (tests import this module beside others)."""
-    global _BASE, _HEAD, _ROUNDS, _REPEATS, _CELLS, _OUT, _WORKER, _BENCH, _COTANGENT, _SAME_PROCESS
+    global _BASE, _HEAD, _ROUNDS, _REPEATS, _CELLS, _OUT, _WORKER, _BENCH, _COTANGENT, _SAME_PROCESS, _MEASURE
     _BASE = flags.DEFINE_string("base", "160a7db", "The commit to compare against.")
     _HEAD = flags.DEFINE_string("head", ".", "The tree to compare ('.' = this working tree) or a commit.")
     _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds (each tree times every cell once per round).")
@@ -107,6 +112,12 @@ def define_flags():
         "cotangent", "random", ["random", "ones"],
         "fwd+bwd cells: the output's cotangent, a fixed normal array, or ones (the gradient of out.sum(), which "
         "lets XLA simplify the backward; the runs committed before 2026-12-06's fifth session used it).",
+    )  # fmt: skip
+    _MEASURE = flags.DEFINE_enum(
+        "measure", "run", ["run", "trace"],
+        "run: each cell's best time per call; trace: the seconds of its first trace (the dispatch and the planning: "
+        "a known mask's tiles classified), nothing compiled or run. Not with --same_process (a trace is timed cold, "
+        "in each tree's own fresh process).",
     )  # fmt: skip
     _SAME_PROCESS = flags.DEFINE_bool(
         "same_process", False,
@@ -139,7 +150,19 @@ def _cell(name: str, cotangent: str = "random", lib=None) -> tuple:
     if kind == "graph":  # T nodes, 10 * T random edges (unique), self loops: the sparse kernel
         flat = np.random.default_rng(0).choice(T * T, size=10 * T, replace=False)
         src, dst = np.concatenate([flat // T, np.arange(T)]), np.concatenate([flat % T, np.arange(T)])
-    ids = jnp.asarray(np.repeat(np.arange(16), np.diff(np.concatenate([[0], cuts, [T]])))[None], jnp.int32)
+    ids_np = np.repeat(np.arange(16), np.diff(np.concatenate([[0], cuts, [T]])))[None].astype(np.int32)
+    ids = jnp.asarray(ids_np)
+    known = {
+        "bigbird": lambda: masks.bigbird(T, block_size=64),
+        "documents known": lambda: masks.document(ids_np),
+        "documents known & causal": lambda: masks.document(ids_np) & masks.causal(),
+        "window_2d": lambda: masks.window_2d(128, 3, 3),
+    }
+    ct = jax.random.normal(jax.random.key(1), q.shape, jnp.float32) if cotangent == "random" else None
+    if kind in known:  # closed over: its tiles are classified while tracing
+        fixed = known[kind]()
+        assert not bwd, "the known-mask cells are forward cells"
+        return jax.jit(lambda q, k, v, m, ct: attnlab.attention(q, k, v, mask=fixed)), (q, k, v, None, ct)
     mask = {
         "full": None,
         "causal": masks.causal(),
@@ -149,7 +172,6 @@ def _cell(name: str, cotangent: str = "random", lib=None) -> tuple:
         "documents": masks.document(ids),  # 16 documents of random lengths, ids traced (a jit argument)
         "graph": masks.graph_edges(jnp.asarray(src), jnp.asarray(dst), T) if kind == "graph" else None,
     }[kind]
-    ct = jax.random.normal(jax.random.key(1), q.shape, jnp.float32) if cotangent == "random" else None
     if not bwd:
         return jax.jit(lambda q, k, v, m, ct: attnlab.attention(q, k, v, mask=m)), (q, k, v, mask, ct)
 
@@ -160,8 +182,9 @@ def _cell(name: str, cotangent: str = "random", lib=None) -> tuple:
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v, mask, ct)
 
 
-def _worker(cells: list[str], repeats: int, cotangent: str = "random") -> dict:
-    """Best ms and compile seconds per cell (``_cell``), with the attnlab on PYTHONPATH (the other commit's tree).
+def _worker(cells: list[str], repeats: int, cotangent: str = "random", measure: str = "run") -> dict:
+    """Best ms and compile seconds per cell (``_cell``), with the attnlab on PYTHONPATH (the other commit's tree);
+    ``measure="trace"``: the seconds of each cell's first trace instead (``trace_s``), nothing compiled.
 
     Self-contained on purpose: it runs against the other tree, whose ``benchmarks/`` may predate
     ``benchmarks.harness``, so its timing (one warm-up call, one untimed call, then the best of
@@ -172,6 +195,11 @@ def _worker(cells: list[str], repeats: int, cotangent: str = "random") -> dict:
     out = {}
     for name in cells:
         f, args = _cell(name, cotangent)
+        if measure == "trace":
+            t0 = time.perf_counter()
+            f.trace(*args)
+            out[name] = {"trace_s": time.perf_counter() - t0}
+            continue
         t0 = time.perf_counter()
         jax.block_until_ready(f(*args))
         compile_s = time.perf_counter() - t0
@@ -269,7 +297,7 @@ def _in_tree(tree: Path, args: list[str], what: str) -> str:
 
 def _run(tree: Path, cells, repeats) -> dict:
     args = [str(Path(__file__).resolve()), f"--worker={','.join(cells)}", f"--repeats={repeats}"]
-    args.append(f"--cotangent={_COTANGENT.value}")
+    args += [f"--cotangent={_COTANGENT.value}", f"--measure={_MEASURE.value}"]
     return json.loads(_in_tree(tree, args, "the worker").strip().splitlines()[-1])
 
 
@@ -313,7 +341,7 @@ def _tree(spec: str, tmp: Path, name: str) -> tuple[Path, str]:
 def main(argv):
     del argv
     if _WORKER.value:  # before anything from this tree is imported (see _worker)
-        print(json.dumps(_worker(_WORKER.value.split(","), _REPEATS.value, _COTANGENT.value)))
+        print(json.dumps(_worker(_WORKER.value.split(","), _REPEATS.value, _COTANGENT.value, _MEASURE.value)))
         return
     if _BENCH.value:
         _main_bench(BENCHES[_BENCH.value])
@@ -322,22 +350,33 @@ def main(argv):
     if unknown:
         raise ValueError(f"--cells: unknown {unknown}; choose from {list(CELLS)}")
     if _SAME_PROCESS.value:
+        if _MEASURE.value != "run":
+            raise app.UsageError("--measure=trace times each tree in its own fresh process: drop --same_process")
         _main_same_process()
         return
     runs, base_name, head_name = _alternate(lambda tree, out: _run(tree, _CELLS.value, _REPEATS.value))
-    rows = []
-    for name in _CELLS.value:
-        b = min(run[name]["best_ms"] for run in runs["base"])
-        h = min(run[name]["best_ms"] for run in runs["head"])
-        rows.append({"cell": name, "base_ms": b, "head_ms": h, "ratio": h / b})
+    rows = compare_rows(runs, _CELLS.value, _MEASURE.value)
     from benchmarks import harness  # noqa: PLC0415  (this tree's; the worker never imports it)
 
     meta = harness.run_record() | {"base": base_name, "head": head_name, "rounds": _ROUNDS.value}
-    meta["repeats"], meta["cotangent"] = _REPEATS.value, _COTANGENT.value
-    harness.write_json(Path(_OUT.value) / "compare.json", {"meta": meta, "rows": rows, "runs": runs})
-    header = ["cell", f"base {base_name} ms", f"head {head_name} ms", "head / base"]
-    print(harness.markdown_table(header, [[r["cell"], f"{r['base_ms']:.1f}", f"{r['head_ms']:.1f}", f"{r['ratio']:.2f}"]
-                                          for r in rows]))  # fmt: skip
+    meta["repeats"], meta["cotangent"], meta["measure"] = _REPEATS.value, _COTANGENT.value, _MEASURE.value
+    name = "compare.json" if _MEASURE.value == "run" else "compare_trace.json"
+    harness.write_json(Path(_OUT.value) / name, {"meta": meta, "rows": rows, "runs": runs})
+    unit = "ms" if _MEASURE.value == "run" else "trace_s"
+    header = ["cell", f"base {base_name} {unit}", f"head {head_name} {unit}", "head / base"]
+    print(harness.markdown_table(header, [[r["cell"], f"{r[f'base_{unit}']:.3g}", f"{r[f'head_{unit}']:.3g}",
+                                           f"{r['ratio']:.2f}"] for r in rows]))  # fmt: skip
+
+
+def compare_rows(runs: dict, cells: list[str], measure: str = "run") -> list[dict]:
+    """Per cell, the best over each tree's rounds (``base_ms`` / ``head_ms``; ``base_trace_s`` / ``head_trace_s``
+    for ``measure="trace"``) and their ratio head / base."""
+    field, unit = ("best_ms", "ms") if measure == "run" else ("trace_s", "trace_s")
+    rows = []
+    for name in cells:
+        b, h = (min(run[name][field] for run in runs[side]) for side in ("base", "head"))
+        rows.append({"cell": name, f"base_{unit}": b, f"head_{unit}": h, "ratio": h / b})
+    return rows
 
 
 def _run_bench(tree: Path, spec: dict, out: Path) -> list[dict]:

@@ -5,6 +5,25 @@ import pytest
 from benchmarks import compare_commits
 
 
+def test_trace_measure_times_the_first_trace_of_a_known_mask_and_the_rows_take_the_best_round():
+    """--measure=trace: a known mask's cell is traced (its tiles classified), not run; the best over rounds."""
+    out = compare_commits._worker(["window_2d ±3 16384 (128x128) fwd"], repeats=1, measure="trace")
+    assert (
+        set(out["window_2d ±3 16384 (128x128) fwd"]) == {"trace_s"}
+        and out["window_2d ±3 16384 (128x128) fwd"]["trace_s"] > 0
+    )
+    f, args = compare_commits._cell("window_2d ±3 16384 (128x128) fwd")
+    assert args[3] is None and "while" in str(f.trace(*args).jaxpr)  # the mask is not an argument; a tiled kernel
+    runs = {
+        "base": [{"c": {"trace_s": 2.0}}, {"c": {"trace_s": 1.5}}],
+        "head": [{"c": {"trace_s": 0.3}}, {"c": {"trace_s": 0.6}}],
+    }
+    (row,) = compare_commits.compare_rows(runs, ["c"], "trace")
+    assert row == {"cell": "c", "base_trace_s": 1.5, "head_trace_s": 0.3, "ratio": pytest.approx(0.2)}
+    (row,) = compare_commits.compare_rows({"base": [{"c": {"best_ms": 4.0}}], "head": [{"c": {"best_ms": 2.0}}]}, ["c"])
+    assert row == {"cell": "c", "base_ms": 4.0, "head_ms": 2.0, "ratio": 0.5}
+
+
 def test_worker_times_a_cell():
     out = compare_commits._worker(["padding 128 x8 fwd"], repeats=1)
     assert set(out) == {"padding 128 x8 fwd"}
@@ -30,7 +49,8 @@ def test_fwd_bwd_cells_take_the_gradient_for_their_cotangent(cotangent):
 @pytest.mark.parametrize("name", sorted(compare_commits.CELLS))
 def test_cells_are_well_formed(name):
     kind, T, B, N, H, bwd = compare_commits.CELLS[name]
-    assert kind in ("full", "causal", "window", "padding", "documents", "graph", "decode")
+    known = ("bigbird", "documents known", "documents known & causal", "window_2d")  # closed over: planned in the trace
+    assert kind in ("full", "causal", "window", "padding", "documents", "graph", "decode", *known)
     assert T > 0 and B > 0 and N > 0 and H > 0
     assert isinstance(bwd, bool) and (("bwd" in name) == bwd) and str(T) in name
 

@@ -284,6 +284,21 @@ def test_dense_layout_evaluation_equals_row_by_row(mask):
         dense = np.broadcast_to(np.asarray(mask.dense(T, S)), np.asarray(mask.dense(T, S)).shape)
         block = dense.reshape(-1, T, S)[:, :bq, :bk]
         assert fast[0, 0] == (0 if not block.any() else 2 if block.all() else 1)
+        # scattered blocks to decide (rows with different numbers of them, some none): the rest stay PARTIAL
+        todo = np.random.default_rng(bq).random(fast.shape) < 0.3
+        some = masks_mod.layout_by_evaluation(mask, T, S, bq, bk, todo, dense_max=0)
+        np.testing.assert_array_equal(some, np.where(todo, fast, masks_mod.PARTIAL))
+
+
+def test_row_by_row_evaluation_is_one_program_for_every_row():
+    """Beyond the dense budget each query-block row is one call of the same compiled program (its key
+    blocks gathered, padded to the row with the most), not every op of the mask dispatched per row."""
+    ids = np.repeat(np.arange(7), 40)[:270]  # documents: every block row has its own set of blocks
+    mask = masks.document(ids) & masks.causal()
+    before = masks_mod._block_row._cache_size()
+    got = masks_mod.layout_by_evaluation(mask, 270, 270, 16, 16, dense_max=0)
+    assert masks_mod._block_row._cache_size() == before + 1
+    np.testing.assert_array_equal(got, masks_mod.layout_by_evaluation(mask, 270, 270, 16, 16))
 
 
 # ------------------------------------------------------------------------------------------

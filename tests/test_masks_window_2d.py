@@ -54,6 +54,19 @@ def test_layout_skips_most_tiles_on_28x28_pixels():
     assert (layout == masks.EMPTY).mean() > 0.6  # a 7 x 7 window over 784 pixels: most tiles never run
 
 
+def test_row_by_row_layout_is_classified_in_numpy(monkeypatch):
+    """Beyond the dense budget the band's tiles are classified row by row from the mask's numpy form: the
+    same layout, nothing compiled (ragged last tiles, T != S)."""
+    from attnlab.masks import base
+
+    monkeypatch.setattr(base, "DENSE_EVAL_MAX", 0)
+    programs = base._block_row._cache_size()
+    T, S = 700, 690
+    layout = masks.window_2d(28, 2, 4).block_layout(T, S, 40, 24)
+    np.testing.assert_array_equal(layout, brute_layout(np_window_2d(T, S, 28, 2, 4), T, S, 40, 24))
+    assert base._block_row._cache_size() == programs and (layout == masks.PARTIAL).any()
+
+
 def test_combines_and_jits():
     m = masks.window_2d(4, 1) & masks.padding(kv_lengths=jnp.array([10]))
     want = np_window_2d(16, 16, 4, 1, 1) & (np.arange(16) < 10)[None, :]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, dataclass_transform
 
 import jax
@@ -170,21 +171,17 @@ class Mask:
         return Or(as_mask(other, "other"), self)
 
 
-def _classify(values: np.ndarray) -> int:
-    """values: bool [..., bq, bk] for one block, all batch dims included."""
-    if not values.any():
-        return EMPTY
-    if values.all():
-        return FULL
-    return PARTIAL
-
-
-def layout_by_evaluation(mask: Mask, T: int, S: int, bq: int, bk: int, todo=None, *, dense_max=None) -> np.ndarray:
+def layout_by_evaluation(
+    mask: Mask, T: int, S: int, bq: int, bk: int, todo=None, *, dense_max=None, numpy_form=None
+) -> np.ndarray:
     """Exact layout by evaluating ``mask`` (values known now) on the blocks where ``todo`` is True (all by default).
 
     Up to ``dense_max`` pairs (default ``DENSE_EVAL_MAX`` = 2**23) the mask is evaluated once on
-    ``[T, S]``; beyond, each query-block row is evaluated once over the span of its key blocks
-    still to decide, so a banded set of PARTIAL blocks costs O(T * band), not O(T * S).
+    ``[T, S]``; beyond, each query-block row is evaluated once on the key blocks still to decide, so a
+    banded (or BigBird's scattered) set of PARTIAL blocks costs O(T * band), not O(T * S). The rows
+    share one compiled program (``_block_row``, sized for the row with the most blocks to decide), so
+    a long sequence costs one compile and a call per row, not the mask's every op dispatched per row.
+    ``numpy_form(q_idx, k_idx)``: the mask's values in numpy, where a mask has them (no compile at all).
     """
     nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
     layout = np.full((nq, nk), PARTIAL, np.int8)
@@ -192,18 +189,33 @@ def layout_by_evaluation(mask: Mask, T: int, S: int, bq: int, bk: int, todo=None
         todo = np.ones((nq, nk), bool)
     if T * S <= (DENSE_EVAL_MAX if dense_max is None else dense_max):
         return np.where(todo, _layout_of_dense(mask, T, S, bq, bk), layout).astype(np.int8)
+    rows = {i: cols for i in range(nq) if (cols := np.nonzero(todo[i])[0]).size}
+    most = max((cols.size for cols in rows.values()), default=0)
+
+    def row(q0, keys):  # int32 positions (faster in numpy than int64)
+        if numpy_form is not None:
+            return numpy_form(np.minimum(q0 + np.arange(bq, dtype=np.int32), T - 1), np.minimum(keys, S - 1))
+        return _block_row(mask, q0, keys, bq=bq, T=T, S=S)
+
     with jax.ensure_compile_time_eval():
-        for i in range(nq):
-            cols = np.nonzero(todo[i])[0]
-            if cols.size == 0:
-                continue
-            q_idx = np.arange(i * bq, min((i + 1) * bq, T))
-            k0, k1 = cols[0] * bk, min((cols[-1] + 1) * bk, S)
-            row = np.asarray(mask(jnp.asarray(q_idx), jnp.arange(k0, k1)))
-            row = np.broadcast_to(row, row.shape[:-2] + (q_idx.size, k1 - k0))
-            for j in cols:
-                layout[i, j] = _classify(row[..., j * bk - k0 : min((j + 1) * bk, S) - k0])
+        for i, cols in rows.items():
+            keys = np.pad(cols.astype(np.int32), (0, most - cols.size), mode="edge")[:, None] * bk + np.arange(bk)
+            values = np.asarray(row(i * bq, keys.ravel().astype(np.int32)))  # keys: [most * bk]
+            # [rows, most, bk]: a position past T or S was clamped to the last one, in the same (short) last
+            # block, so it repeats a value of its own block and changes neither "any" nor "all"
+            values = np.broadcast_to(values, values.shape[:-2] + (bq, most * bk)).reshape(-1, most, bk)
+            empty, full = ~values.any(-1).any(0), values.all(-1).all(0)
+            layout[i, cols] = _from_flags(empty, full)[: cols.size]
     return layout
+
+
+@functools.partial(jax.jit, static_argnames=("bq", "T", "S"))
+def _block_row(mask: Mask, q0, k_idx, *, bq: int, T: int, S: int) -> jax.Array:
+    """``mask`` on queries ``q0 ... q0 + bq - 1`` and keys ``k_idx``, every index clamped into ``[0, T)`` /
+    ``[0, S)``: one program for every block row of a layout (the caller drops what was clamped). The
+    mask is an argument (a pytree): its arrays are not baked into the program."""
+    q_idx = jnp.minimum(q0 + jnp.arange(bq), T - 1)
+    return mask(q_idx, jnp.minimum(k_idx, S - 1))
 
 
 DENSE_EVAL_MAX = 2**23
@@ -226,13 +238,10 @@ def _layout_of_dense(mask: Mask, T: int, S: int, bq: int, bk: int) -> np.ndarray
 
 
 def _evaluation_cost(todo: np.ndarray, bq: int, bk: int) -> int:
-    """Elements `layout_by_evaluation` would evaluate for `todo` (rows x spanned columns)."""
-    rows = np.nonzero(todo.any(1))[0]
-    cost = 0
-    for i in rows:
-        cols = np.nonzero(todo[i])[0]
-        cost += bq * (cols[-1] - cols[0] + 1) * bk
-    return cost
+    """Elements `layout_by_evaluation` evaluates for `todo` row by row: each query-block row with a block
+    to decide, on as many key blocks as the row with the most."""
+    counts = todo.sum(1)
+    return int((counts > 0).sum()) * bq * int(counts.max(initial=0)) * bk
 
 
 _REFINE_BUDGET = 2**24  # elements; beyond this a combination keeps its (safe) PARTIAL blocks

@@ -12,10 +12,10 @@ from attnlab.masks.base import (
     PARTIAL,
     Mask,
     _check_int,
-    _classify,
     _evaluation_cost,
     _interval_layout,
     _num_blocks,
+    layout_by_evaluation,
     mask_class,
 )
 
@@ -100,10 +100,14 @@ class Window2D(Mask):
     in_kernel = True
 
     def __call__(self, q_idx, k_idx):
+        return self._near(q_idx, k_idx, jnp)
+
+    def _near(self, q_idx, k_idx, xp):
+        """The mask's values with ``xp`` (jax.numpy in a kernel, numpy to classify tiles)."""
         w = self.width
         dr = k_idx[None, :] // w - q_idx[:, None] // w
         dc = k_idx[None, :] % w - q_idx[:, None] % w
-        return (jnp.abs(dr) <= self.row_radius) & (jnp.abs(dc) <= self.col_radius)
+        return (xp.abs(dr) <= self.row_radius) & (xp.abs(dc) <= self.col_radius)
 
     def _layout(self, T, S, bq, bk):
         # |s - t| = |dr * width + dc| <= row_radius * width + min(col_radius, width - 1) is necessary,
@@ -114,17 +118,8 @@ class Window2D(Mask):
         todo = band != EMPTY
         if not todo.any() or _evaluation_cost(todo, bq, bk) > _REFINE_BUDGET:
             return np.where(todo, PARTIAL, EMPTY).astype(np.int8)
-        layout = np.full(todo.shape, EMPTY, np.int8)
-        w = self.width
-        for i in np.nonzero(todo.any(1))[0]:  # numpy, one query-block row over its band of key blocks
-            cols = np.nonzero(todo[i])[0]
-            t = np.arange(i * bq, min((i + 1) * bq, T))[:, None]
-            k0, k1 = cols[0] * bk, min((cols[-1] + 1) * bk, S)
-            s = np.arange(k0, k1)[None, :]
-            row = (np.abs(s // w - t // w) <= self.row_radius) & (np.abs(s % w - t % w) <= self.col_radius)
-            for j in cols:
-                layout[i, j] = _classify(row[:, j * bk - k0 : min((j + 1) * bk, S) - k0])
-        return layout
+        exact = layout_by_evaluation(self, T, S, bq, bk, todo, numpy_form=lambda q, k: self._near(q, k, np))
+        return np.where(todo, exact, EMPTY).astype(np.int8)
 
 
 def full() -> Mask:
