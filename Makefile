@@ -107,7 +107,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long sweep-repeat plots \
-	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover dense-fusion tune-cpu gpu-check gpu-wheels compare-main compare-flex claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
+	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover dense-fusion tune-cpu gpu-check gpu-wheels compare-main compare-flex compare-plan claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -367,6 +367,10 @@ compare-main: $(DEPS)  ## CPU before/after: the same attention calls on 160a7db 
 
 compare-flex: $(BENCH_DEPS)  ## make flex's run on 04a795f (before the tile core) and on this tree, alternating, in one run: flex / attnlab then and now (bench extra) -> results/compare-flex/
 	$(PY) -m benchmarks.compare_commits --base 04a795f --bench flex --rounds 2 --out results/compare-flex $(COMPARE_FLAGS)
+
+PLAN_CELLS = bigbird 16384 fwd,documents16 known 16384 fwd,documents16 known & causal 16384 fwd,window_2d ±3 16384 (128x128) fwd,window±128 16384 fwd,documents16 4096 fwd
+compare-plan: $(DEPS)  ## the first trace of calls whose mask is known (its tiles classified while tracing) on 8e8fc43 and this tree, each in fresh processes, alternating -> results/compare-plan/
+	$(PY) -m benchmarks.compare_commits --base 8e8fc43 --measure trace --rounds 5 --cells "$(PLAN_CELLS)" --out results/compare-plan $(COMPARE_FLAGS)
 
 ring-memory: $(DEPS)  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
 	$(PY) -m benchmarks.ring_memory --out results/ring_memory

@@ -3,7 +3,8 @@
 One function per benchmark, each taking the results folder and the committed file's name and
 returning markdown: ``suite`` / ``graph`` / ``memory`` / ``ratios_by_host`` (``make bench``), ``ring_memory``,
 ``traced_padding``, ``ring_balance``, ``inspect_memory``, ``compare`` (``make compare-main``),
-``packed_docs``, ``scores``, ``flex``, ``adopt`` (``make adopt-bench``), ``profile_ops``, ``call_costs``
+``compare_trace`` (``make compare-plan``), ``packed_docs``, ``scores``, ``flex``, ``adopt`` (``make adopt-bench``),
+``profile_ops``, ``call_costs``
 (``make profile-window``); the CPU dispatch rules' tables are ``experiments.dispatch_tables``. Each table
 ends with the host of its runs (``host_line``, from the files). ``experiments/docs.py`` calls them; what
 each benchmark records is described in its own module under ``benchmarks/``.
@@ -204,6 +205,18 @@ def compare(folder, name: str) -> str:
         for row, r in zip(rows, data["rows"], strict=True):
             row.append(_rounds(r))
     return _md(header, rows) + (f"\n{host}\n" if (host := host_line([data])) else "")
+
+
+def compare_trace(folder, name: str) -> str:
+    """``make compare-plan`` (``compare_commits --measure trace``): each cell's first trace on two commits, in
+    fresh processes: the best seconds over the rounds, the rounds' range, and the ratio of the bests."""
+    data = json.loads((Path(folder) / name).read_text())
+    span = {s: {c: [run[c]["trace_s"] for run in data["runs"][s]] for c in data["runs"][s][0]} for s in data["runs"]}
+    rows = [[r["cell"], f"{r['base_trace_s']:.2f} ({max(span['base'][r['cell']]):.2f})",
+             f"{r['head_trace_s']:.2f} ({max(span['head'][r['cell']]):.2f})", f"{r['ratio']:.2f}"]
+            for r in data["rows"]]  # fmt: skip
+    header = ["cell", f"{data['meta']['base']}: s (slowest round)", "after: s (slowest round)", "after / before"]
+    return _md(header, rows) + f"\n{data['meta']['rounds']} rounds. {host_line([data])}\n"
 
 
 def _rounds(row: dict) -> str:

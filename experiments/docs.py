@@ -133,6 +133,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "bench-memory": table("experiments.bench_tables:memory", BENCH, file="bench_memory.json"),
     "ring-memory": table("experiments.bench_tables:ring_memory", BENCH),
     "compare-main": table("experiments.bench_tables:compare", BENCH, name="compare_160a7db.json"),
+    "compare-plan": table("experiments.bench_tables:compare_trace", BENCH, name="compare_plan.json"),
     "compare-core": table("experiments.bench_tables:compare", BENCH, name="compare_a437441.json"),
     "compare-wide": table("experiments.bench_tables:compare", BENCH, name="compare_wide.json"),
     "compare-tilecore": table("experiments.bench_tables:compare", BENCH, name="compare_04a795f.json"),

@@ -42,3 +42,18 @@ def test_compare_steps_puts_each_step_on_its_own_row_with_its_rounds(tmp_path):
     assert lines[2] == "| aaa -> bbb | window 16384 fwd+bwd | 700.0 | 791.0 | 1.13 | 1.05 (0.90-1.13) |"
     assert lines[3] == "| bbb -> ccc | window 16384 fwd+bwd | 800.0 | 736.0 | 0.92 | 0.92 (0.82-1.09) |"
     assert lines[-1] == "Host: AMD EPYC, 2 CPUs (avx2); jax 0.10.2, 2026-12-07."
+
+
+def test_compare_trace_gives_each_trees_best_and_slowest_round_and_the_ratio_of_the_bests(tmp_path):
+    host = {"cpu_model": "AMD EPYC", "cpu_simd_flags": ["avx2"], "host_cpus": 2}
+    runs = {
+        "base": [{"c": {"trace_s": 4.8}}, {"c": {"trace_s": 6.99}}],
+        "head": [{"c": {"trace_s": 0.49}}, {"c": {"trace_s": 0.26}}],
+    }
+    row = {"cell": "c", "base_trace_s": 4.8, "head_trace_s": 0.26, "ratio": 0.26 / 4.8}
+    meta = {"host": host, "jax": "0.10.2", "date": "2026-12-07", "base": "aaa", "rounds": 2, "measure": "trace"}
+    (tmp_path / "t.json").write_text(json.dumps({"meta": meta, "rows": [row], "runs": runs}))
+    lines = bench_tables.compare_trace(tmp_path, "t.json").strip().splitlines()
+    assert lines[0] == "| cell | aaa: s (slowest round) | after: s (slowest round) | after / before |"
+    assert lines[2] == "| c | 4.80 (6.99) | 0.26 (0.49) | 0.05 |"
+    assert lines[-1] == "2 rounds. Host: AMD EPYC, 2 CPUs (avx2); jax 0.10.2, 2026-12-07."
