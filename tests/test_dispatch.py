@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conformance import CASES  # the suite's mask families
 from conftest import grad_tol, np_attention, qkv, tol
 
 import attnlab
@@ -288,6 +289,17 @@ def test_dense_layout_evaluation_equals_row_by_row(mask):
         todo = np.random.default_rng(bq).random(fast.shape) < 0.3
         some = masks_mod.layout_by_evaluation(mask, T, S, bq, bk, todo, dense_max=0)
         np.testing.assert_array_equal(some, np.where(todo, fast, masks_mod.PARTIAL))
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if c != "none"))
+def test_row_by_row_evaluation_of_every_mask_family_equals_the_dense_one(case):
+    """Every conformance mask family (arrays, batch dims, predicates, edge lists, combinations) through the
+    row-by-row evaluation's one compiled program (the mask an argument of it), ragged tiles: the dense result."""
+    (t, s), make = CASES[case]
+    mask = masks.as_mask(make(), "mask").for_tiles()
+    for bq, bk in ((8, 16), (16, 7)):
+        dense = masks_mod.layout_by_evaluation(mask, t, s, bq, bk)
+        np.testing.assert_array_equal(masks_mod.layout_by_evaluation(mask, t, s, bq, bk, dense_max=0), dense)
 
 
 def test_row_by_row_evaluation_is_one_program_for_every_row():

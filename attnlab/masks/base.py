@@ -212,8 +212,8 @@ def layout_by_evaluation(
 @functools.partial(jax.jit, static_argnames=("bq", "T", "S"))
 def _block_row(mask: Mask, q0, k_idx, *, bq: int, T: int, S: int) -> jax.Array:
     """``mask`` on queries ``q0 ... q0 + bq - 1`` and keys ``k_idx``, every index clamped into ``[0, T)`` /
-    ``[0, S)``: one program for every block row of a layout (the caller drops what was clamped). The
-    mask is an argument (a pytree): its arrays are not baked into the program."""
+    ``[0, S)`` (a clamped position repeats the last one, in the same block): one program for every block
+    row of a layout. The mask is an argument (a pytree): its arrays are not baked into the program."""
     q_idx = jnp.minimum(q0 + jnp.arange(bq), T - 1)
     return mask(q_idx, jnp.minimum(k_idx, S - 1))
 
