@@ -253,6 +253,28 @@ def test_runtime_layout_from_traced_ids_is_exact_for_packed_rows(seed, padding_i
     assert masks.document(ids).runtime_layout(T, T, bq, bk) is None  # concrete ids: the static layout is exact
 
 
+@pytest.mark.parametrize("padding_id", [None, 3, -1])
+def test_static_document_layout_is_exact_from_id_ranges_and_evaluated_otherwise(padding_id):
+    """Known ids: one sorted row for queries and keys (padding anywhere) takes its layout from the blocks' id
+    ranges, nothing evaluated; cross ids or unsorted rows are evaluated. Every one equals the brute force."""
+    from attnlab.masks import base
+
+    T, S, bq, bk = 77, 77, 8, 16
+    sorted_ids = _packed_ids(T, 5, 0)
+    if padding_id == -1:
+        sorted_ids[0, 20:23] = -1  # padding inside a row: the rest still never decreases
+    unsorted = np.random.default_rng(1).integers(0, 4, (2, T)).astype(np.int32)
+    cases = [(sorted_ids, None, True), (unsorted, None, False), (sorted_ids, sorted_ids[:, ::-1].copy(), False)]
+    for q_ids, kv_ids, by_ranges in cases:
+        mask = masks.document(q_ids, kv_ids, padding_id=padding_id)
+        calls, real = [], base.layout_by_evaluation
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(base, "layout_by_evaluation", lambda *a, _c=calls, _r=real, **k: _c.append(1) or _r(*a, **k))
+            layout = mask.block_layout(T, S, bq, bk)
+        np.testing.assert_array_equal(layout, brute_layout(mask.dense(T, S), T, S, bq, bk))
+        assert (not calls) == by_ranges
+
+
 def test_runtime_layout_is_safe_for_any_data_and_combines():
     T, S, bq, bk = 50, 61, 8, 16
     rng = np.random.default_rng(4)

@@ -280,6 +280,8 @@ class Document(Mask):
     ``q_ids`` ``[*B, T]`` and ``kv_ids`` ``[*B, S]`` are pytree leaves: traced ids reuse the compiled
     program, and ``runtime_layout`` finds the empty tiles on device from each block's id range
     (exact for ids that do not decrease along the row, as packing makes them; safe for any ids).
+    Known ids give the static layout from the same ranges when queries and keys share one such row
+    (no evaluation of the mask); other known ids are evaluated.
     ``dense`` has shape ``[*B, 1, T, S]``.
     """
 
@@ -297,22 +299,43 @@ class Document(Mask):
 
     def runtime_layout(self, T, S, bq, bk):
         if self.is_static:
-            return None  # evaluated exactly at trace time
-        big = jnp.iinfo(jnp.int32).max
+            return None  # exact at trace time (``_layout``)
+        return self._range_layout(T, S, bq, bk, jnp)
+
+    def _layout(self, T, S, bq, bk):
+        if self.is_static and self._one_sorted_row():
+            return self._range_layout(T, S, bq, bk, np)
+        return super()._layout(T, S, bq, bk)  # evaluated (exact), or all PARTIAL for traced ids
+
+    def _one_sorted_row(self) -> bool:
+        """Queries and keys carry the same ids, which never decrease along a row outside the padding (packing
+        makes them so): then each block's ids are a run of one sorted row, and two blocks share an id exactly
+        when their id ranges meet, so the ranges give the exact layout."""
+        q, k = np.asarray(self.q_ids), np.asarray(self.kv_ids)
+        if q.shape != k.shape or not np.array_equal(q, k):
+            return False
+        rows = q.reshape(-1, q.shape[-1])
+        keep = rows != self.padding_id if self.padding_id is not None else np.ones(rows.shape, bool)
+        return all((np.diff(row[kept]) >= 0).all() for row, kept in zip(rows, keep, strict=True))
+
+    def _range_layout(self, T, S, bq, bk, xp):
+        """The layout from each block's id range (min, max outside the padding), with numpy or jax.numpy: safe
+        for any ids, exact for one sorted row (``_one_sorted_row``)."""
+        big = np.iinfo(np.int32).max
 
         def ranges(ids, n, block):  # ids [*B, L] -> per block (min, max, has_pad) [B, n]
-            ids = jnp.asarray(ids, jnp.int32)
+            ids = xp.asarray(ids, xp.int32)
             ids = ids.reshape(-1, ids.shape[-1])
             L = ids.shape[-1]
-            pad = ids == self.padding_id if self.padding_id is not None else jnp.zeros(ids.shape, bool)
+            pad = ids == self.padding_id if self.padding_id is not None else xp.zeros(ids.shape, bool)
             fill = n * block - L  # the short last block: filled with padding entries
-            ids = jnp.pad(ids, ((0, 0), (0, fill)))
-            pad = jnp.pad(pad, ((0, 0), (0, fill)), constant_values=True)
+            ids = xp.pad(ids, ((0, 0), (0, fill)))
+            pad = xp.pad(pad, ((0, 0), (0, fill)), constant_values=True)
             ids, pad = ids.reshape(-1, n, block), pad.reshape(-1, n, block)
-            lo = jnp.where(pad, big, ids).min(-1)
-            hi = jnp.where(pad, -big, ids).max(-1)
+            lo = xp.where(pad, big, ids).min(-1)
+            hi = xp.where(pad, -big, ids).max(-1)
             # a short last block's fill is out of range, not padding: it never spoils FULL
-            real_pad = pad.at[:, -1, block - fill :].set(False) if fill else pad
+            real_pad = pad & (xp.arange(n * block) < L).reshape(n, block)
             return lo, hi, real_pad.any(-1)
 
         qlo, qhi, qpad = ranges(self.q_ids, _num_blocks(T, bq), bq)
@@ -322,7 +345,7 @@ class Document(Mask):
         empty = (qhi < klo) | (khi < qlo)  # disjoint id ranges (an all-padding block: lo > hi)
         full = (qlo == qhi) & (klo == khi) & (qlo == klo) & ~qpad & ~kpad
         empty, full = empty.all(0), full.all(0)
-        return jnp.where(empty, EMPTY, jnp.where(full, FULL, PARTIAL)).astype(jnp.int8)
+        return xp.where(empty, EMPTY, xp.where(full, FULL, PARTIAL)).astype(xp.int8)
 
 
 def document(q_segment_ids, kv_segment_ids=None, *, padding_id: int | None = None) -> Mask:
