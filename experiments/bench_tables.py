@@ -213,7 +213,7 @@ def compare_trace(folder, name: str) -> str:
     data = json.loads((Path(folder) / name).read_text())
     span = {s: {c: [run[c]["trace_s"] for run in data["runs"][s]] for c in data["runs"][s][0]} for s in data["runs"]}
     rows = [[r["cell"], f"{r['base_trace_s']:.2f} ({max(span['base'][r['cell']]):.2f})",
-             f"{r['head_trace_s']:.2f} ({max(span['head'][r['cell']]):.2f})", f"{r['ratio']:.2f}"]
+             f"{r['head_trace_s']:.2f} ({max(span['head'][r['cell']]):.2f})", f"{r['ratio']:.3f}"]
             for r in data["rows"]]  # fmt: skip
     header = ["cell", f"{data['meta']['base']}: s (slowest round)", "after: s (slowest round)", "after / before"]
     return _md(header, rows) + f"\n{data['meta']['rounds']} rounds. {host_line([data])}\n"

@@ -55,5 +55,5 @@ def test_compare_trace_gives_each_trees_best_and_slowest_round_and_the_ratio_of_
     (tmp_path / "t.json").write_text(json.dumps({"meta": meta, "rows": [row], "runs": runs}))
     lines = bench_tables.compare_trace(tmp_path, "t.json").strip().splitlines()
     assert lines[0] == "| cell | aaa: s (slowest round) | after: s (slowest round) | after / before |"
-    assert lines[2] == "| c | 4.80 (6.99) | 0.26 (0.49) | 0.05 |"
+    assert lines[2] == "| c | 4.80 (6.99) | 0.26 (0.49) | 0.054 |"
     assert lines[-1] == "2 rounds. Host: AMD EPYC, 2 CPUs (avx2); jax 0.10.2, 2026-12-07."
