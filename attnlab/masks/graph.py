@@ -303,7 +303,12 @@ class Document(Mask):
         return self._range_layout(T, S, bq, bk, jnp)
 
     def _layout(self, T, S, bq, bk):
-        if self.is_static and self._one_sorted_row():
+        if (
+            self.is_static
+            and np.shape(self.q_ids)[-1] == T
+            and np.shape(self.kv_ids)[-1] == S
+            and self._one_sorted_row()
+        ):
             return self._range_layout(T, S, bq, bk, np)
         return super()._layout(T, S, bq, bk)  # evaluated (exact), or all PARTIAL for traced ids
 
