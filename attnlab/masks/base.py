@@ -191,16 +191,17 @@ def layout_by_evaluation(
         return np.where(todo, _layout_of_dense(mask, T, S, bq, bk), layout).astype(np.int8)
     rows = {i: cols for i in range(nq) if (cols := np.nonzero(todo[i])[0]).size}
     most = max((cols.size for cols in rows.values()), default=0)
-
-    def row(q0, keys):  # int32 positions (faster in numpy than int64)
-        if numpy_form is not None:
-            return numpy_form(np.minimum(q0 + np.arange(bq, dtype=np.int32), T - 1), np.minimum(keys, S - 1))
-        return _block_row(mask, q0, keys, bq=bq, T=T, S=S)
-
     with jax.ensure_compile_time_eval():
+        on_device = mask if numpy_form is not None else jax.tree.map(jnp.asarray, mask)  # copied once, not per row
+
+        def row(q0, keys):  # int32 positions (faster in numpy than int64)
+            if numpy_form is not None:
+                return numpy_form(np.minimum(q0 + np.arange(bq, dtype=np.int32), T - 1), np.minimum(keys, S - 1))
+            return _block_row(on_device, q0, keys, bq=bq, T=T, S=S)
+
         for i, cols in rows.items():
-            keys = np.pad(cols.astype(np.int32), (0, most - cols.size), mode="edge")[:, None] * bk + np.arange(bk)
-            values = np.asarray(row(i * bq, keys.ravel().astype(np.int32)))  # keys: [most * bk]
+            keys = (np.pad(cols, (0, most - cols.size), mode="edge")[:, None] * bk + np.arange(bk)).astype(np.int32)
+            values = np.asarray(row(i * bq, keys.ravel()))  # keys: [most * bk]
             # [rows, most, bk]: a position past T or S was clamped to the last one, in the same (short) last
             # block, so it repeats a value of its own block and changes neither "any" nor "all"
             values = np.broadcast_to(values, values.shape[:-2] + (bq, most * bk)).reshape(-1, most, bk)
