@@ -107,7 +107,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long sweep-repeat plots \
-	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover dense-fusion tune-cpu gpu-check gpu-wheels compare-main compare-flex compare-plan claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
+	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover dense-fusion tune-cpu gpu-check gpu-wheels compare-main compare-flex compare-plan compare-plan-ids claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -369,8 +369,12 @@ compare-flex: $(BENCH_DEPS)  ## make flex's run on 04a795f (before the tile core
 	$(PY) -m benchmarks.compare_commits --base 04a795f --bench flex --rounds 2 --out results/compare-flex $(COMPARE_FLAGS)
 
 PLAN_CELLS = bigbird 16384 fwd,documents16 known 16384 fwd,documents16 known & causal 16384 fwd,window_2d ±3 16384 (128x128) fwd,window±128 16384 fwd,documents16 4096 fwd
+PLAN_IDS_CELLS = documents16 known, ids in any order 16384 fwd,documents16 known, cross 16384 fwd,documents16 known 16384 fwd,documents16 known & causal 16384 fwd,documents16 4096 fwd
 compare-plan: $(DEPS)  ## the first trace of calls whose mask is known (its tiles classified while tracing) on 8e8fc43 and this tree, each in fresh processes, alternating -> results/compare-plan/
 	$(PY) -m benchmarks.compare_commits --base 8e8fc43 --measure trace --rounds 5 --cells "$(PLAN_CELLS)" --out results/compare-plan $(COMPARE_FLAGS)
+
+compare-plan-ids: $(DEPS)  ## known document ids in any order and for cross-attention, planned from the ids each block holds: ced2ffa against this tree, as compare-plan -> results/compare-plan-ids/
+	$(PY) -m benchmarks.compare_commits --base ced2ffa --measure trace --rounds 5 --cells "$(PLAN_IDS_CELLS)" --out results/compare-plan-ids $(COMPARE_FLAGS)
 
 ring-memory: $(DEPS)  ## per-device memory of ring (sp=8) vs blockwise (1 device), largest N in 1 GiB -> results/ring_memory/
 	$(PY) -m benchmarks.ring_memory --out results/ring_memory

@@ -77,6 +77,8 @@ CELLS = {
     "bigbird 16384 fwd": ("bigbird", 16384, 1, 8, 64, False),
     "documents16 known 16384 fwd": ("documents known", 16384, 1, 8, 64, False),
     "documents16 known & causal 16384 fwd": ("documents known & causal", 16384, 1, 8, 64, False),
+    "documents16 known, ids in any order 16384 fwd": ("documents known shuffled", 16384, 1, 8, 64, False),
+    "documents16 known, cross 16384 fwd": ("documents known cross", 16384, 1, 8, 64, False),
     "window_2d ±3 16384 (128x128) fwd": ("window_2d", 16384, 1, 8, 64, False),
 }
 
@@ -152,10 +154,15 @@ def _cell(name: str, cotangent: str = "random", lib=None) -> tuple:
         src, dst = np.concatenate([flat // T, np.arange(T)]), np.concatenate([flat % T, np.arange(T)])
     ids_np = np.repeat(np.arange(16), np.diff(np.concatenate([[0], cuts, [T]])))[None].astype(np.int32)
     ids = jnp.asarray(ids_np)
+    enc_ids = np.sort(np.random.default_rng(2).integers(0, 16, T))[None].astype(np.int32)
     known = {
         "bigbird": lambda: masks.bigbird(T, block_size=64),
         "documents known": lambda: masks.document(ids_np),
         "documents known & causal": lambda: masks.document(ids_np) & masks.causal(),
+        # the same documents numbered in no order (a packer that keeps each example's index as its id)
+        "documents known shuffled": lambda: masks.document(np.random.default_rng(1).permutation(16)[ids_np]),
+        # cross-attention: the keys pack the 16 documents at other lengths (an encoder's, say)
+        "documents known cross": lambda: masks.document(ids_np, enc_ids),
         "window_2d": lambda: masks.window_2d(128, 3, 3),
     }
     ct = jax.random.normal(jax.random.key(1), q.shape, jnp.float32) if cotangent == "random" else None

@@ -254,25 +254,33 @@ def test_runtime_layout_from_traced_ids_is_exact_for_packed_rows(seed, padding_i
 
 
 @pytest.mark.parametrize("padding_id", [None, 3, -1])
-def test_static_document_layout_is_exact_from_id_ranges_and_evaluated_otherwise(padding_id):
-    """Known ids: one sorted row for queries and keys (padding anywhere) takes its layout from the blocks' id
-    ranges, nothing evaluated; cross ids or unsorted rows are evaluated. Every one equals the brute force."""
+def test_static_document_layout_is_exact_for_any_known_ids_and_evaluates_nothing(padding_id):
+    """Known ids, sorted or not, shared or cross-attention (T != S), ids longer than T, with ragged tiles: the
+    layout from the ids each block holds equals the brute force, and the mask is never evaluated."""
     from attnlab.masks import base
 
-    T, S, bq, bk = 77, 77, 8, 16
-    sorted_ids = _packed_ids(T, 5, 0)
+    rng = np.random.default_rng(1)
+    sorted_ids = _packed_ids(77, 5, 0)
     if padding_id == -1:
-        sorted_ids[0, 20:23] = -1  # padding inside a row: the rest still never decreases
-    unsorted = np.random.default_rng(1).integers(0, 4, (2, T)).astype(np.int32)
-    cases = [(sorted_ids, None, True), (unsorted, None, False), (sorted_ids, sorted_ids[:, ::-1].copy(), False)]
-    for q_ids, kv_ids, by_ranges in cases:
-        mask = masks.document(q_ids, kv_ids, padding_id=padding_id)
-        calls, real = [], base.layout_by_evaluation
+        sorted_ids[0, 20:23] = -1  # padding inside a row
+    cases = [
+        (77, 77, sorted_ids, None),
+        (77, 77, rng.integers(-1, 4, (2, 77)), None),  # unsorted, with the padding id here and there
+        (77, 77, sorted_ids, sorted_ids[:, ::-1].copy()),
+        (50, 61, rng.integers(0, 4, (2, 50)), rng.integers(2, 6, (2, 61))),  # cross: only ids 2 and 3 meet
+        (40, 77, sorted_ids, sorted_ids),  # ids longer than the queries: the first T count
+        (33, 40, np.full((1, 33), 3), np.concatenate([np.full((1, 20), 3), np.full((1, 20), 1)], 1)),
+    ]
+    kinds = set()
+    for T, S, q_ids, kv_ids in cases:
+        mask = masks.document(np.asarray(q_ids, np.int32), kv_ids, padding_id=padding_id)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(base, "layout_by_evaluation", lambda *a, _c=calls, _r=real, **k: _c.append(1) or _r(*a, **k))
-            layout = mask.block_layout(T, S, bq, bk)
-        np.testing.assert_array_equal(layout, brute_layout(mask.dense(T, S), T, S, bq, bk))
-        assert (not calls) == by_ranges
+            mp.setattr(base, "layout_by_evaluation", lambda *a, **k: pytest.fail("the mask was evaluated"))
+            layouts = {(bq, bk): mask.block_layout(T, S, bq, bk) for bq, bk in [(8, 16), (16, 8), (1, 1), (7, 64)]}
+        for (bq, bk), layout in layouts.items():
+            np.testing.assert_array_equal(layout, brute_layout(mask.dense(T, S), T, S, bq, bk))
+            kinds |= set(np.unique(layout).tolist())
+    assert kinds == {masks.EMPTY, masks.PARTIAL, masks.FULL}
 
 
 def test_runtime_layout_is_safe_for_any_data_and_combines():

@@ -280,8 +280,8 @@ class Document(Mask):
     ``q_ids`` ``[*B, T]`` and ``kv_ids`` ``[*B, S]`` are pytree leaves: traced ids reuse the compiled
     program, and ``runtime_layout`` finds the empty tiles on device from each block's id range
     (exact for ids that do not decrease along the row, as packing makes them; safe for any ids).
-    Known ids give the static layout from the same ranges when queries and keys share one such row
-    (no evaluation of the mask); other known ids are evaluated.
+    Known ids give the exact static layout from the ids each block holds, in any order and for
+    cross-attention too (no evaluation of the mask).
     ``dense`` has shape ``[*B, 1, T, S]``.
     """
 
@@ -300,47 +300,52 @@ class Document(Mask):
     def runtime_layout(self, T, S, bq, bk):
         if self.is_static:
             return None  # exact at trace time (``_layout``)
-        return self._range_layout(T, S, bq, bk, jnp)
+        return self._range_layout(T, S, bq, bk)
 
     def _layout(self, T, S, bq, bk):
-        if (
-            self.is_static
-            and np.shape(self.q_ids)[-1] == T
-            and np.shape(self.kv_ids)[-1] == S
-            and self._one_sorted_row()
-        ):
-            return self._range_layout(T, S, bq, bk, np)
-        return super()._layout(T, S, bq, bk)  # evaluated (exact), or all PARTIAL for traced ids
+        if self.is_static and np.shape(self.q_ids)[-1] >= T and np.shape(self.kv_ids)[-1] >= S:
+            return self._id_layout(T, S, bq, bk)
+        return super()._layout(T, S, bq, bk)  # all PARTIAL for traced ids (ids shorter than T or S: evaluated)
 
-    def _one_sorted_row(self) -> bool:
-        """Queries and keys carry the same ids, which never decrease along a row outside the padding (packing
-        makes them so): then each block's ids are a run of one sorted row, and two blocks share an id exactly
-        when their id ranges meet, so the ranges give the exact layout."""
-        q, k = np.asarray(self.q_ids), np.asarray(self.kv_ids)
-        if q.shape != k.shape or not np.array_equal(q, k):
-            return False
-        rows = q.reshape(-1, q.shape[-1])
-        keep = rows != self.padding_id if self.padding_id is not None else np.ones(rows.shape, bool)
-        return all((np.diff(row[kept]) >= 0).all() for row, kept in zip(rows, keep, strict=True))
+    def _id_layout(self, T, S, bq, bk):
+        """The exact layout of known ids, from the ids each block holds (in any order, cross-attention too): a
+        tile may attend where its two blocks share an id in some example, and is FULL where, in every example,
+        both blocks hold one and the same id and no padding. Its cost is the pairs of blocks that meet on an id
+        (a sparse product), not a pass over every pair of positions."""
+        nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
+        q = np.asarray(self.q_ids)[..., :T].reshape(-1, T)
+        k = np.asarray(self.kv_ids)[..., :S].reshape(-1, S)
+        ids, codes = np.unique(np.concatenate([q.ravel(), k.ravel()]), return_inverse=True)
+        pad = ids == self.padding_id if self.padding_id is not None else np.zeros(ids.size, bool)
+        q_held, q_one, q_id = _ids_per_block(codes.reshape(-1)[: q.size].reshape(q.shape), pad, nq, bq)
+        k_held, k_one, k_id = _ids_per_block(codes.reshape(-1)[q.size :].reshape(k.shape), pad, nk, bk)
+        shared = (q_held @ k_held.T).toarray() > 0  # [nq, nk]: the blocks share an id in some example
+        # FULL: in every example both blocks hold one id and no padding, and it is the same id
+        _, group = np.unique(np.concatenate([q_id.T, k_id.T]), axis=0, return_inverse=True)
+        group = group.reshape(-1)
+        same = group[:nq, None] == group[None, nq:]
+        full = q_one.all(0)[:, None] & k_one.all(0)[None, :] & same
+        return np.where(full, FULL, np.where(shared, PARTIAL, EMPTY)).astype(np.int8)
 
-    def _range_layout(self, T, S, bq, bk, xp):
-        """The layout from each block's id range (min, max outside the padding), with numpy or jax.numpy: safe
-        for any ids, exact for one sorted row (``_one_sorted_row``)."""
+    def _range_layout(self, T, S, bq, bk):
+        """The layout of traced ids, on device, from each block's id range (min, max outside the padding): safe
+        for any ids; exact where queries and keys share one row of ids that never decreases outside the padding
+        (packing makes them so), since two blocks of one sorted row share an id exactly when their ranges meet."""
         big = np.iinfo(np.int32).max
 
         def ranges(ids, n, block):  # ids [*B, L] -> per block (min, max, has_pad) [B, n]
-            ids = xp.asarray(ids, xp.int32)
+            ids = jnp.asarray(ids, jnp.int32)
             ids = ids.reshape(-1, ids.shape[-1])
             L = ids.shape[-1]
-            pad = ids == self.padding_id if self.padding_id is not None else xp.zeros(ids.shape, bool)
+            pad = ids == self.padding_id if self.padding_id is not None else jnp.zeros(ids.shape, bool)
             fill = n * block - L  # the short last block: filled with padding entries
-            ids = xp.pad(ids, ((0, 0), (0, fill)))
-            pad = xp.pad(pad, ((0, 0), (0, fill)), constant_values=True)
+            ids = jnp.pad(ids, ((0, 0), (0, fill)))
+            pad = jnp.pad(pad, ((0, 0), (0, fill)), constant_values=True)
             ids, pad = ids.reshape(-1, n, block), pad.reshape(-1, n, block)
-            lo = xp.where(pad, big, ids).min(-1)
-            hi = xp.where(pad, -big, ids).max(-1)
+            lo = jnp.where(pad, big, ids).min(-1)
+            hi = jnp.where(pad, -big, ids).max(-1)
             # a short last block's fill is out of range, not padding: it never spoils FULL
-            real_pad = pad & (xp.arange(n * block) < L).reshape(n, block)
+            real_pad = pad & (jnp.arange(n * block) < L).reshape(n, block)
             return lo, hi, real_pad.any(-1)
 
         qlo, qhi, qpad = ranges(self.q_ids, _num_blocks(T, bq), bq)
@@ -350,7 +355,32 @@ class Document(Mask):
         empty = (qhi < klo) | (khi < qlo)  # disjoint id ranges (an all-padding block: lo > hi)
         full = (qlo == qhi) & (klo == khi) & (qlo == klo) & ~qpad & ~kpad
         empty, full = empty.all(0), full.all(0)
-        return xp.where(empty, EMPTY, xp.where(full, FULL, PARTIAL)).astype(xp.int8)
+        return jnp.where(empty, EMPTY, jnp.where(full, FULL, PARTIAL)).astype(jnp.int8)
+
+
+def _ids_per_block(codes, pad, n, block):
+    """Which ids each block holds: ``codes`` int ``[B, L]`` (ids numbered 0..D-1), ``pad`` bool ``[D]`` (the
+    padding id) -> (a sparse 0/1 ``[n, B * D]``, 1 where block i holds id d in example b, at column b * D + d;
+    ``[B, n]`` True where the block holds exactly one id and no padding; ``[B, n]`` that id)."""
+    from scipy import sparse  # a dependency of jax's; imported when known ids are planned
+
+    B, L = codes.shape
+    D = pad.size
+    block_of = np.broadcast_to(np.arange(L) // block, (B, L))
+    real = ~pad[codes]
+    cols = (np.arange(B)[:, None] * D + codes)[real]
+    held = sparse.csr_matrix((np.ones(cols.size, np.float32), (block_of[real], cols)), shape=(n, B * D))
+    held.sum_duplicates()
+    held.data[:] = 1
+    rows = np.repeat(np.arange(n), np.diff(held.indptr))
+    example, the_id = held.indices // D, held.indices % D
+    distinct = np.zeros((B, n), np.int64)
+    np.add.at(distinct, (example, rows), 1)
+    padded = np.zeros((B, n), bool)
+    padded[np.nonzero(~real)[0], block_of[~real]] = True
+    only = np.zeros((B, n), np.int64)
+    only[example, rows] = the_id  # meaningful where the block holds one id
+    return held, (distinct == 1) & ~padded, only
 
 
 def document(q_segment_ids, kv_segment_ids=None, *, padding_id: int | None = None) -> Mask:
