@@ -77,8 +77,8 @@ CELLS = {
     "bigbird 16384 fwd": ("bigbird", 16384, 1, 8, 64, False),
     "documents16 known 16384 fwd": ("documents known", 16384, 1, 8, 64, False),
     "documents16 known & causal 16384 fwd": ("documents known & causal", 16384, 1, 8, 64, False),
-    "documents16 known, ids in any order 16384 fwd": ("documents known shuffled", 16384, 1, 8, 64, False),
-    "documents16 known, cross 16384 fwd": ("documents known cross", 16384, 1, 8, 64, False),
+    "documents16 known in any order 16384 fwd": ("documents known shuffled", 16384, 1, 8, 64, False),
+    "documents16 known cross 16384 fwd": ("documents known cross", 16384, 1, 8, 64, False),
     "window_2d ±3 16384 (128x128) fwd": ("window_2d", 16384, 1, 8, 64, False),
 }
 
