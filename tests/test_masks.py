@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -281,6 +283,20 @@ def test_static_document_layout_is_exact_for_any_known_ids_and_evaluates_nothing
             np.testing.assert_array_equal(layout, brute_layout(mask.dense(T, S), T, S, bq, bk))
             kinds |= set(np.unique(layout).tolist())
     assert kinds == {masks.EMPTY, masks.PARTIAL, masks.FULL}
+
+
+def test_blocks_meet_is_the_join_of_the_blocks_on_their_ids_in_any_chunks():
+    graph = importlib.import_module("attnlab.masks.graph")  # the module (masks.graph is the mask's function)
+    rng = np.random.default_rng(0)
+    nq, nk = 9, 7
+    q_block, q_key = rng.integers(0, nq, 40), rng.integers(0, 6, 40)
+    k_block, k_key = rng.integers(0, nk, 30), rng.integers(0, 6, 30)
+    want = np.zeros((nq, nk), bool)
+    for i, a in zip(q_block, q_key, strict=True):
+        for j, b in zip(k_block, k_key, strict=True):
+            want[i, j] |= a == b
+    for chunk in (1, 3, 50, 1 << 22):
+        np.testing.assert_array_equal(graph._blocks_meet(q_block, q_key, k_block, k_key, nq, nk, chunk=chunk), want)
 
 
 def test_runtime_layout_is_safe_for_any_data_and_combines():

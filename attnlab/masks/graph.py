@@ -310,16 +310,16 @@ class Document(Mask):
     def _id_layout(self, T, S, bq, bk):
         """The exact layout of known ids, from the ids each block holds (in any order, cross-attention too): a
         tile may attend where its two blocks share an id in some example, and is FULL where, in every example,
-        both blocks hold one and the same id and no padding. Its cost is the pairs of blocks that meet on an id
-        (a sparse product), not a pass over every pair of positions."""
+        both blocks hold one and the same id and no padding. Its cost is the pairs of blocks that meet on an id,
+        not a pass over every pair of positions."""
         nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
         q = np.asarray(self.q_ids)[..., :T].reshape(-1, T)
         k = np.asarray(self.kv_ids)[..., :S].reshape(-1, S)
         ids, codes = np.unique(np.concatenate([q.ravel(), k.ravel()]), return_inverse=True)
         pad = ids == self.padding_id if self.padding_id is not None else np.zeros(ids.size, bool)
-        q_held, q_one, q_id = _ids_per_block(codes.reshape(-1)[: q.size].reshape(q.shape), pad, nq, bq)
-        k_held, k_one, k_id = _ids_per_block(codes.reshape(-1)[q.size :].reshape(k.shape), pad, nk, bk)
-        shared = (q_held @ k_held.T).toarray() > 0  # [nq, nk]: the blocks share an id in some example
+        q_block, q_key, q_one, q_id = _ids_per_block(codes.reshape(-1)[: q.size].reshape(q.shape), pad, nq, bq)
+        k_block, k_key, k_one, k_id = _ids_per_block(codes.reshape(-1)[q.size :].reshape(k.shape), pad, nk, bk)
+        shared = _blocks_meet(q_block, q_key, k_block, k_key, nq, nk)  # the blocks share an id in some example
         # FULL: in every example both blocks hold one id and no padding, and it is the same id
         _, group = np.unique(np.concatenate([q_id.T, k_id.T]), axis=0, return_inverse=True)
         group = group.reshape(-1)
@@ -360,27 +360,41 @@ class Document(Mask):
 
 def _ids_per_block(codes, pad, n, block):
     """Which ids each block holds: ``codes`` int ``[B, L]`` (ids numbered 0..D-1), ``pad`` bool ``[D]`` (the
-    padding id) -> (a sparse 0/1 ``[n, B * D]``, 1 where block i holds id d in example b, at column b * D + d;
-    ``[B, n]`` True where the block holds exactly one id and no padding; ``[B, n]`` that id)."""
-    from scipy import sparse  # a dependency of jax's; imported when known ids are planned
-
+    padding id) -> per distinct (example, block, id): the block and the key example * D + id; ``[B, n]`` True
+    where the block holds exactly one id and no padding; ``[B, n]`` that id."""
     B, L = codes.shape
     D = pad.size
-    block_of = np.broadcast_to(np.arange(L) // block, (B, L))
+    slot = np.arange(B)[:, None] * n + np.arange(L) // block  # example * n + block, int64
     real = ~pad[codes]
-    cols = (np.arange(B)[:, None] * D + codes)[real]
-    held = sparse.csr_matrix((np.ones(cols.size, np.float32), (block_of[real], cols)), shape=(n, B * D))
-    held.sum_duplicates()
-    held.data[:] = 1
-    rows = np.repeat(np.arange(n), np.diff(held.indptr))
-    example, the_id = held.indices // D, held.indices % D
-    distinct = np.zeros((B, n), np.int64)
-    np.add.at(distinct, (example, rows), 1)
-    padded = np.zeros((B, n), bool)
-    padded[np.nonzero(~real)[0], block_of[~real]] = True
-    only = np.zeros((B, n), np.int64)
-    only[example, rows] = the_id  # meaningful where the block holds one id
-    return held, (distinct == 1) & ~padded, only
+    keys = np.unique(slot[real] * D + codes[real])  # B * n * D stays far below 2**63
+    slot_of, the_id = keys // D, keys % D
+    distinct = np.bincount(slot_of, minlength=B * n)
+    padded = np.bincount(slot[~real], minlength=B * n) > 0
+    only = np.zeros(B * n, np.int64)
+    only[slot_of] = the_id  # meaningful where the block holds one id
+    one = (distinct == 1) & ~padded
+    return slot_of % n, slot_of // n * D + the_id, one.reshape(B, n), only.reshape(B, n)
+
+
+def _blocks_meet(q_block, q_key, k_block, k_key, nq, nk, chunk=1 << 22):
+    """bool ``[nq, nk]``: True where a query block and a key block hold a common key (example, id). A join on the
+    keys: its work is the pairs of blocks that meet (never more than a dense product over the keys), in chunks
+    of about ``chunk`` pairs."""
+    order = np.argsort(k_key, kind="stable")
+    k_key, k_block = k_key[order], k_block[order]
+    lo = np.searchsorted(k_key, q_key, "left")
+    count = np.searchsorted(k_key, q_key, "right") - lo
+    ends = np.cumsum(count)
+    meet = np.zeros((nq, nk), bool)
+    start = 0
+    while start < q_key.size:
+        stop = max(int(np.searchsorted(ends, ends[start] - count[start] + chunk, "right")), start + 1)
+        c = count[start:stop]
+        pair = np.repeat(np.arange(start, stop), c)
+        at = lo[pair] + np.arange(pair.size) - np.repeat(np.cumsum(c) - c, c)
+        meet[q_block[pair], k_block[at]] = True
+        start = stop
+    return meet
 
 
 def document(q_segment_ids, kv_segment_ids=None, *, padding_id: int | None = None) -> Mask:
