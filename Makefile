@@ -369,7 +369,7 @@ compare-flex: $(BENCH_DEPS)  ## make flex's run on 04a795f (before the tile core
 	$(PY) -m benchmarks.compare_commits --base 04a795f --bench flex --rounds 2 --out results/compare-flex $(COMPARE_FLAGS)
 
 PLAN_CELLS = bigbird 16384 fwd,documents16 known 16384 fwd,documents16 known & causal 16384 fwd,window_2d ±3 16384 (128x128) fwd,window±128 16384 fwd,documents16 4096 fwd
-PLAN_IDS_CELLS = documents16 known in any order 16384 fwd,documents16 known cross 16384 fwd,documents16 known 16384 fwd,documents16 known & causal 16384 fwd,documents16 4096 fwd
+PLAN_IDS_CELLS = documents16 4096 fwd,documents16 known in any order 16384 fwd,documents16 known cross 16384 fwd,documents16 known 16384 fwd,documents16 known & causal 16384 fwd
 compare-plan: $(DEPS)  ## the first trace of calls whose mask is known (its tiles classified while tracing) on 8e8fc43 and this tree, each in fresh processes, alternating -> results/compare-plan/
 	$(PY) -m benchmarks.compare_commits --base 8e8fc43 --measure trace --rounds 5 --cells "$(PLAN_CELLS)" --out results/compare-plan $(COMPARE_FLAGS)
 
