@@ -50,10 +50,14 @@ def test_compare_trace_gives_each_trees_best_and_slowest_round_and_the_ratio_of_
         "base": [{"c": {"trace_s": 4.8}}, {"c": {"trace_s": 6.99}}],
         "head": [{"c": {"trace_s": 0.49}}, {"c": {"trace_s": 0.26}}],
     }
+    runs["base"][0]["d"], runs["base"][1]["d"] = {"trace_s": 0.0064}, {"trace_s": 0.12}  # under 0.1 s: 3 decimals
+    runs["head"][0]["d"], runs["head"][1]["d"] = {"trace_s": 0.0081}, {"trace_s": 0.0095}
     row = {"cell": "c", "base_trace_s": 4.8, "head_trace_s": 0.26, "ratio": 0.26 / 4.8}
+    small = {"cell": "d", "base_trace_s": 0.0064, "head_trace_s": 0.0081, "ratio": 0.0081 / 0.0064}
     meta = {"host": host, "jax": "0.10.2", "date": "2026-12-07", "base": "aaa", "rounds": 2, "measure": "trace"}
-    (tmp_path / "t.json").write_text(json.dumps({"meta": meta, "rows": [row], "runs": runs}))
+    (tmp_path / "t.json").write_text(json.dumps({"meta": meta, "rows": [row, small], "runs": runs}))
     lines = bench_tables.compare_trace(tmp_path, "t.json").strip().splitlines()
     assert lines[0] == "| cell | aaa: s (slowest round) | after: s (slowest round) | after / before |"
     assert lines[2] == "| c | 4.80 (6.99) | 0.26 (0.49) | 0.054 |"
+    assert lines[3] == "| d | 0.006 (0.12) | 0.008 (0.009) | 1.266 |"
     assert lines[-1] == "2 rounds. Host: AMD EPYC, 2 CPUs (avx2); jax 0.10.2, 2026-12-07."
