@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import brute_layout
 
+import attnlab
 from attnlab import masks
 
 
@@ -242,6 +243,14 @@ def test_document_by_hand():
         masks.document(np.array([0.5, 1.0]))
     with pytest.raises(ValueError, match="batch dims"):
         masks.document(np.zeros((2, 4), int), np.zeros((3, 4), int))
+    # ids of another length than the attention's: jnp.take would fill the missing ids, and two filled ids match
+    q = jnp.ones((1, 12, 2, 8))
+    for q_ids, kv_ids, name in [
+        (ids[:1], None, "q_segment_ids has length 5"),
+        (np.zeros((1, 12), int), ids[:1], "kv_segment_ids has length 5"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            attnlab.attention(q, q, q, mask=masks.document(q_ids, kv_ids) & masks.causal())
 
 
 @pytest.mark.parametrize("padding_id", [None, 3])
@@ -257,7 +266,7 @@ def test_runtime_layout_from_traced_ids_is_exact_for_packed_rows(seed, padding_i
 
 @pytest.mark.parametrize("padding_id", [None, 3, -1])
 def test_static_document_layout_is_exact_for_any_known_ids_and_evaluates_nothing(padding_id):
-    """Known ids, sorted or not, shared or cross-attention (T != S), ids longer than T, with ragged tiles: the
+    """Known ids, sorted or not, shared or cross-attention (T != S), with ragged tiles: the
     layout from the ids each block holds equals the brute force, and the mask is never evaluated."""
     from attnlab.masks import base
 
@@ -270,7 +279,6 @@ def test_static_document_layout_is_exact_for_any_known_ids_and_evaluates_nothing
         (77, 77, rng.integers(-1, 4, (2, 77)), None),  # unsorted, with the padding id here and there
         (77, 77, sorted_ids, sorted_ids[:, ::-1].copy()),
         (50, 61, rng.integers(0, 4, (2, 50)), rng.integers(2, 6, (2, 61))),  # cross: only ids 2 and 3 meet
-        (40, 77, sorted_ids, sorted_ids),  # ids longer than the queries: the first T count
         (33, 40, np.full((1, 33), 3), np.concatenate([np.full((1, 20), 3), np.full((1, 20), 1)], 1)),
     ]
     kinds = set()

@@ -16,6 +16,7 @@ def _same_doc(q, k, ids):
     return (ids[..., q] == ids[..., k])[..., None, :, :]
 
 
+IDS = jnp.array([[0, 0, 1, 1, 1, 2], [0, 1, 1, 2, 2, 2]])  # [B, 6]: the examples are used at 6 x 6
 EXAMPLES = {
     masks.Full: masks.full(),
     masks.Causal: masks.causal(1),
@@ -23,8 +24,8 @@ EXAMPLES = {
     masks.Window2D: masks.window_2d(3, 1),
     masks.Padding: masks.padding(jnp.array([3, 6]), jnp.array([6, 2])),
     masks.PrefixLM: masks.prefix_lm(jnp.array([2, 5])),
-    masks.Document: masks.document(jnp.array([[0, 0, 1], [0, 1, 1]])),
-    masks.Predicate: masks.predicate(_same_doc, jnp.array([[0, 0, 1], [0, 1, 1]])),
+    masks.Document: masks.document(IDS),
+    masks.Predicate: masks.predicate(_same_doc, IDS),
     masks.Graph: masks.graph(ADJ),
     masks.GraphEdges: masks.graph_edges([0, 1], [1, 2], 6),
     masks.Dense: masks.as_mask(ADJ),

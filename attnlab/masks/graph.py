@@ -297,15 +297,28 @@ class Document(Mask):
             ok = ok & (qi != self.padding_id)
         return ok
 
+    def dense(self, T, S):
+        _check_lengths(T, S)
+        for name, ids, n, what in (
+            ("q_segment_ids", self.q_ids, T, "T queries"),
+            ("kv_segment_ids", self.kv_ids, S, "S keys"),
+        ):
+            if np.shape(ids)[-1] != n:
+                raise ValueError(
+                    f"document mask: {name} has length {np.shape(ids)[-1]} but attention has {n} ({what}); "
+                    "they must be equal"
+                )
+        return super().dense(T, S)
+
     def runtime_layout(self, T, S, bq, bk):
         if self.is_static:
             return None  # exact at trace time (``_layout``)
         return self._range_layout(T, S, bq, bk)
 
     def _layout(self, T, S, bq, bk):
-        if self.is_static and np.shape(self.q_ids)[-1] >= T and np.shape(self.kv_ids)[-1] >= S:
+        if self.is_static and np.shape(self.q_ids)[-1] == T and np.shape(self.kv_ids)[-1] == S:
             return self._id_layout(T, S, bq, bk)
-        return super()._layout(T, S, bq, bk)  # all PARTIAL for traced ids (ids shorter than T or S: evaluated)
+        return super()._layout(T, S, bq, bk)  # all PARTIAL for traced ids
 
     def _id_layout(self, T, S, bq, bk):
         """The exact layout of known ids, from the ids each block holds (in any order, cross-attention too): a
@@ -313,8 +326,8 @@ class Document(Mask):
         both blocks hold one and the same id and no padding. Its cost is the pairs of blocks that meet on an id,
         not a pass over every pair of positions."""
         nq, nk = _num_blocks(T, bq), _num_blocks(S, bk)
-        q = np.asarray(self.q_ids)[..., :T].reshape(-1, T)
-        k = np.asarray(self.kv_ids)[..., :S].reshape(-1, S)
+        q = np.asarray(self.q_ids).reshape(-1, T)
+        k = np.asarray(self.kv_ids).reshape(-1, S)
         ids, codes = np.unique(np.concatenate([q.ravel(), k.ravel()]), return_inverse=True)
         pad = ids == self.padding_id if self.padding_id is not None else np.zeros(ids.size, bool)
         q_block, q_key, q_one, q_id = _ids_per_block(codes.reshape(-1)[: q.size].reshape(q.shape), pad, nq, bq)
