@@ -91,6 +91,32 @@ def test_traced_edges_under_jit_without_recompiling():
     assert len(traces) == 1
 
 
+@pytest.mark.parametrize("score_kind", ["dot", "additive"])
+@pytest.mark.parametrize("traced", [False, True], ids=["known", "traced"])
+def test_an_edge_listed_twice_counts_once(traced, score_kind):
+    """A repeated edge is one edge of the adjacency (``GraphEdges.dense``), so it gets one share of its
+    receiver's softmax, as in the reference: found by fuzzing against it (a node whose three listed senders
+    held a repeat got a third of the weight on the repeated one instead of half)."""
+    edges, adj = _random_edges(8)
+    s, r = np.asarray(edges.senders), np.asarray(edges.receivers)
+    twice = np.random.default_rng(9).choice(len(s), 15, replace=False)  # 15 edges listed again, some 3 times
+    s, r = np.concatenate([s, s[twice], s[twice[:4]]]), np.concatenate([r, r[twice], r[twice[:4]]])
+    q, k, v = qkv((2, NODES, 4, 8), kv_heads=2, seed=10)
+    score = "dot" if score_kind == "dot" else scores.Additive(jax.random.normal(jax.random.key(3), (4, 8)))
+
+    def sparse(q, k, v, s, r):
+        return attnlab.attention(q, k, v, mask=masks.graph_edges(s, r, NODES), score=score, implementation="sparse")
+
+    run = jax.jit(sparse) if traced else sparse
+    out, grads = fwd_and_grads(lambda q, k, v: run(q, k, v, s, r), q, k, v)
+    ref, grads_r = fwd_and_grads(
+        lambda q, k, v: attnlab.attention_reference(q, k, v, mask=masks.graph(adj), score=score), q, k, v
+    )
+    compare(out, ref, tol(jnp.float32))
+    for g, g_r in zip(grads, grads_r, strict=True):
+        compare(g, g_r, grad_tol(jnp.float32))
+
+
 def test_errors_name_the_argument():
     q, k, v = qkv((NODES, 2, 8))
     edges, adj = _random_edges(0)

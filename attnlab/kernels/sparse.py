@@ -9,9 +9,9 @@ For a graph given as ``masks.graph_edges(senders, receivers, num_nodes)`` (edge 
 
 This is the message-passing form of graph attention (GAT, Veličković et al. 2017,
 arXiv 1710.10903; jraph's ``segment_softmax``). It equals dense attention with
-``masks.graph(adjacency)`` on the same graph, as long as the edge list has no duplicate edges
-(a duplicated edge is counted twice here but once in the adjacency). A node with no incoming
-edge gets zeros, with zero gradients.
+``masks.graph(adjacency)`` on the same graph: an edge listed twice counts once, as in the
+adjacency (``_valid_edges`` drops the repeats; PyG's message passing would count it twice).
+A node with no incoming edge gets zeros, with zero gradients.
 
 Shape legend: B batch (leading dims), T = S = num_nodes, N query heads, K kv heads, G = N // K,
 H head dim, Hv value head dim, E edges.
@@ -139,23 +139,29 @@ def _one_graph(q, k, v, senders, receivers, *, score_e, scale_dot=None):
     return out.reshape(T, N, -1)  # [T, K, G, Hv] -> [T, N, Hv]
 
 
-def _drop_out_of_range(senders, receivers, T, S):
-    """int32 senders, receivers [E] with every edge outside [0, S) x [0, T) sent to (S, T).
+def _valid_edges(senders, receivers, T, S):
+    """int32 senders, receivers [E] with every edge outside [0, S) x [0, T), and every repeat of an edge, sent
+    to (S, T).
 
-    (S, T) is the padding edge of ``_chunks``: segment sums drop it and its weight is 0, so an
-    out-of-range edge is dropped, as the dense adjacency (reference, blockwise) drops it. Concrete
-    indices out of range are an error instead (``graph_edges`` checks them; a hand-made
-    ``GraphEdges`` is checked here).
+    (S, T) is the padding edge of ``_chunks``: segment sums drop it and its weight is 0. So an edge counts
+    once however often it is listed, and an out-of-range edge is dropped, as in the dense adjacency
+    (``GraphEdges.dense``; the reference and blockwise kernels). The edges come back sorted by (receiver,
+    sender): with numpy at trace time when they are known, else with one sort on device. Concrete indices out
+    of range are an error instead (``graph_edges`` checks them; a hand-made ``GraphEdges`` is checked here).
     """
-    s = jnp.asarray(senders, jnp.int32)
-    r = jnp.asarray(receivers, jnp.int32)
     for name, x, n in (("senders", senders, S), ("receivers", receivers, T)):
         if masks_lib.is_concrete(x) and np.size(x):
             vals = np.asarray(x)
             if vals.min() < 0 or vals.max() >= n:
                 raise ValueError(f"mask: {name} has node indices outside [0, {n}): min {vals.min()}, max {vals.max()}")
-    ok = (s >= 0) & (s < S) & (r >= 0) & (r < T)
-    return jnp.where(ok, s, S), jnp.where(ok, r, T)
+    known = masks_lib.is_concrete(senders) and masks_lib.is_concrete(receivers)
+    xp = np if known else jnp
+    s, r = xp.asarray(senders, xp.int32), xp.asarray(receivers, xp.int32)
+    order = xp.lexsort((s, r))
+    s, r = s[order], r[order]
+    repeat = xp.concatenate([xp.zeros(min(1, s.shape[0]), bool), (s[1:] == s[:-1]) & (r[1:] == r[:-1])])
+    ok = ~repeat & (s >= 0) & (s < S) & (r >= 0) & (r < T)
+    return jnp.asarray(xp.where(ok, s, S), jnp.int32), jnp.asarray(xp.where(ok, r, T), jnp.int32)
 
 
 def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
@@ -204,7 +210,7 @@ def attend(call: Call):
     else:
         edge = score.edge_form()
         score_e, scale = (lambda q_e, k_e, h: edge(q_e, k_e)), None
-    senders, receivers = _drop_out_of_range(senders, receivers, T, S)
+    senders, receivers = _valid_edges(senders, receivers, T, S)
     one = functools.partial(_one_graph, senders=senders, receivers=receivers, score_e=score_e, scale_dot=scale)
     # [..., T, N, H] -> [B, T, N, H]; vmap adds the batch (the edge list is shared)
     qb, kb, vb = q.reshape(-1, T, N, H), k.reshape(-1, S, K, H), v.reshape(-1, S, K, Hv)
