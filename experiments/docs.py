@@ -134,6 +134,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "ring-memory": table("experiments.bench_tables:ring_memory", BENCH),
     "compare-main": table("experiments.bench_tables:compare", BENCH, name="compare_160a7db.json"),
     "compare-plan": table("experiments.bench_tables:compare_trace", BENCH, name="compare_plan.json"),
+    # the sparse kernel's repeated edges dropped (sorted edges), same process, twice (2026-12-07)
+    "compare-edges": table("experiments.bench_tables:compare", BENCH, name="compare_63cb7e9_edges.json"),
+    "compare-edges-run2": table("experiments.bench_tables:compare", BENCH, name="compare_63cb7e9_edges_run2.json"),
     # make compare-plan-ids, twice (2026-12-07): known document ids in any order and for cross-attention
     "compare-plan-ids": table("experiments.bench_tables:compare_trace", BENCH, name="compare_plan_ids.json"),
     "compare-plan-ids-run2": table("experiments.bench_tables:compare_trace", BENCH, name="compare_plan_ids_run2.json"),
