@@ -212,6 +212,7 @@ def compare_trace(folder, name: str) -> str:
     fresh processes: the best seconds over the rounds, the rounds' range, and the ratio of the bests."""
     data = json.loads((Path(folder) / name).read_text())
     span = {s: {c: [run[c]["trace_s"] for run in data["runs"][s]] for c in data["runs"][s][0]} for s in data["runs"]}
+
     def s(x):  # seconds: two decimals, three under 0.1 s
         return f"{x:.2f}" if x >= 0.1 else f"{x:.3f}"
 
