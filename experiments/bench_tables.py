@@ -213,11 +213,11 @@ def compare_trace(folder, name: str) -> str:
     data = json.loads((Path(folder) / name).read_text())
     span = {s: {c: [run[c]["trace_s"] for run in data["runs"][s]] for c in data["runs"][s][0]} for s in data["runs"]}
 
-    def s(x):  # seconds: two decimals, three under 0.1 s
+    def secs(x):  # two decimals, three under 0.1 s
         return f"{x:.2f}" if x >= 0.1 else f"{x:.3f}"
 
-    rows = [[r["cell"], f"{s(r['base_trace_s'])} ({s(max(span['base'][r['cell']]))})",
-             f"{s(r['head_trace_s'])} ({s(max(span['head'][r['cell']]))})", f"{r['ratio']:.3f}"]
+    rows = [[r["cell"], f"{secs(r['base_trace_s'])} ({secs(max(span['base'][r['cell']]))})",
+             f"{secs(r['head_trace_s'])} ({secs(max(span['head'][r['cell']]))})", f"{r['ratio']:.3f}"]
             for r in data["rows"]]  # fmt: skip
     header = ["cell", f"{data['meta']['base']}: s (slowest round)", "after: s (slowest round)", "after / before"]
     return _md(header, rows) + f"\n{data['meta']['rounds']} rounds. {host_line([data])}\n"

@@ -318,7 +318,7 @@ class Document(Mask):
     def _layout(self, T, S, bq, bk):
         if self.is_static and np.shape(self.q_ids)[-1] == T and np.shape(self.kv_ids)[-1] == S:
             return self._id_layout(T, S, bq, bk)
-        return super()._layout(T, S, bq, bk)  # all PARTIAL for traced ids
+        return super()._layout(T, S, bq, bk)  # traced ids: all PARTIAL (ids of other lengths: dense() rejects them)
 
     def _id_layout(self, T, S, bq, bk):
         """The exact layout of known ids, from the ids each block holds (in any order, cross-attention too): a
@@ -329,9 +329,10 @@ class Document(Mask):
         q = np.asarray(self.q_ids).reshape(-1, T)
         k = np.asarray(self.kv_ids).reshape(-1, S)
         ids, codes = np.unique(np.concatenate([q.ravel(), k.ravel()]), return_inverse=True)
+        codes = codes.reshape(-1)  # ids numbered 0..D-1, the queries' then the keys'
         pad = ids == self.padding_id if self.padding_id is not None else np.zeros(ids.size, bool)
-        q_block, q_key, q_one, q_id = _ids_per_block(codes.reshape(-1)[: q.size].reshape(q.shape), pad, nq, bq)
-        k_block, k_key, k_one, k_id = _ids_per_block(codes.reshape(-1)[q.size :].reshape(k.shape), pad, nk, bk)
+        q_block, q_key, q_one, q_id = _ids_per_block(codes[: q.size].reshape(q.shape), pad, nq, bq)
+        k_block, k_key, k_one, k_id = _ids_per_block(codes[q.size :].reshape(k.shape), pad, nk, bk)
         shared = _blocks_meet(q_block, q_key, k_block, k_key, nq, nk)  # the blocks share an id in some example
         # FULL: in every example both blocks hold one id and no padding, and it is the same id
         _, group = np.unique(np.concatenate([q_id.T, k_id.T]), axis=0, return_inverse=True)
