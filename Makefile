@@ -106,7 +106,7 @@ DOCS_DEPS := $(STAMP) $(DOCS_STAMP)
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help install data data-images browser zh-font test test-fast lint sweep sweep-long sweep-repeat plots \
+.PHONY: help install data data-images browser zh-font test test-fast fuzz lint sweep sweep-long sweep-repeat plots \
 	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover dense-fusion tune-cpu gpu-check gpu-wheels compare-main compare-flex compare-plan compare-plan-ids claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
@@ -223,6 +223,12 @@ test: install data zh-font  ## the whole test suite (what CI runs), on TEST_WORK
 
 test-fast: install data zh-font  ## the test suite without the tests marked slow
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+
+FUZZ_SEED ?= 0
+FUZZ_CASES ?= 150
+fuzz: $(DEPS)  ## FUZZ_CASES random attention calls (masks x scores x implementations x jit modes, fwd + vjp) against the reference, fp32 then x64 -> results/fuzz*.json; fails on any mismatch or crash
+	$(PY) -m benchmarks.fuzz --seed $(FUZZ_SEED) --cases $(FUZZ_CASES) --out results/fuzz.json
+	$(PY) -m benchmarks.fuzz --seed $(FUZZ_SEED) --cases $(FUZZ_CASES) --x64 --out results/fuzz_x64.json
 
 lint: $(DEPS)  ## ruff check and format check
 	$(PY) -m ruff check attnlab tests experiments benchmarks

@@ -1,0 +1,244 @@
+r"""Random attention calls against the dense reference: masks x scores x implementations x jit modes, forward and vjp.
+
+Each case is drawn from its seed alone (``draw``): batch, lengths (T and S, often unequal), heads
+(GQA), head dim, a mask (every family, with random parameters, ANDed and ORed), a score (dot,
+SoftCap, ALiBi, additive), an implementation (or None: dispatch chooses), a mode (eager, jit with
+the mask closed over as constants, jit with the mask as an argument so its arrays are traced),
+fp32 or bf16 inputs, sometimes a bias. ``check`` runs ``attnlab.attention`` and its vjp and
+compares them with ``attnlab.attention_reference`` on the inputs upcast (to float64 under
+``--x64``), on the error scaled by the reference's largest value (``scaled_error``; ``LIMITS`` per
+dtype). A case fails on a crash, a mismatch, a non-finite value, or outputs / gradients that do
+not keep the inputs' dtype; a ``ValueError`` that names the implementation (the call is one it
+does not take) is a skip.
+
+    PYTHONPATH=. python -m benchmarks.fuzz --seed 0 --cases 200 --out results/fuzz.json
+    PYTHONPATH=. python -m benchmarks.fuzz --seed 1 --cases 200 --x64 --out results/fuzz_x64.json
+
+Two bugs this found are conformance cases now (CHANGELOG.md: a repeated graph edge counted twice
+by the sparse kernel). Re-run a failing case alone with ``--only SEED``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["Case", "MASK_KINDS", "SCORE_KINDS", "LIMITS", "draw", "build", "scaled_error", "check"]
+
+MASK_KINDS = (
+    "none", "causal", "window", "document", "document_cross", "padding", "graph", "graph_edges", "prefix_lm",
+    "chunks", "dilated", "predicate", "bigbird", "window_2d", "global_tokens", "dense", "and", "or",
+)  # fmt: skip
+SCORE_KINDS = ("dot", "dot", "softcap", "alibi", "additive")  # dot twice: the common case
+IMPLEMENTATIONS = ("xla", "blockwise", "sparse", "pallas", None)
+MODES = ("eager", "jit_closed", "jit_arg")
+# the largest error scaled by the reference's largest value (plus SCALE_FLOOR) that passes, per input dtype
+LIMITS = {"float32": 2e-4, "bfloat16": 8e-2}
+SCALE_FLOOR = 1e-2
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One fuzz case; every field follows from ``seed`` (``draw``)."""
+
+    seed: int
+    B: int
+    T: int
+    S: int
+    N: int
+    K: int
+    H: int
+    mask: str
+    score: str
+    implementation: str | None
+    mode: str
+    dtype: str
+    bias: bool
+
+
+def draw(seed: int) -> Case:
+    """The case of ``seed``: the same on every machine (numpy's PCG64)."""
+    r = np.random.default_rng(seed)
+    T = int(r.integers(1, 150))
+    S = T if r.random() < 0.6 else int(r.integers(1, 150))
+    K = int(r.choice([1, 2]))
+    return Case(
+        seed=seed, B=int(r.integers(1, 3)), T=T, S=S, N=K * int(r.choice([1, 2])), K=K, H=int(r.choice([8, 16, 32])),
+        mask=str(r.choice(MASK_KINDS)), score=str(r.choice(SCORE_KINDS)),
+        implementation=IMPLEMENTATIONS[int(r.integers(len(IMPLEMENTATIONS)))], mode=str(r.choice(MODES)),
+        dtype="float32" if r.random() < 0.7 else "bfloat16", bias=bool(r.random() < 0.1),
+    )  # fmt: skip
+
+
+def _ids(r, B, L):
+    return np.sort(r.integers(0, 4, (B, L)), -1).astype(np.int32)
+
+
+def _mask(kind: str, r, c: Case):
+    """A mask of family ``kind`` with random parameters for ``c``'s shapes (None for ``"none"``).
+
+    Families that need T == S (a square graph, bigbird) draw a causal mask otherwise.
+    """
+    from attnlab import masks  # noqa: PLC0415 (after --x64 is set)
+
+    B, T, S = c.B, c.T, c.S
+    square = T == S
+    if kind == "none":
+        return None
+    if kind == "causal" or (kind in ("graph_edges", "bigbird", "window_2d") and not square):
+        return masks.causal(offset=int(r.integers(-3, 4)))
+    if kind == "window":
+        return masks.window(int(r.integers(0, 20)), int(r.integers(0, 20)))
+    if kind in ("document", "document_cross"):
+        q = _ids(r, B, T)
+        kv = None if kind == "document" and square else _ids(r, B, S)
+        if r.random() < 0.3:  # ids in any order
+            q = r.permutation(q.T).T.copy()
+        return masks.document(q, kv, padding_id=int(r.integers(0, 4)) if r.random() < 0.3 else None)
+    if kind == "padding":
+        return masks.padding(r.integers(0, T + 1, (B,)).astype(np.int32), r.integers(0, S + 1, (B,)).astype(np.int32))
+    if kind == "graph":
+        return masks.graph(r.random((T, S)) < 0.2)
+    if kind == "graph_edges":  # repeats and self-loops included
+        E = int(r.integers(1, 4 * T))
+        return masks.graph_edges(r.integers(0, T, E), r.integers(0, T, E), T)
+    if kind == "prefix_lm":
+        return masks.prefix_lm(r.integers(0, T + 1, (B,)).astype(np.int32))
+    if kind == "chunks":
+        return masks.chunks(int(r.integers(1, 20)))
+    if kind == "dilated":
+        return masks.dilated(int(r.integers(1, 20)), int(r.integers(0, 5)), int(r.integers(1, 4)))
+    if kind == "predicate":
+        return masks.predicate(lambda qi, ki: (qi + ki) % 3 != 0, in_kernel=bool(r.random() < 0.5))
+    if kind == "bigbird":
+        return masks.bigbird(T, block_size=int(r.integers(2, 9)), num_random=1, num_global=1)
+    if kind == "window_2d":
+        width = int(r.integers(1, 12))
+        return masks.window_2d(width, int(r.integers(0, 3)), int(r.integers(0, 3)))
+    if kind == "global_tokens":
+        return masks.global_tokens(np.unique(r.integers(0, min(T, S), int(r.integers(1, 4)))))
+    if kind == "dense":
+        return masks.as_mask(jnp.asarray(r.random((B, 1, T, S)) < 0.5))
+    a, b = _mask(str(r.choice(MASK_KINDS[:-2])), r, c), _mask(str(r.choice(MASK_KINDS[:-2])), r, c)
+    if a is None or b is None:
+        return a if b is None else b
+    return a & b if kind == "and" else a | b
+
+
+def _score(kind: str, r, c: Case):
+    from attnlab import positional, scores  # noqa: PLC0415
+
+    if kind == "dot":
+        return "dot"
+    if kind == "softcap":
+        return scores.SoftCap(float(r.uniform(2, 30)))
+    if kind == "alibi":
+        return positional.Alibi().score(slopes=jnp.asarray(2.0 ** -np.arange(1, c.N + 1), jnp.float32))
+    return scores.Additive(jnp.asarray(r.normal(size=(c.N, c.H)) * 0.3, jnp.float32))
+
+
+def build(c: Case):
+    """``(mask, score, bias, q, k, v, cotangent)`` of case ``c``."""
+    r = np.random.default_rng([c.seed, 1])
+    mask, score = _mask(c.mask, r, c), _score(c.score, r, c)
+    dt = jnp.dtype(c.dtype)
+
+    def normal(*shape, dtype=dt):  # numpy draws: no compile per shape, as jax.random would need
+        return jnp.asarray(r.standard_normal(shape, np.float32), dtype)
+
+    q, k, v = normal(c.B, c.T, c.N, c.H), normal(c.B, c.S, c.K, c.H), normal(c.B, c.S, c.K, c.H)
+    bias = normal(c.B, c.N, c.T, c.S, dtype=jnp.float32) if c.bias else None
+    return mask, score, bias, q, k, v, normal(c.B, c.T, c.N, c.H, dtype=jnp.float32)
+
+
+def scaled_error(actual, expected) -> float:
+    """``max |a - e| / (max |e| + SCALE_FLOOR)`` in float64; inf where ``actual`` is not finite.
+
+    Scaled by the largest value rather than elementwise: a gradient whose reference is near zero
+    where few keys are allowed is compared at the scale of the whole array, not flagged for its noise.
+    """
+    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    if not np.isfinite(a).all():
+        return float("inf")
+    return float(np.max(np.abs(a - e), initial=0.0) / (np.max(np.abs(e), initial=0.0) + SCALE_FLOOR))
+
+
+def _run(c: Case, attention, mask, score, bias, q, k, v, ct):
+    def f(q, k, v, m):
+        return attention(q, k, v, mask=m, bias=bias, score=score, implementation=c.implementation)
+
+    if c.mode == "eager":
+        out, pull = jax.vjp(lambda q, k, v: f(q, k, v, mask), q, k, v)
+    elif c.mode == "jit_closed":
+        out, pull = jax.jit(lambda q, k, v: jax.vjp(lambda q, k, v: f(q, k, v, mask), q, k, v))(q, k, v)
+    else:
+        out, pull = jax.jit(lambda q, k, v, m: jax.vjp(lambda q, k, v: f(q, k, v, m), q, k, v))(q, k, v, mask)
+    return out, pull(ct.astype(out.dtype))
+
+
+def check(c: Case, attention=None) -> dict:
+    """Runs case ``c`` (through ``attention``, default ``attnlab.attention``) against the reference.
+
+    Returns the case's fields and ``status``: ``ok``, ``skip`` (the implementation does not take the
+    call), ``mismatch`` (``errors``: output, dq, dk, dv over ``LIMITS``), ``dtype`` (the output or a
+    gradient changed dtype) or ``crash`` (``error``: the exception).
+    """
+    import attnlab  # noqa: PLC0415
+
+    attention = attention or attnlab.attention
+    row = dataclasses.asdict(c)
+    mask, score, bias, q, k, v, ct = build(c)
+    try:
+        out, grads = _run(c, attention, mask, score, bias, q, k, v, ct)
+    except Exception as e:  # noqa: BLE001 (every exception but a refusal is a finding)
+        if isinstance(e, ValueError) and c.implementation is not None and c.implementation in str(e):
+            return row | {"status": "skip", "reason": str(e).splitlines()[0][:200]}
+        error = f"{type(e).__name__}: {e}"[:500]
+        return row | {"status": "crash", "error": error, "trace": traceback.format_exc()[-1500:]}
+    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    ref, ref_pull = jax.vjp(
+        lambda q, k, v: attnlab.attention_reference(q, k, v, mask=mask, bias=bias, score=score),
+        *(x.astype(wide) for x in (q, k, v)),
+    )
+    errors = [scaled_error(a, e) for a, e in zip((out, *grads), (ref, *ref_pull(ct.astype(wide))), strict=True)]
+    row["errors"] = [round(e, 8) for e in errors]
+    if out.dtype != q.dtype or any(g.dtype != x.dtype for g, x in zip(grads, (q, k, v), strict=True)):
+        return row | {"status": "dtype", "dtypes": [str(x.dtype) for x in (out, *grads)]}
+    return row | {"status": "ok" if max(errors) <= LIMITS[c.dtype] else "mismatch"}
+
+
+def main(argv):
+    del argv
+    if _X64.value:
+        jax.config.update("jax_enable_x64", True)
+    from benchmarks import harness  # noqa: PLC0415
+
+    seeds = _ONLY.value or range(_SEED.value * 1_000_000, _SEED.value * 1_000_000 + _CASES.value)
+    grid = [(int(s),) for s in seeds]
+
+    def line(seed, rec):
+        what = f"{rec['mask']} {rec['score']} {rec['implementation']} {rec['mode']} {rec['dtype']}"
+        return f"seed {seed}: {rec['status']:8s} {what} {rec.get('errors') or rec.get('error') or ''}"
+
+    records = harness.sweep(grid, lambda s: check(draw(s)), _OUT.value, line, x64=_X64.value)
+    bad = [r for r in records if r["status"] not in ("ok", "skip")]
+    counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "skip", "mismatch", "dtype", "crash")}
+    print(f"{len(records)} cases: {counts}")
+    for r in bad:
+        print(f"FAILED seed {r['seed']} ({r['status']}): rerun with --only {r['seed']}")
+    raise SystemExit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+
+    _SEED = flags.DEFINE_integer("seed", 0, "Cases are seeds seed*1e6 .. seed*1e6 + cases - 1.")
+    _CASES = flags.DEFINE_integer("cases", 200, "How many cases.")
+    _ONLY = flags.DEFINE_multi_integer("only", [], "Run just these case seeds (a failing case's seed).")
+    _X64 = flags.DEFINE_bool("x64", False, "jax_enable_x64 on (the reference in float64).")
+    _OUT = flags.DEFINE_string("out", "results/fuzz.json", "The JSON file of every case.")
+    app.run(main)
