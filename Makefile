@@ -226,9 +226,10 @@ test-fast: install data zh-font  ## the test suite without the tests marked slow
 
 FUZZ_SEED ?= 0
 FUZZ_CASES ?= 150
-fuzz: $(DEPS)  ## FUZZ_CASES random attention calls (masks x scores x implementations x jit modes, fwd + vjp) against the reference, fp32 then x64 -> results/fuzz*.json; fails on any mismatch or crash
+fuzz: $(DEPS)  ## FUZZ_CASES random calls each: attention (masks x scores x implementations x jit modes, fwd + vjp) against the reference, fp32 then x64, and the drop-in against jax.nn -> results/fuzz*.json; fails on any mismatch or crash
 	$(PY) -m benchmarks.fuzz --seed $(FUZZ_SEED) --cases $(FUZZ_CASES) --out results/fuzz.json
 	$(PY) -m benchmarks.fuzz --seed $(FUZZ_SEED) --cases $(FUZZ_CASES) --x64 --out results/fuzz_x64.json
+	$(PY) -m benchmarks.fuzz --seed $(FUZZ_SEED) --cases $(FUZZ_CASES) --target dropin --out results/fuzz_dropin.json
 
 lint: $(DEPS)  ## ruff check and format check
 	$(PY) -m ruff check attnlab tests experiments benchmarks

@@ -1,6 +1,7 @@
 r"""Random attention calls against the dense reference: masks x scores x implementations x jit modes, forward and vjp.
 
-Each case is drawn from its seed alone (``draw``): batch, lengths (T and S, often unequal), heads
+Each case is drawn from its seed alone (``draw``): batch, lengths (T and S, often unequal; below
+150, and in one case of eight below 700, for many tiles of a kind), heads
 (GQA), head dim, a mask (every family, with random parameters, ANDed and ORed), a score (dot,
 SoftCap, ALiBi, additive), an implementation (or None: dispatch chooses), a mode (eager, jit with
 the mask closed over as constants, jit with the mask as an argument so its arrays are traced),
@@ -27,7 +28,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Case", "MASK_KINDS", "SCORE_KINDS", "LIMITS", "draw", "build", "scaled_error", "check"]
+__all__ = [
+    "Case",
+    "DropinCase",
+    "MASK_KINDS",
+    "LIMITS",
+    "draw",
+    "build",
+    "check",
+    "draw_dropin",
+    "check_dropin",
+    "scaled_error",
+]
 
 MASK_KINDS = (
     "none", "causal", "window", "document", "document_cross", "padding", "graph", "graph_edges", "prefix_lm",
@@ -39,6 +51,7 @@ MODES = ("eager", "jit_closed", "jit_arg")
 # the largest error scaled by the reference's largest value (plus SCALE_FLOOR) that passes, per input dtype
 LIMITS = {"float32": 2e-4, "bfloat16": 8e-2}
 SCALE_FLOOR = 1e-2
+LONG, LONG_SHARE = 700, 0.125  # one case in eight draws its lengths below LONG instead of 150
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,15 +76,18 @@ class Case:
 def draw(seed: int) -> Case:
     """The case of ``seed``: the same on every machine (numpy's PCG64)."""
     r = np.random.default_rng(seed)
-    T = int(r.integers(1, 150))
-    S = T if r.random() < 0.6 else int(r.integers(1, 150))
+    top = LONG if np.random.default_rng([seed, 4]).random() < LONG_SHARE else 150  # many tiles, some full
+    T = int(r.integers(1, top))
+    S = T if r.random() < 0.6 else int(r.integers(1, top))
     K = int(r.choice([1, 2]))
-    return Case(
+    c = Case(
         seed=seed, B=int(r.integers(1, 3)), T=T, S=S, N=K * int(r.choice([1, 2])), K=K, H=int(r.choice([8, 16, 32])),
         mask=str(r.choice(MASK_KINDS)), score=str(r.choice(SCORE_KINDS)),
         implementation=IMPLEMENTATIONS[int(r.integers(len(IMPLEMENTATIONS)))], mode=str(r.choice(MODES)),
         dtype="float32" if r.random() < 0.7 else "bfloat16", bias=bool(r.random() < 0.1),
     )  # fmt: skip
+    # the sparse kernel takes an edge list only: give it one (else every sparse case would be a skip)
+    return dataclasses.replace(c, mask="graph_edges", S=T) if c.implementation == "sparse" else c
 
 
 def _ids(r, B, L):
@@ -211,6 +227,132 @@ def check(c: Case, attention=None) -> dict:
     return row | {"status": "ok" if max(errors) <= LIMITS[c.dtype] else "mismatch"}
 
 
+# ------------------------------------------------------------------------------------------
+# The drop-in: attnlab.dot_product_attention against jax.nn.dot_product_attention itself
+
+
+@dataclasses.dataclass(frozen=True)
+class DropinCase:
+    """One drop-in case: jax.nn's arguments, drawn from ``seed`` (``draw_dropin``)."""
+
+    seed: int
+    batched: bool
+    T: int
+    S: int
+    N: int
+    K: int
+    H: int
+    bias: str | None  # the shape of the bias: "BNTS", "1NTS", "B1TS", "NTS", "TS", "1TS" or None
+    mask: str | None  # the same for a bool mask array
+    is_causal: bool
+    q_lengths: bool
+    kv_lengths: bool
+    window: tuple[int, int] | int | None
+    scale: float | None
+    implementation: str | None
+    mode: str
+    dtype: str
+
+
+BROADCASTS = (None, "BNTS", "1NTS", "B1TS", "NTS", "TS", "1TS")
+
+
+def draw_dropin(seed: int) -> DropinCase:
+    """The drop-in case of ``seed``: GQA, T != S, every broadcast of bias and mask, lengths, windows."""
+    r = np.random.default_rng([seed, 2])
+    T = int(r.integers(1, 100))
+    K = int(r.choice([1, 2]))
+    window = [None, None, int(r.integers(0, 12)), (int(r.integers(0, 12)), int(r.integers(0, 12)))][int(r.integers(4))]
+    return DropinCase(
+        seed=seed, batched=bool(r.random() < 0.8), T=T, S=T if r.random() < 0.6 else int(r.integers(1, 100)),
+        N=K * int(r.choice([1, 2, 4])), K=K, H=int(r.choice([8, 16, 32])),
+        bias=BROADCASTS[int(r.integers(len(BROADCASTS)))], mask=BROADCASTS[int(r.integers(len(BROADCASTS)))],
+        is_causal=bool(r.random() < 0.4), q_lengths=bool(r.random() < 0.3), kv_lengths=bool(r.random() < 0.4),
+        window=window, scale=float(r.uniform(0.05, 0.5)) if r.random() < 0.3 else None,
+        implementation=(None, "xla", "blockwise", "reference", "pallas")[int(r.integers(5))],
+        mode=str(r.choice(["eager", "jit"])), dtype="float32" if r.random() < 0.7 else "bfloat16",
+    )  # fmt: skip
+
+
+def _broadcast_shape(form, c: DropinCase):
+    sizes = {"B": 2, "N": c.N, "T": c.T, "S": c.S, "1": 1}
+    shape = tuple(sizes[a] for a in form)
+    return shape if c.batched or len(form) < 4 else shape[1:]  # unbatched: no batch axis
+
+
+def build_dropin(c: DropinCase):
+    """``(q, k, v, cotangent, keywords)``: jax.nn's arguments of case ``c``."""
+    r = np.random.default_rng([c.seed, 3])
+    dt = jnp.dtype(c.dtype)
+    lead = (2,) if c.batched else ()
+
+    def normal(*shape, dtype=dt):
+        return jnp.asarray(r.standard_normal(shape, np.float32), dtype)
+
+    q, k, v = normal(*lead, c.T, c.N, c.H), normal(*lead, c.S, c.K, c.H), normal(*lead, c.S, c.K, c.H)
+    kw = {"is_causal": c.is_causal, "local_window_size": c.window, "scale": c.scale}
+    if c.bias:
+        kw["bias"] = normal(*_broadcast_shape(c.bias, c), dtype=jnp.float32)
+    if c.mask:
+        kw["mask"] = jnp.asarray(r.random(_broadcast_shape(c.mask, c)) < 0.7)
+    if c.q_lengths:
+        kw["query_seq_lengths"] = jnp.asarray(r.integers(0, c.T + 1, lead or (1,)), jnp.int32)
+    if c.kv_lengths:
+        kw["key_value_seq_lengths"] = jnp.asarray(r.integers(0, c.S + 1, lead or (1,)), jnp.int32)
+    return q, k, v, normal(*lead, c.T, c.N, c.H, dtype=jnp.float32), kw
+
+
+def check_dropin(c: DropinCase, attention=None) -> dict:
+    """``attnlab.dot_product_attention(..., empty_rows="mean")`` (or ``attention``) against
+    ``jax.nn.dot_product_attention`` on the inputs upcast: outputs and the gradients of q, k, v and
+    the bias. Statuses as ``check``'s, and ``skip`` where jax.nn rejects the call and attnlab raises a
+    ``ValueError`` too (``lenient`` where attnlab takes it)."""
+    import attnlab  # noqa: PLC0415
+
+    attention = attention or attnlab.dot_product_attention
+    row = dataclasses.asdict(c)
+    q, k, v, ct, kw = build_dropin(c)
+    bias = kw.pop("bias", None)
+    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+
+    def peer(q, k, v, b):
+        return jax.nn.dot_product_attention(q, k, v, b, implementation="xla", **kw)
+
+    try:
+        ref, ref_pull = jax.vjp(peer, *(x.astype(wide) for x in (q, k, v)), bias)
+    except Exception as e:  # noqa: BLE001 (jax.nn rejects the call: so must attnlab)
+        try:
+            attention(q, k, v, bias, implementation=c.implementation, empty_rows="mean", **kw)
+        except ValueError:
+            return row | {"status": "skip", "reason": f"jax.nn: {type(e).__name__}: {e}"[:200]}
+        return row | {"status": "lenient", "error": f"jax.nn rejects it ({type(e).__name__}: {e})"[:500]}
+
+    def ours(q, k, v, b):
+        return attention(q, k, v, b, implementation=c.implementation, empty_rows="mean", **kw)
+
+    try:
+        fn = jax.jit(lambda *a: jax.vjp(ours, *a)) if c.mode == "jit" else lambda *a: jax.vjp(ours, *a)
+        out, pull = fn(q, k, v, bias)
+        grads = pull(ct.astype(out.dtype))
+    except Exception as e:  # noqa: BLE001
+        if isinstance(e, ValueError) and c.implementation is not None and c.implementation in str(e):
+            return row | {"status": "skip", "reason": str(e).splitlines()[0][:200]}
+        error = f"{type(e).__name__}: {e}"[:500]
+        return row | {"status": "crash", "error": error, "trace": traceback.format_exc()[-1500:]}
+    refs = (ref, *ref_pull(ct.astype(wide)))
+    errors = [scaled_error(a, e) for a, e in zip((out, *grads), refs, strict=True) if e is not None]
+    row["errors"] = [round(e, 8) for e in errors]
+    if out.dtype != q.dtype or any(g.dtype != x.dtype for g, x in zip(grads[:3], (q, k, v), strict=True)):
+        return row | {"status": "dtype", "dtypes": [str(x.dtype) for x in (out, *grads[:3])]}
+    return row | {"status": "ok" if max(errors) <= LIMITS[c.dtype] else "mismatch"}
+
+
+TARGETS = {  # --target: (draw, check, what a progress line shows)
+    "attention": (draw, check, ("mask", "score", "implementation", "mode", "dtype")),
+    "dropin": (draw_dropin, check_dropin, ("bias", "mask", "is_causal", "window", "implementation", "mode", "dtype")),
+}
+
+
 def main(argv):
     del argv
     if _X64.value:
@@ -220,13 +362,19 @@ def main(argv):
     seeds = _ONLY.value or range(_SEED.value * 1_000_000, _SEED.value * 1_000_000 + _CASES.value)
     grid = [(int(s),) for s in seeds]
 
+    draw_case, check_case, shown = TARGETS[_TARGET.value]
+
     def line(seed, rec):
-        what = f"{rec['mask']} {rec['score']} {rec['implementation']} {rec['mode']} {rec['dtype']}"
+        what = " ".join(str(rec[f]) for f in shown)
         return f"seed {seed}: {rec['status']:8s} {what} {rec.get('errors') or rec.get('error') or ''}"
 
-    records = harness.sweep(grid, lambda s: check(draw(s)), _OUT.value, line, x64=_X64.value)
+    records = harness.sweep(
+        grid, lambda s: check_case(draw_case(s)), _OUT.value, line, x64=_X64.value, target=_TARGET.value
+    )
     bad = [r for r in records if r["status"] not in ("ok", "skip")]
-    counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "skip", "mismatch", "dtype", "crash")}
+    counts = {
+        s: sum(r["status"] == s for r in records) for s in ("ok", "skip", "mismatch", "dtype", "crash", "lenient")
+    }
     print(f"{len(records)} cases: {counts}")
     for r in bad:
         print(f"FAILED seed {r['seed']} ({r['status']}): rerun with --only {r['seed']}")
@@ -240,5 +388,6 @@ if __name__ == "__main__":
     _CASES = flags.DEFINE_integer("cases", 200, "How many cases.")
     _ONLY = flags.DEFINE_multi_integer("only", [], "Run just these case seeds (a failing case's seed).")
     _X64 = flags.DEFINE_bool("x64", False, "jax_enable_x64 on (the reference in float64).")
+    _TARGET = flags.DEFINE_enum("target", "attention", list(TARGETS), "attnlab.attention, or the jax.nn drop-in.")
     _OUT = flags.DEFINE_string("out", "results/fuzz.json", "The JSON file of every case.")
     app.run(main)

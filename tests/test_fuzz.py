@@ -87,3 +87,41 @@ def test_a_crash_a_skip_and_a_changed_dtype_are_told_apart():
     assert fuzz.check(c, attention=widens)["status"] == "dtype"
     wrong_value_error = fuzz.check(c, attention=lambda q, k, v, **kw: (_ for _ in ()).throw(ValueError("shape")))
     assert wrong_value_error["status"] == "crash"  # a ValueError that does not name the implementation
+
+
+def _dropin(implementation, dtype="float32"):
+    return next(
+        c
+        for c in map(fuzz.draw_dropin, range(1000))
+        if c.implementation == implementation and c.dtype == dtype and c.mode == "eager" and c.bias and c.mask
+    )
+
+
+def test_the_dropin_draws_every_broadcast_and_keyword():
+    cases = [fuzz.draw_dropin(s) for s in range(300)]
+    assert {c.bias for c in cases} == {c.mask for c in cases} == set(fuzz.BROADCASTS)
+    for field in ("batched", "is_causal", "q_lengths", "kv_lengths"):
+        assert {getattr(c, field) for c in cases} == {True, False}, field
+    assert {type(c.window) for c in cases} == {type(None), int, tuple}
+    c = next(c for c in cases if not c.batched and c.bias == "BNTS" and c.q_lengths)
+    q, k, v, ct, kw = fuzz.build_dropin(c)
+    assert q.ndim == 3 and kw["bias"].shape == (c.N, c.T, c.S) and kw["query_seq_lengths"].shape == (1,)
+
+
+def test_the_dropin_equals_jax_nn_and_a_wrong_one_is_caught():
+    c = _dropin("blockwise")
+    row = fuzz.check_dropin(c)
+    assert row["status"] == "ok" and len(row["errors"]) == 5, row  # out, dq, dk, dv, dbias
+
+    def no_bias(q, k, v, bias, **kw):
+        return attnlab.dot_product_attention(q, k, v, None, **kw)
+
+    row = fuzz.check_dropin(c, attention=no_bias)
+    assert row["status"] == "mismatch", row
+
+
+def test_what_jax_nn_rejects_attnlab_must_reject():
+    c = dataclasses.replace(_dropin("blockwise"), N=3, K=2)  # N % K != 0: jax.nn raises
+    assert fuzz.check_dropin(c)["status"] == "skip"
+    lenient = fuzz.check_dropin(c, attention=lambda q, k, v, bias, **kw: q)
+    assert lenient["status"] == "lenient", lenient
