@@ -20,8 +20,9 @@ it computes instead of a dispatcher inspecting it:
   ``ModTile`` (the scaled product changed per element: ``SoftCap``, ``ScoreMod``) or ``PairTile`` (a
   tile's logits from its queries and keys: ``Additive``). The kernels differentiate these with
   ``jax.vjp`` one tile at a time, so a new tiled score writes only its forward;
-* ``score.edge_form()``: the per-edge form ``[E, K, G, H] x [E, K, H] -> [E, K, G]`` for the sparse
-  (edge-list) kernel, or None;
+* ``score.edge_form()``: the per-edge form ``(q_e [E, K, G, H], k_e [E, K, H], q_idx [E], k_idx [E]) ->
+  [E, K, G]`` for the sparse (edge-list) kernel, or None: ``Dot``, ``Additive``, ``SoftCap`` and a
+  ``ScoreMod`` that declares its ``head_axes`` have one;
 * ``score.is_dot``: derived from the tile form; True for ``Dot(scale)``, the one score the fused
   kernels (cuDNN, splash) compute.
 
@@ -267,8 +268,9 @@ class Score:
 
     * ``tile_form()``: a ``TileForm`` (``DotTile``, ``ModTile``, ``PairTile``) for the tiled kernels
       (blockwise, ring, Pallas), forward and backward, O(T + S) memory;
-    * ``edge_form()``: ``(q_e [E, K, G, H], k_e [E, K, H]) -> fp32 [E, K, G]``, one logit per edge and
-      query head, for the sparse (edge-list) kernel.
+    * ``edge_form()``: ``(q_e [E, K, G, H], k_e [E, K, H], q_idx [E], k_idx [E]) -> fp32 [E, K, G]``, one
+      logit per edge and query head, for the sparse (edge-list) kernel; ``q_idx`` and ``k_idx`` are the
+      edges' receivers and senders (the positions a ``ScoreMod`` reads).
 
     The score's array leaves (``Additive.w``, ``ScoreMod``'s arrays) reach a kernel as inputs: traced
     values reuse the compiled program and receive gradients.
@@ -308,11 +310,13 @@ class Dot(Score):
         return DotTile(self.scale)
 
     def edge_form(self):
-        def edge(q_e, k_e):
-            s = 1.0 / math.sqrt(q_e.shape[-1]) if self.scale is None else self.scale
-            return jnp.einsum("ekgh,ekh->ekg", q_e, k_e, preferred_element_type=jnp.float32) * jnp.float32(s)
+        return lambda q_e, k_e, q_idx, k_idx: _dot_edges(q_e, k_e, self.scale)
 
-        return edge
+
+def _dot_edges(q_e, k_e, scale):
+    """The scaled dot product of each edge: q_e ``[E, K, G, H]``, k_e ``[E, K, H]`` -> fp32 ``[E, K, G]``."""
+    s = 1.0 / math.sqrt(q_e.shape[-1]) if scale is None else scale
+    return jnp.einsum("ekgh,ekh->ekg", q_e, k_e, preferred_element_type=jnp.float32) * jnp.float32(s)
 
 
 def _additive_pairs(q: jax.Array, k: jax.Array, w) -> jax.Array:
@@ -405,7 +409,7 @@ class Additive(Score):
         )
 
     def edge_form(self):
-        def edge(q_e, k_e):  # [E, K, G, H] + [E, K, 1, H] -> [E, K, G]
+        def edge(q_e, k_e, q_idx, k_idx):  # [E, K, G, H] + [E, K, 1, H] -> [E, K, G]
             kh, g, h = q_e.shape[1:]
             w = _additive_weights(self.w, kh * g, h).reshape(kh, g, h)
             return jnp.sum(jnp.tanh(q_e.astype(jnp.float32) + k_e.astype(jnp.float32)[:, :, None, :]) * w, -1)
@@ -439,6 +443,9 @@ class SoftCap(Score):
 
     def tile_form(self):
         return ModTile(self._cap, self.scale, head_axes=(), elementwise=True)
+
+    def edge_form(self):
+        return lambda q_e, k_e, q_idx, k_idx: self._cap(_dot_edges(q_e, k_e, self.scale))
 
     def __call__(self, q, k):
         return self._cap(dot_product(q, k, scale=self.scale))
@@ -519,6 +526,27 @@ class ScoreMod(Score):
 
     def tile_form(self):
         return ModTile(self._mod, self.scale, head_axes=self.head_axes)
+
+    def edge_form(self):
+        """``fn`` on the edges' logits as ``s [N, E, 1]``, with ``q_idx`` and ``k_idx`` ``[E, 1]`` (each
+        edge's receiver and sender): elementwise, ``fn`` then gives each edge the logit it gives that pair
+        in the dense ``[N, T, S]``. Only with ``head_axes`` declared (None otherwise): as in the Pallas
+        kernel, it says that ``fn`` broadcasts its arrays over the heads and no leading dims."""
+        if self.head_axes is None:
+            return None
+
+        def edge(q_e, k_e, q_idx, k_idx):
+            s = _dot_edges(q_e, k_e, self.scale)  # [E, K, G]
+            heads_first = s.reshape(s.shape[0], -1).T[:, :, None]  # [N, E, 1]
+            out = self.fn(heads_first, q_idx[:, None], k_idx[:, None], *self.arrays)
+            if getattr(out, "shape", None) != heads_first.shape:
+                raise ValueError(
+                    f"ScoreMod: fn must return the logits' shape {tuple(heads_first.shape)} ([N, edges, 1] in the "
+                    f"edge-list kernel), got {getattr(out, 'shape', type(out).__name__)}"
+                )
+            return out.astype(jnp.float32)[:, :, 0].T.reshape(s.shape)
+
+        return edge
 
     def __call__(self, q, k):
         s = dot_product(q, k, scale=self.scale)

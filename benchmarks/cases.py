@@ -114,3 +114,11 @@ def alibi_slopes(N: int) -> np.ndarray:
 def additive_weights(N: int, H: int, seed: int = 0) -> np.ndarray:
     """float32 ``[N, H]``: the additive score's per-head ``w`` (normal, scaled by ``H ** -0.5``)."""
     return (np.random.default_rng(seed).normal(size=(N, H)) * H**-0.5).astype(np.float32)
+
+
+def random_graph(T: int, degree: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """int32 senders, receivers: ``degree * T`` distinct random edges among T nodes, and every self loop."""
+    flat = np.random.default_rng(seed).choice(T * T, size=degree * T, replace=False)
+    senders = np.concatenate([flat // T, np.arange(T)]).astype(np.int32)
+    receivers = np.concatenate([flat % T, np.arange(T)]).astype(np.int32)
+    return senders, receivers

@@ -15,6 +15,11 @@ Two parts, both through ``attnlab.kernels.blockwise_attention``:
    2026-12 counted the dot product's backward as 2x its forward, 12H per pair where this counts
    14H) next to the dot product's on the same shape. Also the compiled memory at twice the
    length (compile only).
+3. **Scores on a graph's edges** (``--graph_nodes`` nodes, ``--graph_degree`` random edges per node and
+   self loops, ``masks.graph_edges``; 8 heads, H = 64, fp32, fwd+bwd): the edge-list kernel
+   (``implementation="sparse"``, O(E)) against the blockwise kernel on the same graph, for the dot
+   product, SoftCap, ALiBi and a Graphormer-style per-pair table (``ScoreMod``), with what dispatch
+   chooses for each. The sparse kernel takes the last three through their edge forms.
 
 Command (what ``make scores`` runs; ~10 min on the 2-core development CPU):
 
@@ -35,12 +40,12 @@ from absl import app, flags
 
 import attnlab
 from attnlab import kernels, masks, positional, scores
-from benchmarks import harness
+from benchmarks import cases, harness
 
 
 def define_flags():
     """The command-line flags, defined only when run as a program (importing the module defines none)."""
-    global _OUT, _T, _HEADS, _TA, _HEADS_A, _H, _REPEATS, _ROUNDS, _CAP
+    global _OUT, _T, _HEADS, _TA, _HEADS_A, _H, _REPEATS, _ROUNDS, _CAP, _NODES, _DEGREE
     _OUT = flags.DEFINE_string("out", "results/scores", "Output folder.")
     _T = flags.DEFINE_integer("seq_len", 4096, "Sequence length of part 1 (per-element scores).")
     _HEADS = flags.DEFINE_integer("heads", 8, "Heads of part 1.")
@@ -50,6 +55,8 @@ def define_flags():
     _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per cell and round (best kept).")
     _ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved rounds.")
     _CAP = flags.DEFINE_float("cap", 30.0, "The soft cap.")
+    _NODES = flags.DEFINE_integer("graph_nodes", 4096, "Nodes of part 3 (scores on a graph's edges); 0 skips it.")
+    _DEGREE = flags.DEFINE_integer("graph_degree", 10, "Random edges per node in part 3 (plus a self loop).")
 
 
 def _qkv(T, N, H):
@@ -60,6 +67,18 @@ def _qkv(T, N, H):
 def _fwd_bwd(attend, args):
     """(fn, args with the cotangent): the gradients for the fixed output cotangent (``harness.with_direction``)."""
     return harness.with_direction(attend, "fwd+bwd", tuple(args))
+
+
+def _best(cells: dict) -> dict:
+    """``{key: best seconds}`` of jitted ``(fn, args)`` cells, timed in ``--rounds`` interleaved rounds."""
+    timed = harness.interleaved(
+        {key: harness.blocking(fn, *args) for key, (fn, args) in cells.items()},
+        rounds=_ROUNDS.value,
+        repeats=_REPEATS.value,
+        settle=True,
+        progress=harness.progress,
+    )
+    return {key: t.best_s for key, t in timed.items()}
 
 
 def per_element(T: int, N: int, H: int) -> list[dict]:
@@ -78,14 +97,7 @@ def per_element(T: int, N: int, H: int) -> list[dict]:
                 fn, args = harness.with_direction(attend, mode, (q, k, v))
                 cells[mask_name, score_name, mode] = (jax.jit(fn), args)
     print(f"part 1: {len(cells)} cells, {_ROUNDS.value} interleaved rounds of {_REPEATS.value} calls", flush=True)
-    timed = harness.interleaved(
-        {key: harness.blocking(fn, *args) for key, (fn, args) in cells.items()},
-        rounds=_ROUNDS.value,
-        repeats=_REPEATS.value,
-        settle=True,
-        progress=harness.progress,
-    )
-    best = {key: t.best_s for key, t in timed.items()}
+    best = _best(cells)
     records = []
     for mask_name in ("full", "causal"):
         for mode in ("fwd", "fwd+bwd"):
@@ -138,13 +150,56 @@ def additive(T: int, N: int, H: int) -> dict:
     return out
 
 
+def _pair_table(s, q_idx, k_idx, table, kind):
+    """Graphormer-style: a learned per-head term for the pair's relation (the kinds of its two nodes)."""
+    return s + table[:, kind[q_idx] * 4 + kind[k_idx]]
+
+
+def graph(T: int, degree: int, N: int, H: int) -> list[dict]:
+    q, k, v = _qkv(T, N, H)
+    senders, receivers = cases.random_graph(T, degree)
+    mask = masks.graph_edges(jnp.asarray(senders), jnp.asarray(receivers), T)
+    r = np.random.default_rng(1)
+    table = scores.ScoreMod(
+        _pair_table,
+        jnp.asarray(r.normal(size=(N, 16)), jnp.float32),
+        jnp.asarray(r.integers(0, 4, T), jnp.int32),
+        head_axes=(0, None),
+    )
+    slopes = jnp.asarray(cases.alibi_slopes(N), jnp.float32)
+    score_list = {"dot": "dot", "softcap": scores.SoftCap(_CAP.value),
+                  "alibi_mod": positional.Alibi().score(slopes=slopes), "pair_table_mod": table}  # fmt: skip
+    cells, chosen = {}, {}
+    for score_name, score in score_list.items():
+        chosen[score_name] = attnlab.explain(q, k, v, mask=mask, score=score).implementation
+        for impl in ("sparse", "blockwise"):
+
+            def attend(q, k, v, score=score, impl=impl):
+                return attnlab.attention(q, k, v, mask=mask, score=score, implementation=impl)
+
+            fn, args = _fwd_bwd(attend, (q, k, v))
+            cells[score_name, impl] = (jax.jit(fn), args)
+    print(f"part 3: {len(cells)} cells on {T} nodes, {len(senders)} edges, fwd+bwd", flush=True)
+    best = _best(cells)
+    records = []
+    for score_name in score_list:
+        sparse, blockwise = best[score_name, "sparse"], best[score_name, "blockwise"]
+        records.append({"nodes": T, "edges": len(senders), "heads": N, "H": H, "mode": "fwd+bwd", "score": score_name,
+                        "sparse_s": sparse, "blockwise_s": blockwise, "blockwise_over_sparse": blockwise / sparse,
+                        "dispatch": chosen[score_name]})  # fmt: skip
+        print(json.dumps(records[-1]), flush=True)
+    return records
+
+
 def main(argv):
     del argv
     run = harness.Run()
-    records = per_element(_T.value, _HEADS.value, _H.value)
+    records = per_element(_T.value, _HEADS.value, _H.value) if _T.value else []
     add = additive(_TA.value, _HEADS_A.value, _H.value) if _TA.value else None
+    on_graph = graph(_NODES.value, _DEGREE.value, _HEADS.value, _H.value) if _NODES.value else None
     out = Path(_OUT.value) / "scores.json"
-    harness.write_json(out, {"records": records, "additive": add, "cap": _CAP.value, **run.finish()})
+    result = {"records": records, "additive": add, "graph": on_graph, "cap": _CAP.value}
+    harness.write_json(out, result | run.finish())
     print(f"wrote {out}")
 
 

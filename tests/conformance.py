@@ -166,7 +166,8 @@ SCORE_CASES = {
     "additive_shared_w": lambda: (scores.Additive(jnp.linspace(-1.0, 1.5, H)), {}),  # one w [H] for all heads
 }
 # (score, mask, dtype): every score on a causal mask, empty rows and documents; the arrays of every kind
-# (0-d, shared by the heads, per head) and one w for all heads on causal & padding
+# (0-d, shared by the heads, per head) and one w for all heads on causal & padding; every score on an edge
+# list in fp32 (the edge-list kernel's edge forms: it computes in fp32 whatever the inputs)
 SCORE_RUNS = [
     (sc, m, d)
     for sc in SCORE_CASES
@@ -174,7 +175,7 @@ SCORE_RUNS = [
         ("causal_padding",) if sc in ("mixed_arrays_mod", "additive_shared_w") else ("causal", "empty_rows", "document")
     )
     for d in ("fp32", "bf16")
-]
+] + [(sc, "graph_edges", "fp32") for sc in SCORE_CASES]
 
 # (implementation, test, case id or None) -> why it fails today; run as strict xfails. None today: the
 # traced scale is a supports reason now, and splash gives zeros for a mask with no allowed pair.

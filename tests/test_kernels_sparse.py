@@ -117,6 +117,42 @@ def test_an_edge_listed_twice_counts_once(traced, score_kind):
         compare(g, g_r, grad_tol(jnp.float32))
 
 
+def test_a_score_mod_that_masks_every_edge_of_a_node_gives_it_zeros():
+    """A score_mod may return -inf (a mask written as a score): a receiver whose edges all get -inf has
+    nothing to attend, so zeros and zero gradients, never 0 / 0; the others equal the reference."""
+    edges, adj = _random_edges(3)
+    q, k, v = qkv((2, NODES, 4, 8), kv_heads=2, seed=4)
+
+    def drop(s, q_idx, k_idx, cut):  # node 5 loses all its edges, node 9 those from even senders
+        gone = (q_idx == 5) | ((q_idx == 9) & (k_idx % 2 == 0))
+        return jnp.where(gone, -jnp.inf, s * cut)
+
+    score = scores.ScoreMod(drop, jnp.float32(0.8), head_axes=(None,))
+    out, grads = fwd_and_grads(
+        lambda q, k, v, sc: attnlab.attention(q, k, v, mask=edges, score=sc, implementation="sparse"), q, k, v, score
+    )
+    out_r, grads_r = fwd_and_grads(
+        lambda q, k, v, sc: attnlab.attention_reference(q, k, v, mask=masks.graph(adj), score=sc), q, k, v, score
+    )
+    assert adj[5].any() and not np.asarray(out)[:, 5].any() and not np.asarray(grads[0])[:, 5].any()
+    compare(out, out_r, tol(jnp.float32))
+    for g, g_r in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_r), strict=True):
+        assert np.isfinite(np.asarray(g)).all()
+        compare(g, g_r, grad_tol(jnp.float32))
+
+
+def test_a_score_mod_needs_its_head_axes_on_the_edges():
+    """Without head_axes the edges cannot know how fn's arrays meet the heads: dispatch passes it by."""
+    q, k, v = qkv((NODES, 2, 8))
+    edges, _ = _random_edges(0)
+    mod = scores.ScoreMod(lambda s, q_idx, k_idx, r: s - r * abs(q_idx - k_idx), jnp.float32(0.1))
+    assert mod.edge_form() is None
+    ex = attnlab.explain(q, k, v, mask=edges, score=mod)
+    assert "ScoreMod with head_axes" in ex.reason("sparse") and ex.implementation != "sparse"
+    with pytest.raises(ValueError, match="score"):
+        attnlab.attention(q, k, v, mask=edges, score=mod, implementation="sparse")
+
+
 def test_errors_name_the_argument():
     q, k, v = qkv((NODES, 2, 8))
     edges, adj = _random_edges(0)

@@ -22,7 +22,10 @@ class Sparse(Implementation):
         if call.bias is not None:
             return "takes no bias (per-edge biases are not supported yet)"
         if call.score.edge_form() is None:
-            return f"needs a score with a per-edge form (Dot, Additive), got score {type(call.score).__name__}"
+            return (
+                "needs a score with a per-edge form (Dot, Additive, SoftCap, ScoreMod with head_axes), "
+                f"got score {type(call.score).__name__}"
+            )
         if (edges[2], edges[2]) != (call.T, call.S):
             return f"mask: graph_edges has num_nodes={edges[2]} but attention is {call.T}x{call.S}"
         return None

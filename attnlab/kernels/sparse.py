@@ -3,7 +3,8 @@
 For a graph given as ``masks.graph_edges(senders, receivers, num_nodes)`` (edge e: receiver
 ``r_e`` = query attends to sender ``s_e`` = key), attention never needs the ``[T, S]`` logits:
 
-1. gather ``q[r_e]`` and ``k[s_e]`` and score each edge and head: ``α'_e`` (dot or additive);
+1. gather ``q[r_e]`` and ``k[s_e]`` and score each edge and head: ``α'_e`` (the score's edge form: dot,
+   additive, soft-capped, a score_mod);
 2. softmax over the edges that share a receiver: ``segment_max`` / ``segment_sum`` over ``r``;
 3. gather ``v[s_e]``, weight it by ``α_e`` and ``segment_sum`` the messages into the receivers.
 
@@ -128,12 +129,13 @@ def _one_graph(q, k, v, senders, receivers, *, score_e, scale_dot=None):
     r_c, s_c = jnp.minimum(receivers, T - 1), jnp.minimum(senders, S - 1)
     q_e = q[r_c].reshape(-1, K, N // K, H)  # [E, N, H] -> [E, K, G, H]
     k_e = k[s_c]  # [E, K, H]
-    logits = score_e(q_e, k_e, H)  # [E, K, G] fp32
+    logits = score_e(q_e, k_e, r_c, s_c)  # [E, K, G] fp32
     m = jax.ops.segment_max(logits, receivers, num_segments=T)  # [T, K, G]; -inf where no edge
     m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
     p = jnp.where(valid, jnp.exp(logits - m[r_c]), 0.0)  # [E, K, G]
     denom = jax.ops.segment_sum(p, receivers, num_segments=T)  # [T, K, G]
-    alpha = p / jnp.where(valid, denom[r_c], 1.0)  # each receiver's weights sum to 1 (denom > 0 on any edge)
+    # each receiver's weights sum to 1; denom is 0 only where every edge's logit is -inf (a score that masks)
+    alpha = p / jnp.where(valid & (denom[r_c] > 0), denom[r_c], 1.0)
     msg = alpha[..., None] * v[s_c][:, :, None, :]  # [E, K, G, Hv]
     out = jax.ops.segment_sum(msg, receivers, num_segments=T)  # [T, K, G, Hv]
     return out.reshape(T, N, -1)  # [T, K, G, Hv] -> [T, N, Hv]
@@ -173,8 +175,10 @@ def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
         v: ``[..., S, K, Hv]`` values.
         mask: a ``masks.GraphEdges`` (``masks.graph_edges(senders, receivers, num_nodes)``);
             the same edge list for every batch element. Edges may be traced arrays.
-        score: ``"dot"``, ``scores.Dot(scale)``, ``scores.Additive(w)`` or
-            ``functools.partial(attnlab.scores.additive, w=w)`` (any score with an edge form).
+        score: ``"dot"``, ``scores.Dot(scale)``, ``scores.Additive(w)`` (or
+            ``functools.partial(attnlab.scores.additive, w=w)``), ``scores.SoftCap(cap)``, or a
+            ``scores.ScoreMod`` with its ``head_axes`` (ALiBi, a Graphormer-style per-pair table): any
+            score with an edge form, evaluated on each edge's receiver and sender.
         scale: logit scale for ``score="dot"``; default ``1/sqrt(H)``.
         bias: must be None (per-edge biases are not supported yet).
 
@@ -207,9 +211,8 @@ def attend(call: Call):
     S, K, Hv = call.S, call.K, call.Hv
     if score.is_dot:  # the dot product: the chunked custom-vjp path
         score_e, scale = None, score.scale
-    else:
-        edge = score.edge_form()
-        score_e, scale = (lambda q_e, k_e, h: edge(q_e, k_e)), None
+    else:  # any other edge form (additive, soft-capped, a score_mod), differentiated by jax
+        score_e, scale = score.edge_form(), None
     senders, receivers = _valid_edges(senders, receivers, T, S)
     one = functools.partial(_one_graph, senders=senders, receivers=receivers, score_e=score_e, scale_dot=scale)
     # [..., T, N, H] -> [B, T, N, H]; vmap adds the batch (the edge list is shared)
