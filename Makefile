@@ -107,7 +107,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast fuzz lint sweep sweep-long sweep-repeat plots \
-	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover dense-fusion tune-cpu gpu-check gpu-wheels compare-main compare-flex compare-plan compare-plan-ids claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
+	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover edges-crossover dense-fusion tune-cpu gpu-check gpu-wheels compare-main compare-flex compare-plan compare-plan-ids claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -337,6 +337,9 @@ flex-avx2: $(BENCH_DEPS)  ## make flex with both sides' generated code capped at
 
 crossover: $(DEPS)  ## where blockwise starts to pay off on the CPU: dense xla vs blockwise on the same masked calls, T = 128..1024, 3 shapes, fp32/bf16, fwd and fwd+bwd (~20 min) -> results/crossover/crossover.json
 	$(PY) -m benchmarks.crossover --out results/crossover
+
+edges-crossover: $(DEPS)  ## where the edge-list kernel pays off on the CPU: sparse vs blockwise on the same graph (random and block-diagonal, dot and SoftCap, fwd+bwd; ~5 min) -> results/edges_crossover/edges_crossover.json
+	$(PY) -m benchmarks.edges_crossover --out results/edges_crossover
 
 dense-fusion: $(DEPS)  ## dense XLA on the CPU: the fused program vs jax.nn's mapped one (and jax.nn), B x N x T x H, fwd and fwd+bwd: where impls.xla.FUSED_MAX_ROWS comes from (~15 min) -> results/dense_fusion/dense_fusion.json
 	$(PY) -m benchmarks.dense_fusion --out results/dense_fusion $(DENSE_FUSION_FLAGS)

@@ -151,3 +151,29 @@ def tune_cpu(folder, names: tuple) -> str:
         for r, row in zip(result["rows"], _tune_rows(result, label(k)), strict=True):
             by_case.setdefault(r["case"], []).append(row)
     return _md(_TUNE_HEADER, [row for rows in by_case.values() for row in rows]) + f"\n{host_line(runs)}\n"
+
+
+def edges_crossover(folder, names: tuple) -> str:
+    """``make edges-crossover`` (``benchmarks.edges_crossover``): the blockwise kernel's time over the edge-list
+    kernel's on the same graph (above 1: sparse faster), per graph and score, as the range over the committed
+    runs ``names`` (paths under ``folder``), with the pairs of the non-empty tiles per edge and what CPU dispatch
+    runs (``impls.sparse.MIN_PAIRS_PER_EDGE``, as the code has it now)."""
+    from attnlab.impls.sparse import MIN_PAIRS_PER_EDGE  # noqa: PLC0415
+
+    files = [json.loads((Path(folder) / n).read_text()) for n in names]
+    records = [r for d in files for r in d["records"]]
+    graphs = list(dict.fromkeys(r["graph"] for r in records))
+    score_names = list(dict.fromkeys(r["score"] for r in records))
+    rows = []
+    for g in graphs:
+        first = next(r for r in records if r["graph"] == g)
+        ratios = [_span([r["ratio"] for r in records if (r["graph"], r["score"]) == (g, s)]) for s in score_names]
+        runs = "sparse" if first["pairs_per_edge"] >= MIN_PAIRS_PER_EDGE else "blockwise"
+        rows.append([g, f"{first['edges']:,}", f"{first['pairs_per_edge']:.1f}", *ratios, runs])
+    header = [
+        "graph (nodes x edges per node)",
+        "edges",
+        "pairs per edge",
+        *(f"{s}: blockwise / sparse" for s in score_names),
+    ]
+    return _md(header + ["dispatch runs"], rows) + f"{host_line(files)}\n"

@@ -208,6 +208,11 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "crossover": table(
         "experiments.dispatch_tables:crossover", BENCH, names=("crossover_ct.json", "crossover_ct_run2.json")
     ),
+    "edges-crossover": table(
+        "experiments.dispatch_tables:edges_crossover",
+        BENCH,
+        names=("edges_crossover/edges_crossover.json", "edges_crossover_run2/edges_crossover.json"),
+    ),
     "profile-window-costs": table("experiments.bench_tables:call_costs", BENCH, names=PROFILE_RUNS),
     "profile-window-avx2": table("experiments.bench_tables:profile_ops", BENCH, names=PROFILE_RUNS_AVX2),
     "profile-window-costs-avx2": table("experiments.bench_tables:call_costs", BENCH, names=PROFILE_RUNS_AVX2),

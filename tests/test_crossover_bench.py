@@ -76,3 +76,27 @@ def test_dense_fusion_benchmark_runs_small(tmp_path):
     md = dispatch_tables.dense_fusion(tmp_path, ("dense_fusion.json", "run2.json"))
     row = [line for line in md.splitlines() if line.startswith("| 2 x 2 x 16 |")]
     assert row == [f"| 2 x 2 x 16 | 64 | {recs[2]['ratio']:.2f} | {recs[3]['ratio']:.2f} | fused |"], md
+
+
+@pytest.mark.slow
+def test_edges_crossover_benchmark_runs_small(tmp_path):
+    """`make edges-crossover` --smoke: both kernels on a random and a block-diagonal graph, and its docs table."""
+    from benchmarks import edges_crossover
+
+    cmd = [sys.executable, "-m", "benchmarks.edges_crossover", "--smoke", "--out", str(tmp_path), "--repeats=1"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "edges_crossover.json").read_text())
+    recs = result["records"]
+    assert [(r["graph"], r["score"]) for r in recs] == [
+        (g, s) for g in ("random 256 x4", "molecules 8 x 30 x3") for s in ("dot", "softcap")
+    ]
+    for r in recs:
+        assert r["ratio"] == pytest.approx(r["blockwise_ms"] / r["sparse_ms"], rel=0.01)
+        assert r["max_abs_diff"] < 1e-4, r
+    # a random graph visits every pair: T^2 over 4 T random edges and T self loops
+    assert recs[0]["edges"] == 5 * 256 and recs[0]["pairs_per_edge"] == pytest.approx(256 / 5, abs=0.1)
+    s, r = edges_crossover.GRAPHS["molecules 64 x 30 x3"]()
+    assert (s // 30 == r // 30).all() and len(s) == 64 * 30 * 4  # edges stay inside their component
+    table = dispatch_tables.edges_crossover(tmp_path, ("edges_crossover.json",))
+    assert "| random 256 x4 | 1,280 | 51.2 |" in table and table.count("|\n") == 4

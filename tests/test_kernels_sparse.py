@@ -61,10 +61,40 @@ def test_matches_dense_graph_fwd_and_grad(score_kind, kv_heads, dtype):
     assert np.all(np.asarray(grads[0], np.float32)[:, [0, 7]] == 0)
 
 
-def test_dispatch_picks_sparse_and_blockwise_agrees():
+def test_dispatch_takes_sparse_where_the_blockwise_tiles_hold_many_pairs_per_edge():
+    """On the CPU sparse pays off from MIN_PAIRS_PER_EDGE pairs of the blockwise kernel's non-empty tiles per
+    edge (random graphs: T x S pairs; traced edges too); on a GPU whenever it supports the call."""
+    from attnlab.impls.sparse import MIN_PAIRS_PER_EDGE
+    from benchmarks.cases import random_graph
+
+    T = 1024
+    q = jax.ShapeDtypeStruct((1, T, 8, 64), jnp.float32)
+    for degree, chosen in ((4, "sparse"), (16, "blockwise")):  # 205 and 60 pairs per edge (with self loops)
+        senders, receivers = random_graph(T, degree)
+        assert (T * T >= MIN_PAIRS_PER_EDGE * len(senders)) == (chosen == "sparse")
+        for score in ("dot", scores.SoftCap(30.0)):
+            edges = masks.graph_edges(senders, receivers, T)
+            assert attnlab.explain(q, q, q, mask=edges, score=score).implementation == chosen
+            assert attnlab.explain(q, q, q, mask=edges, score=score, backend="gpu").implementation == "sparse"
+        seen = []  # the edges traced: the rule counts every pair (no EMPTY tile is known)
+        jax.eval_shape(
+            lambda s, r, seen=seen: seen.append(attnlab.explain(q, q, q, mask=masks.graph_edges(s, r, T))),
+            senders,
+            receivers,
+        )
+        assert seen[0].implementation == chosen
+    assert "from 64 pairs per edge" in seen[0].reason("sparse") and "(here 60.2:" in seen[0].reason("sparse")
+    # a block-diagonal batch of small graphs: the tiles off the diagonal are EMPTY, so few pairs per edge
+    blocks = np.repeat(np.arange(16) * 64, 64 * 8) + np.random.default_rng(0).integers(0, 64, (2, 16 * 64 * 8))
+    edges = masks.graph_edges(blocks[0], blocks[1], T)
+    assert attnlab.explain(q, q, q, mask=edges).implementation == "blockwise"
+
+
+def test_dispatch_on_a_small_graph_agrees_with_the_kernels():
     edges, adj = _random_edges(4)
     q, k, v = qkv((NODES, 2, 8), seed=5)  # no batch dims
-    out = attnlab.attention(q, k, v, mask=edges)  # implementation=None -> sparse
+    out = attnlab.attention(q, k, v, mask=edges)  # implementation=None: 23 nodes are dense work (xla)
+    assert attnlab.explain(q, k, v, mask=edges).implementation == "xla"
     compare(out, kernels.sparse_attention(q, k, v, mask=edges), tol(jnp.float32))
     compare(out, attnlab.attention_reference(q, k, v, mask=masks.graph(adj)), tol(jnp.float32))
     # the same edge list through the blockwise kernel (as a dense adjacency, evaluated per tile)
