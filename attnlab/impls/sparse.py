@@ -10,7 +10,8 @@ __all__ = ["SPARSE", "MIN_PAIRS_PER_EDGE"]
 
 # On the CPU the edge-list kernel pays off where the blockwise kernel would visit at least this many (query,
 # key) pairs (its non-empty 64 x 64 tiles) per edge: `make edges-crossover` (8 heads, H = 64, fwd+bwd) timed
-# them even at 46-62 pairs per edge, sparse 2.2-2.6x faster from 88 and blockwise 1.6-25x faster at 4-20.
+# either one up to 1.45x ahead at 46-62 pairs per edge, sparse 1.9x or more ahead from 88 and blockwise 1.6x or
+# more at 4-20.
 MIN_PAIRS_PER_EDGE = 64
 
 
