@@ -83,7 +83,16 @@ def test_edges_crossover_benchmark_runs_small(tmp_path):
     """`make edges-crossover` --smoke: both kernels on a random and a block-diagonal graph, and its docs table."""
     from benchmarks import edges_crossover
 
-    cmd = [sys.executable, "-m", "benchmarks.edges_crossover", "--smoke", "--out", str(tmp_path), "--repeats=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.edges_crossover",
+        "--smoke",
+        "--out",
+        str(tmp_path),
+        "--repeats=1",
+        "--rounds=1",
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "edges_crossover.json").read_text())
