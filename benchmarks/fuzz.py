@@ -211,20 +211,39 @@ def check(c: Case, attention=None) -> dict:
     try:
         out, grads = _run(c, attention, mask, score, bias, q, k, v, ct)
     except Exception as e:  # noqa: BLE001 (every exception but a refusal is a finding)
-        if isinstance(e, ValueError) and c.implementation is not None and c.implementation in str(e):
-            return row | {"status": "skip", "reason": str(e).splitlines()[0][:200]}
-        error = f"{type(e).__name__}: {e}"[:500]
-        return row | {"status": "crash", "error": error, "trace": traceback.format_exc()[-1500:]}
-    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+        return _failed(row, e, c.implementation)
+    wide = _wide()
     ref, ref_pull = jax.vjp(
         lambda q, k, v: attnlab.attention_reference(q, k, v, mask=mask, bias=bias, score=score),
         *(x.astype(wide) for x in (q, k, v)),
     )
-    errors = [scaled_error(a, e) for a, e in zip((out, *grads), (ref, *ref_pull(ct.astype(wide))), strict=True)]
-    row["errors"] = [round(e, 8) for e in errors]
-    if out.dtype != q.dtype or any(g.dtype != x.dtype for g, x in zip(grads, (q, k, v), strict=True)):
-        return row | {"status": "dtype", "dtypes": [str(x.dtype) for x in (out, *grads)]}
-    return row | {"status": "ok" if max(errors) <= LIMITS[c.dtype] else "mismatch"}
+    return _judge(row, (out, *grads), (ref, *ref_pull(ct.astype(wide))), (q, k, v), c.dtype)
+
+
+def _wide():
+    """The reference's dtype: float64 under ``jax_enable_x64``, else float32."""
+    return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+
+
+def _failed(row: dict, e: BaseException, implementation) -> dict:
+    """A ``ValueError`` that names the implementation asked for is a refusal (``skip``); anything else a ``crash``."""
+    if isinstance(e, ValueError) and implementation is not None and implementation in str(e):
+        return row | {"status": "skip", "reason": str(e).splitlines()[0][:200]}
+    error = f"{type(e).__name__}: {e}"[:500]
+    return row | {"status": "crash", "error": error, "trace": traceback.format_exc()[-1500:]}
+
+
+def _judge(row: dict, got, refs, inputs, dtype: str) -> dict:
+    """``row`` with the scaled ``errors`` of ``got`` (output, then gradients) against ``refs`` (a None
+    reference is skipped) and its status: ``dtype`` when the output or a gradient of ``inputs`` changed
+    dtype, else ``ok`` or ``mismatch`` by ``LIMITS[dtype]``."""
+    errors = [scaled_error(a, e) for a, e in zip(got, refs, strict=True) if e is not None]
+    row = row | {"errors": [round(e, 8) for e in errors]}
+    expected = (inputs[0].dtype, *(x.dtype for x in inputs))  # the output has the queries' dtype
+    kept = got[: len(expected)]
+    if tuple(x.dtype for x in kept) != expected:
+        return row | {"status": "dtype", "dtypes": [str(x.dtype) for x in kept]}
+    return row | {"status": "ok" if max(errors) <= LIMITS[dtype] else "mismatch"}
 
 
 # ------------------------------------------------------------------------------------------
@@ -313,7 +332,7 @@ def check_dropin(c: DropinCase, attention=None) -> dict:
     row = dataclasses.asdict(c)
     q, k, v, ct, kw = build_dropin(c)
     bias = kw.pop("bias", None)
-    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    wide = _wide()
 
     def peer(q, k, v, b):
         return jax.nn.dot_product_attention(q, k, v, b, implementation="xla", **kw)
@@ -335,16 +354,8 @@ def check_dropin(c: DropinCase, attention=None) -> dict:
         out, pull = fn(q, k, v, bias)
         grads = pull(ct.astype(out.dtype))
     except Exception as e:  # noqa: BLE001
-        if isinstance(e, ValueError) and c.implementation is not None and c.implementation in str(e):
-            return row | {"status": "skip", "reason": str(e).splitlines()[0][:200]}
-        error = f"{type(e).__name__}: {e}"[:500]
-        return row | {"status": "crash", "error": error, "trace": traceback.format_exc()[-1500:]}
-    refs = (ref, *ref_pull(ct.astype(wide)))
-    errors = [scaled_error(a, e) for a, e in zip((out, *grads), refs, strict=True) if e is not None]
-    row["errors"] = [round(e, 8) for e in errors]
-    if out.dtype != q.dtype or any(g.dtype != x.dtype for g, x in zip(grads[:3], (q, k, v), strict=True)):
-        return row | {"status": "dtype", "dtypes": [str(x.dtype) for x in (out, *grads[:3])]}
-    return row | {"status": "ok" if max(errors) <= LIMITS[c.dtype] else "mismatch"}
+        return _failed(row, e, c.implementation)
+    return _judge(row, (out, *grads), (ref, *ref_pull(ct.astype(wide))), (q, k, v), c.dtype)
 
 
 TARGETS = {  # --target: (draw, check, what a progress line shows)

@@ -70,6 +70,8 @@ def test_graph_edges_duplicates_are_one_edge():
     m = masks.graph_edges([0, 0, 1], [1, 1, 0], 2)
     assert m.dense(2, 2).astype(int).tolist() == [[0, 1], [1, 0]]
     assert m.block_layout(2, 2, 1, 1).tolist() == [[0, 2], [2, 0]]
+    none = masks.graph_edges(np.zeros(0, int), np.zeros(0, int), 3)  # no edge: every tile EMPTY
+    assert none.block_layout(3, 3, 2, 2).tolist() == [[0, 0], [0, 0]]
 
 
 RNG = np.random.default_rng(42)
