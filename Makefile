@@ -107,7 +107,7 @@ endif
 
 .DEFAULT_GOAL := help
 .PHONY: help install data data-images browser zh-font test test-fast fuzz lint sweep sweep-long sweep-repeat plots \
-	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover edges-crossover dense-fusion tune-cpu gpu-check gpu-wheels compare-main compare-flex compare-plan compare-plan-ids claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
+	bench ring-memory pos pos-zh posenc lm listops images images-epochs molecules karate speech data-speech ring-balance traced-padding packed-docs scores flex flex-avx2 adopt-bench crossover edges-crossover dense-fusion tune-cpu gpu-check gpu-wheels compare-main compare-flex compare-edge-scores compare-plan compare-plan-ids claims detr inspect-demo inspect-memory docs docs-check docs-site notebooks clean
 
 ##@ Setup
 
@@ -377,6 +377,9 @@ compare-main: $(DEPS)  ## CPU before/after: the same attention calls on 160a7db 
 
 compare-flex: $(BENCH_DEPS)  ## make flex's run on 04a795f (before the tile core) and on this tree, alternating, in one run: flex / attnlab then and now (bench extra) -> results/compare-flex/
 	$(PY) -m benchmarks.compare_commits --base 04a795f --bench flex --rounds 2 --out results/compare-flex $(COMPARE_FLAGS)
+
+compare-edge-scores: $(DEPS)  ## make scores' part 3 (scores on a graph's edges) on 083f454 (SoftCap and ScoreMod differentiated by jax on the edges) and this tree, alternating, in one run -> results/compare-edge-scores/
+	$(PY) -m benchmarks.compare_commits --base 083f454 --bench scores-graph --rounds 2 --out results/compare-edge-scores $(COMPARE_FLAGS)
 
 PLAN_CELLS = bigbird 16384 fwd,documents16 known 16384 fwd,documents16 known & causal 16384 fwd,window_2d ±3 16384 (128x128) fwd,window±128 16384 fwd,documents16 4096 fwd
 PLAN_IDS_CELLS = documents16 4096 fwd,documents16 known in any order 16384 fwd,documents16 known cross 16384 fwd,documents16 known 16384 fwd,documents16 known & causal 16384 fwd

@@ -23,6 +23,10 @@ it computes instead of a dispatcher inspecting it:
 * ``score.edge_form()``: the per-edge form ``(q_e [E, K, G, H], k_e [E, K, H], q_idx [E], k_idx [E]) ->
   [E, K, G]`` for the sparse (edge-list) kernel, or None: ``Dot``, ``Additive``, ``SoftCap`` and a
   ``ScoreMod`` that declares its ``head_axes`` have one;
+* ``score.edge_mod()``: for a score that changes the scaled dot product per edge (``Dot``: not at all,
+  ``SoftCap``, a ``ScoreMod`` with ``head_axes``), that change alone, ``(s [E, K, G], q_idx [E], k_idx [E])
+  -> [E, K, G]``, with the dot product's ``score.scale``; their edge form is this on ``_dot_edges``. The
+  sparse kernel computes the dot product and its backward itself and differentiates only this;
 * ``score.is_dot``: derived from the tile form; True for ``Dot(scale)``, the one score the fused
   kernels (cuDNN, splash) compute.
 
@@ -271,6 +275,10 @@ class Score:
     * ``edge_form()``: ``(q_e [E, K, G, H], k_e [E, K, H], q_idx [E], k_idx [E]) -> fp32 [E, K, G]``, one
       logit per edge and query head, for the sparse (edge-list) kernel; ``q_idx`` and ``k_idx`` are the
       edges' receivers and senders (the positions a ``ScoreMod`` reads).
+    * ``edge_mod()``: ``(s [E, K, G], q_idx [E], k_idx [E]) -> fp32 [E, K, G]``, the change such a score makes to
+      each edge's scaled dot product ``s`` (scaled by ``self.scale``, None: ``1/sqrt(H)``), or None where the
+      score is not a change of the dot product (``Additive``). Where it is given, ``edge_form`` is this on the
+      dot product (``_mod_edge_form``).
 
     The score's array leaves (``Additive.w``, ``ScoreMod``'s arrays) reach a kernel as inputs: traced
     values reuse the compiled program and receive gradients.
@@ -283,6 +291,9 @@ class Score:
         return None
 
     def edge_form(self) -> Callable | None:
+        return None
+
+    def edge_mod(self) -> Callable | None:
         return None
 
     @property
@@ -310,13 +321,22 @@ class Dot(Score):
         return DotTile(self.scale)
 
     def edge_form(self):
-        return lambda q_e, k_e, q_idx, k_idx: _dot_edges(q_e, k_e, self.scale)
+        return _mod_edge_form(self)
+
+    def edge_mod(self):
+        return lambda s, q_idx, k_idx: s
 
 
 def _dot_edges(q_e, k_e, scale):
     """The scaled dot product of each edge: q_e ``[E, K, G, H]``, k_e ``[E, K, H]`` -> fp32 ``[E, K, G]``."""
     s = 1.0 / math.sqrt(q_e.shape[-1]) if scale is None else scale
     return jnp.einsum("ekgh,ekh->ekg", q_e, k_e, preferred_element_type=jnp.float32) * jnp.float32(s)
+
+
+def _mod_edge_form(score):
+    """The edge form of a score that changes the scaled dot product per edge: its ``edge_mod`` on ``_dot_edges``."""
+    mod = score.edge_mod()
+    return lambda q_e, k_e, q_idx, k_idx: mod(_dot_edges(q_e, k_e, score.scale), q_idx, k_idx)
 
 
 def _additive_pairs(q: jax.Array, k: jax.Array, w) -> jax.Array:
@@ -445,7 +465,10 @@ class SoftCap(Score):
         return ModTile(self._cap, self.scale, head_axes=(), elementwise=True)
 
     def edge_form(self):
-        return lambda q_e, k_e, q_idx, k_idx: self._cap(_dot_edges(q_e, k_e, self.scale))
+        return _mod_edge_form(self)
+
+    def edge_mod(self):
+        return lambda s, q_idx, k_idx: self._cap(s)
 
     def __call__(self, q, k):
         return self._cap(dot_product(q, k, scale=self.scale))
@@ -528,6 +551,9 @@ class ScoreMod(Score):
         return ModTile(self._mod, self.scale, head_axes=self.head_axes)
 
     def edge_form(self):
+        return None if self.head_axes is None else _mod_edge_form(self)
+
+    def edge_mod(self):
         """``fn`` on the edges' logits as ``s [N, E, 1]``, with ``q_idx`` and ``k_idx`` ``[E, 1]`` (each
         edge's receiver and sender): elementwise, ``fn`` then gives each edge the logit it gives that pair
         in the dense ``[N, T, S]``. Only with ``head_axes`` declared (None otherwise): as in the Pallas
@@ -535,8 +561,7 @@ class ScoreMod(Score):
         if self.head_axes is None:
             return None
 
-        def edge(q_e, k_e, q_idx, k_idx):
-            s = _dot_edges(q_e, k_e, self.scale)  # [E, K, G]
+        def edge(s, q_idx, k_idx):  # s [E, K, G]
             heads_first = s.reshape(s.shape[0], -1).T[:, :, None]  # [N, E, 1]
             out = self.fn(heads_first, q_idx[:, None], k_idx[:, None], *self.arrays)
             if getattr(out, "shape", None) != heads_first.shape:

@@ -96,6 +96,16 @@ BENCHES = {
             "flex / attnlab (host devices)": ("flex_s", "attnlab_devices_s"),
         },
     },
+    # make scores' part 3 alone (scores on a graph's edges): the edge-list kernel against the blockwise one
+    "scores-graph": {
+        "module": "benchmarks.scores",
+        "args": ("--seq_len=0", "--additive_seq_len=0"),
+        "file": "scores.json",
+        "records": "graph",
+        "key": ("score", "mode"),
+        "times": ("sparse_s", "blockwise_s"),
+        "ratios": {"blockwise / sparse": ("blockwise_s", "sparse_s")},
+    },
 }
 
 
@@ -387,8 +397,8 @@ def compare_rows(runs: dict, cells: list[str], measure: str = "run") -> list[dic
 
 
 def _run_bench(tree: Path, spec: dict, out: Path) -> list[dict]:
-    _in_tree(tree, ["-m", spec["module"], f"--out={out}"], spec["module"])
-    return json.loads((out / spec["file"]).read_text())["records"]
+    _in_tree(tree, ["-m", spec["module"], *spec.get("args", ()), f"--out={out}"], spec["module"])
+    return json.loads((out / spec["file"]).read_text())[spec.get("records", "records")]
 
 
 def bench_rows(spec: dict, runs: dict) -> list[dict]:

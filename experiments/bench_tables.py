@@ -242,18 +242,23 @@ def compare_steps(folder, names: tuple) -> str:
     return _md(header, rows) + f"\n{host_line(runs)}\n"
 
 
-def compare_bench(folder, names: tuple) -> str:
-    """``make compare-flex`` (``compare_commits --bench``): per record and ratio, base and head in each run
-    (the runs side by side), from the committed ``names`` JSON."""
+def compare_bench(folder, names: tuple, times: tuple = ()) -> str:
+    """``make compare-flex`` (``compare_commits --bench``): per record and ratio (and each of ``times``, seconds),
+    base and head in each run (the runs side by side), from the committed ``names`` JSON."""
     runs = [json.loads((Path(folder) / n).read_text()) for n in names]
-    base = runs[0]["meta"]["base"]
+    base, keys = runs[0]["meta"]["base"], [k for k in runs[0]["rows"][0] if k not in ("base", "head", "ratios")]
     rows = []
     for i, r in enumerate(runs[0]["rows"]):
-        for ratio in r["ratios"]:
+        label = " ".join(f"{r[k]:,}" if isinstance(r[k], int) else str(r[k]) for k in keys)
+        for t in times:  # the best seconds of each tree, and after / before ("-": a record the base did not write)
+            sides = [(run["rows"][i]["base"].get(t), run["rows"][i]["head"][t]) for run in runs]
+            rows.append([label, t, *(f"- / {h:.3f}" if b is None else f"{b:.3f} / {h:.3f} ({h / b:.2f})"
+                                     for b, h in sides)])  # fmt: skip
+        for ratio in r.get("ratios", {}):
             cells = [f"{run['rows'][i]['ratios'][ratio]['base']:.2f} / {run['rows'][i]['ratios'][ratio]['head']:.2f}"
                      for run in runs]  # fmt: skip
-            rows.append([f"{r['mask']} {r['T']:,}", ratio, *cells])
-    header = ["mask, T", "ratio", *(f"run {k + 1}: {base} / after" for k in range(len(runs)))]
+            rows.append([label, ratio, *cells])
+    header = [", ".join(keys), "ratio", *(f"run {k + 1}: {base} / after" for k in range(len(runs)))]
     return _md(header, rows) + f"\n{host_line(runs)}\n"
 
 

@@ -169,8 +169,9 @@ def test_scores_benchmark_runs_small(tmp_path):
     # part 3: every score on the graph's edges; 256^2 pairs over 2 * 256 edges = 128 pairs per edge, from
     # MIN_PAIRS_PER_EDGE (64) up, so dispatch runs the sparse kernel for each (it takes them all)
     graph = result["graph"]
-    assert [r["score"] for r in graph] == ["dot", "softcap", "alibi_mod", "pair_table_mod"]
-    assert all(r["edges"] == 256 * 2 and r["sparse_s"] > 0 and r["blockwise_s"] > 0 for r in graph)
+    assert [r["score"] for r in graph] == ["dot", "softcap", "alibi_mod", "pair_table_mod", "additive"]
+    assert all(r["edges"] == 256 * 2 and r["sparse_s"] > 0 for r in graph)
+    assert all(r["blockwise_s"] > 0 for r in graph[:4]) and graph[4]["blockwise_s"] is None
     assert {r["dispatch"] for r in graph} == {"sparse"}
     assert [(r["mask"], r["mode"], r["score"]) for r in result["records"]] == [
         (m, mode, s) for m in ("full", "causal") for mode in ("fwd", "fwd+bwd") for s in ("softcap", "alibi_mod")

@@ -101,6 +101,29 @@ def test_bench_rows_take_each_trees_best_and_form_ratios():
     assert row["ratios"]["flex / attnlab (host devices)"] == {"base": 4.0, "head": 3.75}
 
 
+def test_a_record_only_the_head_writes_gets_the_heads_times_alone(tmp_path):
+    """--bench scores-graph: the head's program may time a record (a new score) that the base's does not, and a
+    record may leave a time out (the additive score's blockwise_s): no ratio there, and the table says "-"."""
+    import json
+
+    from experiments import bench_tables
+
+    spec = compare_commits.BENCHES["scores-graph"]
+
+    def rec(score, sparse, blockwise):
+        return {"score": score, "mode": "fwd+bwd", "sparse_s": sparse, "blockwise_s": blockwise}
+
+    runs = {"base": [[rec("dot", 0.3, 1.5)]], "head": [[rec("dot", 0.2, 1.6), rec("additive", 0.5, None)]]}
+    dot, additive = compare_commits.bench_rows(spec, runs)
+    assert dot["ratios"]["blockwise / sparse"] == {"base": 5.0, "head": 8.0}
+    assert additive["base"] == {} and additive["head"] == {"sparse_s": 0.5} and "ratios" not in additive
+    (tmp_path / "c.json").write_text(json.dumps({"meta": {"base": "abc"}, "rows": [dot, additive]}))
+    table = bench_tables.compare_bench(tmp_path, ("c.json",), times=("sparse_s",))
+    assert "| dot fwd+bwd | sparse_s | 0.300 / 0.200 (0.67) |" in table
+    assert "| dot fwd+bwd | blockwise / sparse | 5.00 / 8.00 |" in table
+    assert "| additive fwd+bwd | sparse_s | - / 0.500 |" in table
+
+
 def test_compare_table_names_the_cotangent_of_its_runs(tmp_path):
     """Runs from before ``--cotangent`` (no such field) took the gradient of out.sum(): the table says ones."""
     import json

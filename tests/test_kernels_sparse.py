@@ -11,7 +11,7 @@ import pytest
 from conftest import compare, fwd_and_grads, grad_tol, qkv, tol
 
 import attnlab
-from attnlab import kernels, masks, scores
+from attnlab import kernels, masks, positional, scores
 
 NODES = 23
 
@@ -222,16 +222,73 @@ def test_memory_is_linear_in_edges():
     assert large < 4096 * 4096 * 4, large  # less than one dense fp32 [T, S]
 
 
-def test_edge_chunks_do_not_change_the_result(monkeypatch):
-    # 16-edge chunks: several chunks and a padded last one (the edge count is not a multiple of 16)
+HOPS = jnp.asarray(np.random.default_rng(4).integers(0, 5, (NODES, NODES)), jnp.int32)  # made outside any trace
+
+
+def _graphormer(w):
+    """A Graphormer-style score: a learned bias per head and hop count, read through an integer [T, S] table of
+    hop counts (the table's cotangent is float0)."""
+
+    def bias(s, q_idx, k_idx, hops, w):  # s [N, t, s]; w [N, 5]
+        return s + jnp.moveaxis(w.T[hops[q_idx, k_idx]], -1, 0)  # [t, s, N] -> [N, t, s]
+
+    return scores.ScoreMod(bias, HOPS, w, head_axes=(None, 0))
+
+
+EDGE_SCORES = {
+    "dot": lambda w: scores.Dot(),
+    "softcap": lambda w: scores.SoftCap(1.5),
+    "alibi": lambda w: positional.Alibi().score(slopes=w[:, 0]),
+    "graphormer": _graphormer,
+    "additive": lambda w: scores.Additive(w[:, :4].repeat(2, axis=1)),  # w [N, H]
+}
+
+
+@pytest.mark.parametrize("score_kind", list(EDGE_SCORES))
+def test_edge_chunks_do_not_change_the_result(monkeypatch, score_kind):
+    """16-edge chunks: several chunks and a padded last one (the edge count is not a multiple of 16). The
+    chunked backward sums the score's arrays' cotangents (ALiBi's slopes, a per-head table read through
+    integer hop counts, the additive score's w) over the chunks."""
     from attnlab.kernels import sparse as sparse_lib
 
     edges, adj = _random_edges(8)
     assert edges.senders.shape[0] % 16
     q, k, v = qkv((2, NODES, 4, 8), kv_heads=2, seed=9)
+    w = jax.random.normal(jax.random.key(5), (4, 5), jnp.float32)
+    make = EDGE_SCORES[score_kind]
     monkeypatch.setattr(sparse_lib, "EDGE_CHUNK", 16)
-    out, grads = fwd_and_grads(lambda q, k, v: kernels.sparse_attention(q, k, v, mask=edges), q, k, v)
-    out_r, grads_r = fwd_and_grads(lambda q, k, v: attnlab.attention_reference(q, k, v, mask=masks.graph(adj)), q, k, v)
+
+    def sparse(q, k, v, w):
+        return kernels.sparse_attention(q, k, v, mask=edges, score=make(w))
+
+    def dense(q, k, v, w):
+        return attnlab.attention_reference(q, k, v, mask=masks.graph(adj), score=make(w))
+
+    out, grads = fwd_and_grads(sparse, q, k, v, w)
+    out_r, grads_r = fwd_and_grads(dense, q, k, v, w)
     compare(out, out_r, tol(jnp.float32))
-    for g, g_r in zip(grads, grads_r, strict=True):
+    for g, g_r in zip(grads, grads_r, strict=True):  # dq, dk, dv, dw
         compare(g, g_r, grad_tol(jnp.float32))
+    if score_kind in ("alibi", "graphormer", "additive"):
+        assert np.abs(np.asarray(grads[3])).max() > 1e-3  # the score's arrays are reached
+
+
+def test_every_score_keeps_the_dot_products_memory():
+    """Every score runs the chunked backward (jax differentiates only each chunk's logits): compiled fwd+bwd
+    temp memory within 1.5x of the dot product's, where autodiff of the whole edge form kept every edge's
+    gathered [E, N, H] rows (and the additive score's tanh of them)."""
+
+    def temp_bytes(score, nodes=4096, num_edges=65536):
+        x = jax.ShapeDtypeStruct((nodes, 4, 32), jnp.float32)
+        e = jax.ShapeDtypeStruct((num_edges,), jnp.int32)
+
+        def loss(q, k, v, s, r):
+            return jnp.sum(kernels.sparse_attention(q, k, v, mask=masks.GraphEdges(s, r, nodes), score=score))
+
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        return grad.lower(x, x, x, e, e).compile().memory_analysis().temp_size_in_bytes
+
+    dot = temp_bytes(scores.Dot())
+    slopes = jnp.linspace(0.1, 1.0, 4)
+    for score in (scores.SoftCap(30.0), positional.Alibi().score(slopes=slopes), scores.Additive(jnp.ones(32))):
+        assert temp_bytes(score) < 1.5 * dot, (score, temp_bytes(score), dot)

@@ -30,6 +30,7 @@ import numpy as np
 from attnlab import masks as masks_lib
 from attnlab import platform
 from attnlab.call import Call, bind
+from attnlab.kernels import tile_core
 
 __all__ = ["sparse_attention", "attend"]
 
@@ -52,32 +53,48 @@ def _chunks(senders, receivers, T, S, chunk):
     return s_seg, r_seg, jnp.minimum(s_seg, S - 1), jnp.minimum(r_seg, T - 1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _dot_graph(q, k, v, senders, receivers, scale, chunk):
-    """Dot-product graph attention over edge chunks, with a hand-written chunked backward.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _graph(q, k, v, score, senders, receivers, scale, chunk):
+    """Graph attention over chunks of edges, with a hand-written chunked backward, for any score with an edge
+    form.
 
     q [T, K, G, H], k [S, K, H], v [S, K, Hv] (fp32); senders/receivers [E] -> [T, K, G, Hv].
     Memory: O(E * N) for the per-edge logits and weights, O((T + S) * N * H) for inputs and
     gradients, and O(chunk * N * H) for the gathered rows of one chunk: autodiff of the plain
-    form would keep q[r], k[s] and v[s] for all E edges at once.
+    form would keep q[r], k[s] and v[s] (and the additive score's tanh) for all E edges at once.
+    The backward's softmax and value parts are written out; jax differentiates only each chunk's logits: for a
+    score that changes the scaled dot product (``score.edge_mod()``: ``SoftCap``, a ``ScoreMod``) that change
+    at the dot products kept from the forward, for any other (``Additive``) its edge form at the chunk's rows.
+    Either pullback also gives the cotangents of the score's arrays (slopes, tables, w).
     """
-    return _dot_graph_fwd(q, k, v, senders, receivers, scale, chunk)[0]
+    return _graph_fwd(q, k, v, score, senders, receivers, scale, chunk)[0]
 
 
-def _dot_graph_fwd(q, k, v, senders, receivers, scale, chunk):
+def _edge_dots(q, k, s_i, r_i, scale):
+    """The scaled dot product of one chunk's edges: q [T, K, G, H], k [S, K, H] -> [chunk, K, G]."""
+    return jnp.einsum("ekgh,ekh->ekg", q[r_i], k[s_i]) * scale
+
+
+def _graph_fwd(q, k, v, score, senders, receivers, scale, chunk):
     T, K, G, _ = q.shape
     S, Hv = k.shape[0], v.shape[-1]
     s_seg, r_seg, s_idx, r_idx = _chunks(senders, receivers, T, S, chunk)
-    # pass 1: per-edge logits, one chunk at a time -> [nc, chunk, K, G]
-    logits = jax.lax.map(lambda sr: jnp.einsum("ekgh,ekh->ekg", q[sr[1]], k[sr[0]]) * scale, (s_idx, r_idx))
+    # pass 1: each edge's logits, one chunk at a time -> [nc, chunk, K, G]
+    if score.edge_mod() is None:  # a score of its own (additive): its edge form on the chunk's rows
+        form, dots = score.edge_form(), None
+        logits = jax.lax.map(lambda sr: form(q[sr[1]], k[sr[0]], sr[1], sr[0]), (s_idx, r_idx))
+    else:  # the scaled dot products, and the score's change of them (kept for the backward)
+        logits = dots = jax.lax.map(lambda sr: _edge_dots(q, k, *sr, scale), (s_idx, r_idx))
+        if not score.is_dot:
+            logits = score.edge_mod()(dots.reshape(-1, K, G), r_idx.reshape(-1), s_idx.reshape(-1))
     r_flat = r_seg.reshape(-1)
     logits = logits.reshape(-1, K, G)  # [E', K, G]
     m = jax.ops.segment_max(logits, r_flat, num_segments=T)  # [T, K, G]; -inf where no edge
     m = jnp.where(jnp.isfinite(m), m, 0.0)
-    valid = (r_flat < T)[:, None, None]
-    p = jnp.where(valid, jnp.exp(logits - m[jnp.minimum(r_flat, T - 1)]), 0.0)
-    denom = jax.ops.segment_sum(p, r_flat, num_segments=T)  # [T, K, G], > 0 wherever an edge ends
-    alpha = (p / jnp.where(valid, denom[jnp.minimum(r_flat, T - 1)], 1.0)).reshape(*s_seg.shape, K, G)
+    r_c = jnp.minimum(r_flat, T - 1)
+    p = jnp.where((r_flat < T)[:, None, None], jnp.exp(logits - m[r_c]), 0.0)
+    denom = jax.ops.segment_sum(p, r_flat, num_segments=T)  # [T, K, G]; 0 only where a score set every logit -inf
+    alpha = (p / jnp.where(denom[r_c] > 0, denom[r_c], 1.0)).reshape(*s_seg.shape, K, G)
 
     # pass 2: out = sum over a receiver's edges of alpha_e v[s_e]
     def add_chunk(c, out):
@@ -85,59 +102,64 @@ def _dot_graph_fwd(q, k, v, senders, receivers, scale, chunk):
         return out + jax.ops.segment_sum(msg, r_seg[c], num_segments=T)
 
     out = jax.lax.fori_loop(0, s_seg.shape[0], add_chunk, jnp.zeros((T, K, G, Hv), jnp.float32))
-    return out, (q, k, v, senders, receivers, alpha, out)
+    dots = None if score.is_dot else dots  # the dot product's backward needs no logits
+    return out, (q, k, v, score, senders, receivers, alpha, out, dots)
 
 
-def _dot_graph_bwd(scale, chunk, res, dout):
-    q, k, v, senders, receivers, alpha, out = res
+def _graph_bwd(scale, chunk, res, dout):
+    q, k, v, score, senders, receivers, alpha, out, dots = res
     T, S = q.shape[0], k.shape[0]
     s_seg, r_seg, s_idx, r_idx = _chunks(senders, receivers, T, S, chunk)
     delta = jnp.sum(dout * out, -1)  # [T, K, G] = sum over a receiver's edges of alpha * dalpha
+    leaves, tree = jax.tree_util.tree_flatten(score)
+    own_form = score.edge_mod() is None
 
     def add_chunk(c, grads):
-        dq, dk, dv = grads
+        dq, dk, dv, dleaves = grads
         a, s_i, r_i = alpha[c], s_idx[c], r_idx[c]
         dout_e = dout[r_i]  # [chunk, K, G, Hv]
         dalpha = jnp.einsum("ekgd,ekd->ekg", dout_e, v[s_i])  # d out / d alpha_e
-        dlogit = a * (dalpha - delta[r_i]) * scale  # softmax backward, per receiver
+        ds = a * (dalpha - delta[r_i])  # softmax backward, per receiver: d logits
         dv = dv + jax.ops.segment_sum(jnp.einsum("ekg,ekgd->ekd", a, dout_e), s_seg[c], num_segments=S)
-        dq = dq + jax.ops.segment_sum(dlogit[..., None] * k[s_i][:, :, None, :], r_seg[c], num_segments=T)
-        dk = dk + jax.ops.segment_sum(jnp.einsum("ekg,ekgh->ekh", dlogit, q[r_i]), s_seg[c], num_segments=S)
-        return dq, dk, dv
+        d_ls = ()
+        if own_form:  # the edge form's pullback at the chunk's rows
 
-    zeros = (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v))
-    dq, dk, dv = jax.lax.fori_loop(0, s_seg.shape[0], add_chunk, zeros)
+            def form(q_e, k_e, ls):
+                return tree.unflatten(ls).edge_form()(q_e, k_e, r_i, s_i)
+
+            dq_e, dk_e, d_ls = jax.vjp(form, q[r_i], k[s_i], leaves)[1](ds)
+        else:
+            if dots is not None:  # through the score's change of the dot products
+
+                def mod(ls, s):
+                    return tree.unflatten(ls).edge_mod()(s, r_i, s_i)
+
+                d_ls, ds = jax.vjp(mod, leaves, dots[c])[1](ds)
+            ds = ds * scale
+            dq_e, dk_e = ds[..., None] * k[s_i][:, :, None, :], jnp.einsum("ekg,ekgh->ekh", ds, q[r_i])
+        dq = dq + jax.ops.segment_sum(dq_e, r_seg[c], num_segments=T)
+        dk = dk + jax.ops.segment_sum(dk_e, s_seg[c], num_segments=S)
+        dleaves = [acc + tile_core.f32_cotangent(d, x) for acc, d, x in zip(dleaves, d_ls, leaves, strict=True)]
+        return dq, dk, dv, dleaves
+
+    zeros = (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), [jnp.zeros(x.shape, jnp.float32) for x in leaves])
+    dq, dk, dv, dleaves = jax.lax.fori_loop(0, s_seg.shape[0], add_chunk, zeros)
     zero = np.zeros(senders.shape, jax.dtypes.float0)
-    return dq, dk, dv, zero, zero
+    return dq, dk, dv, tree.unflatten(tile_core.cast_cotangents(dleaves, leaves)), zero, zero
 
 
-_dot_graph.defvjp(_dot_graph_fwd, _dot_graph_bwd)
+_graph.defvjp(_graph_fwd, _graph_bwd)
 
 
-def _one_graph(q, k, v, senders, receivers, *, score_e, scale_dot=None):
+def _one_graph(q, k, v, senders, receivers, *, score):
     """q [T, N, H], k [S, K, H], v [S, K, Hv]; senders/receivers [E] -> [T, N, Hv] fp32."""
     T, N, H = q.shape
-    S, K = k.shape[0], k.shape[1]
+    K = k.shape[1]
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))  # fp32 throughout (XLA:CPU has no half dots)
-    if score_e is None:  # the dot product, with its own backward
-        scale = 1.0 / math.sqrt(H) if scale_dot is None else float(scale_dot)
-        chunk = min(EDGE_CHUNK, max(1, senders.shape[0]))
-        out = _dot_graph(q.reshape(T, K, N // K, H), k, v, senders, receivers, scale, chunk)
-        return out.reshape(T, N, -1)  # [T, K, G, Hv] -> [T, N, Hv]
-    # dropped edges carry the ids (S, T): segment ops ignore them, gathers use clipped ids
-    valid = (receivers < T)[:, None, None]  # [E, 1, 1]
-    r_c, s_c = jnp.minimum(receivers, T - 1), jnp.minimum(senders, S - 1)
-    q_e = q[r_c].reshape(-1, K, N // K, H)  # [E, N, H] -> [E, K, G, H]
-    k_e = k[s_c]  # [E, K, H]
-    logits = score_e(q_e, k_e, r_c, s_c)  # [E, K, G] fp32
-    m = jax.ops.segment_max(logits, receivers, num_segments=T)  # [T, K, G]; -inf where no edge
-    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-    p = jnp.where(valid, jnp.exp(logits - m[r_c]), 0.0)  # [E, K, G]
-    denom = jax.ops.segment_sum(p, receivers, num_segments=T)  # [T, K, G]
-    # each receiver's weights sum to 1; denom is 0 only where every edge's logit is -inf (a score that masks)
-    alpha = p / jnp.where(valid & (denom[r_c] > 0), denom[r_c], 1.0)
-    msg = alpha[..., None] * v[s_c][:, :, None, :]  # [E, K, G, Hv]
-    out = jax.ops.segment_sum(msg, receivers, num_segments=T)  # [T, K, G, Hv]
+    scale = None if score.edge_mod() is None else score.scale  # the dot product's, where the score has one
+    scale = 1.0 / math.sqrt(H) if scale is None else float(scale)
+    chunk = min(EDGE_CHUNK, max(1, senders.shape[0]))
+    out = _graph(q.reshape(T, K, N // K, H), k, v, score, senders, receivers, scale, chunk)
     return out.reshape(T, N, -1)  # [T, K, G, Hv] -> [T, N, Hv]
 
 
@@ -206,15 +228,11 @@ def sparse_attention(q, k, v, *, mask, score="dot", scale=None, bias=None):
 def attend(call: Call):
     """The edge-list kernel on a bound call (``attnlab.call.bind``) that the implementation supports."""
     senders, receivers, _ = call.mask.edge_list()
-    q, k, v, score = call.q, call.k, call.v, call.score
+    q, k, v = call.q, call.k, call.v
     *lead, T, N, H = q.shape
     S, K, Hv = call.S, call.K, call.Hv
-    if score.is_dot:  # the dot product: the chunked custom-vjp path
-        score_e, scale = None, score.scale
-    else:  # any other edge form (additive, soft-capped, a score_mod), differentiated by jax
-        score_e, scale = score.edge_form(), None
     senders, receivers = _valid_edges(senders, receivers, T, S)
-    one = functools.partial(_one_graph, senders=senders, receivers=receivers, score_e=score_e, scale_dot=scale)
+    one = functools.partial(_one_graph, senders=senders, receivers=receivers, score=call.score)
     # [..., T, N, H] -> [B, T, N, H]; vmap adds the batch (the edge list is shared)
     qb, kb, vb = q.reshape(-1, T, N, H), k.reshape(-1, S, K, H), v.reshape(-1, S, K, Hv)
     out = jax.vmap(one)(qb, kb, vb)
