@@ -1,14 +1,14 @@
 r"""Where the edge-list kernel pays off on the CPU: sparse and blockwise on the same graph.
 
 A graph given as ``masks.graph_edges`` runs on the edge-list kernel (``implementation="sparse"``:
-gathers and segment sums, O(E)) or on the blockwise kernel (dense tiles over the graph's non-empty
-64 x 64 blocks, O(visited pairs)). Which is faster depends on how many pairs the blockwise kernel
-visits per edge: ``pairs_per_edge`` = the pairs of the non-empty tiles (``blockwise.visited_share``
-x T x S) over E. This times both on random graphs (no block is empty: the pairs are T x S) of
-growing density and on block-diagonal "molecule" batches (components of 30 nodes), for the dot
-product (the kernel's chunked custom backward) and SoftCap (an edge form differentiated by jax),
-forward+backward (the gradients for a fixed normal output cotangent), 8 heads, H = 64, fp32, in
-alternating rounds (``harness.alternate_best``), outputs checked equal first. Each record has
+gathers and segment sums, O(E)) or on the blockwise kernel (dense tiles over the graph's non-empty 64 x
+64 blocks, O(visited pairs)). Which is faster depends on how many pairs the blockwise kernel visits per
+edge: ``pairs_per_edge`` = the pairs of the non-empty tiles (``blockwise.visited_share`` x T x S) over
+E. This times both on random graphs (no block is empty: the pairs are T x S) of growing density and on
+block-diagonal "molecule" batches (components of 30 nodes), for the dot product and SoftCap (both
+through the kernel's chunked custom backward; SoftCap's change of the dot product differentiated by jax,
+per chunk), forward+backward (the gradients for a fixed normal output cotangent), 8 heads, H = 64, fp32,
+in alternating rounds (``harness.alternate_best``), outputs checked equal first. Each record has
 ``ratio`` = blockwise ms / sparse ms (above 1: sparse is faster) and what ``implementation=None``
 chooses; ``attnlab.impls.sparse.MIN_PAIRS_PER_EDGE`` comes from it.
 

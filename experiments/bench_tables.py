@@ -258,7 +258,11 @@ def compare_bench(folder, names: tuple, times: tuple = ()) -> str:
             cells = [f"{run['rows'][i]['ratios'][ratio]['base']:.2f} / {run['rows'][i]['ratios'][ratio]['head']:.2f}"
                      for run in runs]  # fmt: skip
             rows.append([label, ratio, *cells])
-    header = [", ".join(keys), "ratio", *(f"run {k + 1}: {base} / after" for k in range(len(runs)))]
+    header = [
+        ", ".join(keys),
+        "seconds or ratio" if times else "ratio",
+        *(f"run {k + 1}: {base} / after" for k in range(len(runs))),
+    ]
     return _md(header, rows) + f"\n{host_line(runs)}\n"
 
 

@@ -213,6 +213,15 @@ TABLES: dict[str, Callable[[Path], str]] = {
         BENCH,
         names=("edges_crossover/edges_crossover.json", "edges_crossover_run2/edges_crossover.json"),
     ),
+    "compare-edge-scores": table(
+        "experiments.bench_tables:compare_bench",
+        BENCH,
+        names=("compare_edge_scores/compare_scores-graph.json", "compare_edge_scores_run2/compare_scores-graph.json"),
+        times=("sparse_s",),
+    ),
+    "compare-edge-dot": table(
+        "experiments.bench_tables:compare", BENCH, name="compare_083f454_graph_same_process.json"
+    ),
     "profile-window-costs": table("experiments.bench_tables:call_costs", BENCH, names=PROFILE_RUNS),
     "profile-window-avx2": table("experiments.bench_tables:profile_ops", BENCH, names=PROFILE_RUNS_AVX2),
     "profile-window-costs-avx2": table("experiments.bench_tables:call_costs", BENCH, names=PROFILE_RUNS_AVX2),

@@ -121,7 +121,7 @@ def test_a_record_only_the_head_writes_gets_the_heads_times_alone(tmp_path):
     table = bench_tables.compare_bench(tmp_path, ("c.json",), times=("sparse_s",))
     assert "| dot fwd+bwd | sparse_s | 0.300 / 0.200 (0.67) |" in table
     assert "| dot fwd+bwd | blockwise / sparse | 5.00 / 8.00 |" in table
-    assert "| additive fwd+bwd | sparse_s | - / 0.500 |" in table
+    assert "| additive fwd+bwd | sparse_s | - / 0.500 |" in table and "| score, mode | seconds or ratio |" in table
 
 
 def test_compare_table_names_the_cotangent_of_its_runs(tmp_path):

@@ -10,8 +10,8 @@ __all__ = ["SPARSE", "MIN_PAIRS_PER_EDGE"]
 
 # On the CPU the edge-list kernel pays off where the blockwise kernel would visit at least this many (query,
 # key) pairs (its non-empty 64 x 64 tiles) per edge: `make edges-crossover` (8 heads, H = 64, fwd+bwd) timed
-# either one up to 1.45x ahead at 46-62 pairs per edge, sparse 1.9x or more ahead from 88 and blockwise 1.6x or
-# more at 4-20.
+# sparse ahead at 46 and 62 pairs per edge (up to 1.64x) and blockwise at 60, sparse 1.85x or more ahead from 88
+# and blockwise 1.39x or more at 4-20 (docs/kernels.md).
 MIN_PAIRS_PER_EDGE = 64
 
 
