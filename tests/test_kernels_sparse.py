@@ -171,6 +171,23 @@ def test_a_score_mod_that_masks_every_edge_of_a_node_gives_it_zeros():
         compare(g, g_r, grad_tol(jnp.float32))
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_a_score_mod_may_hold_a_python_number(jit):
+    """A ScoreMod's arrays may be plain Python numbers (a temperature): the chunked backward reads each leaf's
+    shape and dtype, which jax's literal for a Python float lacks until it is made an array."""
+    edges, adj = _random_edges(2)
+    q, k, v = qkv((NODES, 2, 8), seed=6)
+    score = scores.ScoreMod(lambda s, q_idx, k_idx, t: s * t, 0.5, head_axes=(None,))
+
+    def grads(impl, mask):
+        loss = lambda q, k, v: jnp.sum(attnlab.attention(q, k, v, mask=mask, score=score, implementation=impl) ** 2)  # noqa: E731
+        run = jax.grad(loss, argnums=(0, 1, 2))
+        return (jax.jit(run) if jit else run)(q, k, v)
+
+    for g, g_r in zip(grads("sparse", edges), grads("reference", masks.graph(adj)), strict=True):
+        compare(g, g_r, grad_tol(jnp.float32))
+
+
 def test_a_score_mod_needs_its_head_axes_on_the_edges():
     """Without head_axes the edges cannot know how fn's arrays meet the heads: dispatch passes it by."""
     q, k, v = qkv((NODES, 2, 8))

@@ -112,6 +112,7 @@ def _graph_bwd(scale, chunk, res, dout):
     s_seg, r_seg, s_idx, r_idx = _chunks(senders, receivers, T, S, chunk)
     delta = jnp.sum(dout * out, -1)  # [T, K, G] = sum over a receiver's edges of alpha * dalpha
     leaves, tree = jax.tree_util.tree_flatten(score)
+    leaves = [jnp.asarray(x) for x in leaves]  # a Python number among a ScoreMod's arrays: shape (), weak dtype
     own_form = score.edge_mod() is None
 
     def add_chunk(c, grads):
