@@ -378,8 +378,8 @@ compare-main: $(DEPS)  ## CPU before/after: the same attention calls on 160a7db 
 compare-flex: $(BENCH_DEPS)  ## make flex's run on 04a795f (before the tile core) and on this tree, alternating, in one run: flex / attnlab then and now (bench extra) -> results/compare-flex/
 	$(PY) -m benchmarks.compare_commits --base 04a795f --bench flex --rounds 2 --out results/compare-flex $(COMPARE_FLAGS)
 
-compare-edge-scores: $(DEPS)  ## make scores' part 3 (scores on a graph's edges) on 083f454 (SoftCap and ScoreMod differentiated by jax on the edges) and this tree, alternating, in one run -> results/compare-edge-scores/
-	$(PY) -m benchmarks.compare_commits --base 083f454 --bench scores-graph --rounds 2 --out results/compare-edge-scores $(COMPARE_FLAGS)
+compare-edge-scores: $(DEPS)  ## this tree's make scores part 3 (scores on a graph's edges) on 083f454's attnlab (every non-dot score differentiated by jax on the edges) and on this tree's, alternating, in one run -> results/compare-edge-scores/
+	$(PY) -m benchmarks.compare_commits --base 083f454 --bench scores-graph --program head --rounds 2 --out results/compare-edge-scores $(COMPARE_FLAGS)
 
 PLAN_CELLS = bigbird 16384 fwd,documents16 known 16384 fwd,documents16 known & causal 16384 fwd,window_2d ±3 16384 (128x128) fwd,window±128 16384 fwd,documents16 4096 fwd
 PLAN_IDS_CELLS = documents16 4096 fwd,documents16 known in any order 16384 fwd,documents16 known cross 16384 fwd,documents16 known 16384 fwd,documents16 known & causal 16384 fwd

@@ -111,7 +111,7 @@ BENCHES = {
 
 def define_flags():
     """Defines the command-line flags; only when run as a program (tests import this module beside others)."""
-    global _BASE, _HEAD, _ROUNDS, _REPEATS, _CELLS, _OUT, _WORKER, _BENCH, _COTANGENT, _SAME_PROCESS, _MEASURE
+    global _BASE, _HEAD, _ROUNDS, _REPEATS, _CELLS, _OUT, _WORKER, _BENCH, _PROGRAM, _COTANGENT, _SAME_PROCESS, _MEASURE
     _BASE = flags.DEFINE_string("base", "160a7db", "The commit to compare against.")
     _HEAD = flags.DEFINE_string("head", ".", "The tree to compare ('.' = this working tree) or a commit.")
     _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds (each tree times every cell once per round).")
@@ -120,6 +120,11 @@ def define_flags():
     _OUT = flags.DEFINE_string("out", "results/compare", "Output folder for compare.json.")
     _WORKER = flags.DEFINE_string("worker", None, "Internal: time the cells with the attnlab on PYTHONPATH.")
     _BENCH = flags.DEFINE_enum("bench", None, list(BENCHES), "Run this benchmark program in each tree instead.")
+    _PROGRAM = flags.DEFINE_enum(
+        "program", "own", ["own", "head"],
+        "--bench: each tree runs its own copy of the program (own), or both run the head tree's copy, each on its "
+        "own attnlab (head: times what the base's copy lacks, e.g. a new cell, with the base's kernels).",
+    )  # fmt: skip
     _COTANGENT = flags.DEFINE_enum(
         "cotangent", "random", ["random", "ones"],
         "fwd+bwd cells: the output's cotangent, a fixed normal array, or ones (the gradient of out.sum(), which "
@@ -303,9 +308,9 @@ def _main_same_process():
          "{median:.3f} ({min:.3f}-{max:.3f})".format(**r["round_ratios"])] for r in rows]))  # fmt: skip
 
 
-def _in_tree(tree: Path, args: list[str], what: str) -> str:
-    """``python <args>`` with ``tree`` as the working directory and on PYTHONPATH -> its stdout."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
+def _in_tree(tree: Path, args: list[str], what: str, path: tuple = ()) -> str:
+    """``python <args>`` with ``tree`` as the working directory and on PYTHONPATH (after ``path``) -> its stdout."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, (*path, tree))))
     res = subprocess.run([sys.executable, *args], env=env, cwd=tree, capture_output=True, text=True, check=False)
     if res.returncode:
         raise RuntimeError(f"compare_commits: {what} in {tree} failed:\n{res.stderr[-3000:]}")
@@ -334,14 +339,14 @@ def _trees(tmp: Path):
 
 
 def _alternate(run) -> tuple[dict, str, str]:
-    """``run(tree, out folder)`` on the base and head trees in ``--rounds`` alternating rounds (base first in
+    """``run(tree, out folder, head tree)`` on the base and head trees in ``--rounds`` alternating rounds (base first in
     even rounds) -> ``({"base": [...], "head": [...]}, base name, head name)``; worktrees removed after."""
     runs = {"base": [], "head": []}
     with tempfile.TemporaryDirectory() as tmp, _trees(Path(tmp)) as (paths, names):
         for r in range(_ROUNDS.value):
             for side in ("base", "head") if r % 2 == 0 else ("head", "base"):
                 t0 = time.perf_counter()
-                runs[side].append(run(paths[side], Path(tmp) / f"out-{side}-{r}"))
+                runs[side].append(run(paths[side], Path(tmp) / f"out-{side}-{r}", paths["head"]))
                 print(f"round {r + 1}/{_ROUNDS.value} {side}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return runs, names["base"], names["head"]
 
@@ -371,7 +376,7 @@ def main(argv):
             raise app.UsageError("--measure=trace times each tree in its own fresh process: drop --same_process")
         _main_same_process()
         return
-    runs, base_name, head_name = _alternate(lambda tree, out: _run(tree, _CELLS.value, _REPEATS.value))
+    runs, base_name, head_name = _alternate(lambda tree, out, head: _run(tree, _CELLS.value, _REPEATS.value))
     rows = compare_rows(runs, _CELLS.value, _MEASURE.value)
     from benchmarks import harness  # noqa: PLC0415  (this tree's; the worker never imports it)
 
@@ -396,8 +401,16 @@ def compare_rows(runs: dict, cells: list[str], measure: str = "run") -> list[dic
     return rows
 
 
-def _run_bench(tree: Path, spec: dict, out: Path) -> list[dict]:
-    _in_tree(tree, ["-m", spec["module"], *spec.get("args", ()), f"--out={out}"], spec["module"])
+def _run_bench(tree: Path, spec: dict, out: Path, program: Path | None = None) -> list[dict]:
+    """The benchmark program of ``tree`` (or of ``program``, with ``tree``'s attnlab first on the path) -> its
+    records."""
+    args, path = ["-m", spec["module"], *spec.get("args", ()), f"--out={out}"], ()
+    if program and program != tree:  # a folder holding only a link to this tree's attnlab, before the program's
+        link = out.parent / f"attnlab-of-{out.name}"
+        link.mkdir(parents=True, exist_ok=True)
+        (link / "attnlab").symlink_to(tree / "attnlab", target_is_directory=True)
+        path, tree = (link,), program
+    _in_tree(tree, args, spec["module"], path)
     return json.loads((out / spec["file"]).read_text())[spec.get("records", "records")]
 
 
@@ -423,10 +436,11 @@ def bench_rows(spec: dict, runs: dict) -> list[dict]:
 def _main_bench(spec: dict):
     from benchmarks import harness  # noqa: PLC0415
 
-    runs, base_name, head_name = _alternate(lambda tree, out: _run_bench(tree, spec, out))
+    head_program = _PROGRAM.value == "head"
+    runs, base_name, head_name = _alternate(lambda tree, out, head: _run_bench(tree, spec, out, head_program and head))
     rows = bench_rows(spec, runs)
     meta = harness.run_record() | {"base": base_name, "head": head_name, "rounds": _ROUNDS.value}
-    meta["bench"] = spec["module"]
+    meta["bench"], meta["program"] = spec["module"], _PROGRAM.value
     harness.write_json(Path(_OUT.value) / f"compare_{_BENCH.value}.json", {"meta": meta, "rows": rows, "runs": runs})
     header = [*spec["key"], "ratio", f"base {base_name}", f"head {head_name}"]
     table = [[*(str(r[k]) for k in spec["key"]), name, f"{v['base']:.2f}", f"{v['head']:.2f}"]
