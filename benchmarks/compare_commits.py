@@ -309,8 +309,8 @@ def _main_same_process():
 
 
 def _in_tree(tree: Path, args: list[str], what: str, path: tuple = ()) -> str:
-    """``python <args>`` with ``tree`` as the working directory and on PYTHONPATH (after ``path``) -> its stdout."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, (*path, tree))))
+    """``python <args>`` with ``tree`` as the working directory and on PYTHONPATH (then ``path``) -> its stdout."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, (tree, *path))))
     res = subprocess.run([sys.executable, *args], env=env, cwd=tree, capture_output=True, text=True, check=False)
     if res.returncode:
         raise RuntimeError(f"compare_commits: {what} in {tree} failed:\n{res.stderr[-3000:]}")
@@ -405,11 +405,13 @@ def _run_bench(tree: Path, spec: dict, out: Path, program: Path | None = None) -
     """The benchmark program of ``tree`` (or of ``program``, with ``tree``'s attnlab first on the path) -> its
     records."""
     args, path = ["-m", spec["module"], *spec.get("args", ()), f"--out={out}"], ()
-    if program and program != tree:  # a folder holding only a link to this tree's attnlab, before the program's
+    if program and program != tree:
+        # run in a folder that holds only a link to this tree's attnlab, with the program's tree on the path after
+        # it (`python -m` puts the working directory first, so the program's tree must not be it)
         link = out.parent / f"attnlab-of-{out.name}"
         link.mkdir(parents=True, exist_ok=True)
         (link / "attnlab").symlink_to(tree / "attnlab", target_is_directory=True)
-        path, tree = (link,), program
+        path, tree = (program,), link
     _in_tree(tree, args, spec["module"], path)
     return json.loads((out / spec["file"]).read_text())[spec.get("records", "records")]
 

@@ -124,6 +124,33 @@ def test_a_record_only_the_head_writes_gets_the_heads_times_alone(tmp_path):
     assert "| additive fwd+bwd | sparse_s | - / 0.500 |" in table and "| score, mode | seconds or ratio |" in table
 
 
+def test_the_head_program_runs_on_the_base_attnlab(tmp_path):
+    """--program head: the base's run is the head tree's program importing the base tree's attnlab (in real
+    subprocesses: ``python -m`` puts the working directory first on the path), the head's run its own."""
+    spec = {"module": "benchmarks.probe", "file": "probe.json", "records": "graph"}
+    base, head = tmp_path / "base", tmp_path / "head"
+    for tree in (base, head):
+        (tree / "attnlab").mkdir(parents=True)
+        (tree / "attnlab" / "__init__.py").write_text(f"TREE = {tree.name!r}\n")
+        (tree / "benchmarks").mkdir()
+        (tree / "benchmarks" / "__init__.py").write_text("")
+        record = f"{{'program': {tree.name!r}, 'attnlab': attnlab.TREE}}"
+        (tree / "benchmarks" / "probe.py").write_text(
+            "import json, pathlib, sys\nimport attnlab\n"
+            "out = pathlib.Path(sys.argv[-1].removeprefix('--out='))\nout.mkdir(parents=True)\n"
+            f"(out / 'probe.json').write_text(json.dumps({{'graph': [{record}]}}))\n"
+        )
+
+    def ran(tree, program=None):
+        (rec,) = compare_commits._run_bench(tree, spec, tmp_path / f"out-{tree.name}-{len(list(tmp_path.iterdir()))}",
+                                            program)  # fmt: skip
+        return rec["program"], rec["attnlab"]
+
+    assert ran(base, head) == ("head", "base")  # --program head: the head's program on the base's attnlab
+    assert ran(head, head) == ("head", "head")
+    assert ran(base) == ("base", "base")  # --program own
+
+
 def test_compare_table_names_the_cotangent_of_its_runs(tmp_path):
     """Runs from before ``--cotangent`` (no such field) took the gradient of out.sum(): the table says ones."""
     import json
