@@ -216,7 +216,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "compare-edge-scores": table(
         "experiments.bench_tables:compare_bench",
         BENCH,
-        names=("compare_edge_scores/compare_scores-graph.json", "compare_edge_scores_run2/compare_scores-graph.json"),
+        names=tuple(f"compare_edge_scores{run}/compare_scores-graph.json" for run in ("", "_run2", "_run3")),
         times=("sparse_s",),
     ),
     "compare-edge-dot": table(
