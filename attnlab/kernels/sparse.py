@@ -29,6 +29,7 @@ import numpy as np
 
 from attnlab import masks as masks_lib
 from attnlab import platform
+from attnlab import scores as scores_lib
 from attnlab.call import Call, bind
 from attnlab.kernels import tile_core
 
@@ -71,8 +72,9 @@ def _graph(q, k, v, score, senders, receivers, scale, chunk):
 
 
 def _edge_dots(q, k, s_i, r_i, scale):
-    """The scaled dot product of one chunk's edges: q [T, K, G, H], k [S, K, H] -> [chunk, K, G]."""
-    return jnp.einsum("ekgh,ekh->ekg", q[r_i], k[s_i]) * scale
+    """The scaled dot product of one chunk's edges (the scores' own ``_dot_edges`` on the gathered rows):
+    q [T, K, G, H], k [S, K, H] -> [chunk, K, G]."""
+    return scores_lib._dot_edges(q[r_i], k[s_i], scale)
 
 
 def _graph_fwd(q, k, v, score, senders, receivers, scale, chunk):
