@@ -338,8 +338,10 @@ flex-avx2: $(BENCH_DEPS)  ## make flex with both sides' generated code capped at
 crossover: $(DEPS)  ## where blockwise starts to pay off on the CPU: dense xla vs blockwise on the same masked calls, T = 128..1024, 3 shapes, fp32/bf16, fwd and fwd+bwd (~20 min) -> results/crossover/crossover.json
 	$(PY) -m benchmarks.crossover --out results/crossover
 
-edges-crossover: $(DEPS)  ## where the edge-list kernel pays off on the CPU: sparse vs blockwise on the same graph (random and block-diagonal, dot and SoftCap, fwd+bwd; ~5 min) -> results/edges_crossover/edges_crossover.json
-	$(PY) -m benchmarks.edges_crossover --out results/edges_crossover
+EDGES_CROSSOVER_OUT ?= results/edges_crossover
+EDGES_CROSSOVER_FLAGS ?=
+edges-crossover: $(DEPS)  ## where the edge-list kernel pays off on the CPU: sparse vs blockwise on the same graph (random and block-diagonal, dot and SoftCap, fwd+bwd, 8 heads of 64; ~5 min; other heads: EDGES_CROSSOVER_FLAGS="--heads=4 --head_dim=16") -> $(EDGES_CROSSOVER_OUT)/edges_crossover.json
+	$(PY) -m benchmarks.edges_crossover --out $(EDGES_CROSSOVER_OUT) $(EDGES_CROSSOVER_FLAGS)
 
 dense-fusion: $(DEPS)  ## dense XLA on the CPU: the fused program vs jax.nn's mapped one (and jax.nn), B x N x T x H, fwd and fwd+bwd: where impls.xla.FUSED_MAX_ROWS comes from (~15 min) -> results/dense_fusion/dense_fusion.json
 	$(PY) -m benchmarks.dense_fusion --out results/dense_fusion $(DENSE_FUSION_FLAGS)

@@ -17,10 +17,10 @@ others were skipped::
 
 Per-backend order (``ORDER``):
 
-* cpu: sparse (where the blockwise kernel's non-empty tiles hold at least ``MIN_PAIRS_PER_EDGE`` = 64 pairs
-  per edge: its ``pays_off``) -> blockwise (from 512 x 512 pairs, or when the mask has an EMPTY tile, unless
-  its non-empty tiles still cover more than half the pairs, with K == N or below 256 x 256 pairs) -> xla
-  -> reference
+* cpu: sparse (where the blockwise kernel's non-empty tiles hold at least ``min_pairs_per_edge(H)`` pairs per
+  edge, from 16 at H <= 16 to 64 from H = 64: its ``pays_off``) -> blockwise (from 512 x 512 pairs, or when
+  the mask has an EMPTY tile, unless its non-empty tiles still cover more than half the pairs, with K == N or
+  below 256 x 256 pairs) -> xla -> reference
 * gpu: sparse -> cudnn -> mosaic (where a tuning table times it faster than pallas: its ``pays_off``) -> pallas
   (but additive scores: its ``pays_off``) -> xla (where the dense fp32 logits
   fit in ``XLA_MAX_LOGITS_BYTES``)

@@ -7,12 +7,13 @@ edge: ``pairs_per_edge`` = the pairs of the non-empty tiles (``blockwise.visited
 E. This times both on random graphs (no block is empty: the pairs are T x S) of growing density and on
 block-diagonal "molecule" batches (components of 30 nodes), for the dot product and SoftCap (both
 through the kernel's chunked custom backward; SoftCap's change of the dot product differentiated by jax,
-per chunk), forward+backward (the gradients for a fixed normal output cotangent), 8 heads, H = 64, fp32,
-in alternating rounds (``harness.alternate_best``), outputs checked equal first. Each record has
-``ratio`` = blockwise ms / sparse ms (above 1: sparse is faster) and what ``implementation=None``
-chooses; ``attnlab.impls.sparse.MIN_PAIRS_PER_EDGE`` comes from it.
+per chunk), forward+backward (the gradients for a fixed normal output cotangent), 8 heads, H = 64 (other
+head shapes with ``--heads`` / ``--head_dim``), fp32, in alternating rounds (``harness.alternate_best``),
+outputs checked equal first. Each record has ``ratio`` = blockwise ms / sparse ms (above 1: sparse is
+faster) and what ``implementation=None`` chooses; ``attnlab.impls.sparse.MIN_PAIRS_PER_EDGE`` (per H) comes from it.
 
     make edges-crossover                                    # -> results/edges_crossover/edges_crossover.json
+    make edges-crossover EDGES_CROSSOVER_FLAGS="--heads=4 --head_dim=16" EDGES_CROSSOVER_OUT=results/ec_4x16
     PYTHONPATH=. python -m benchmarks.edges_crossover --smoke --out /tmp/ec   # seconds
 
 Figure: the table ``edges_crossover`` in docs/kernels.md (``python -m experiments.docs --write``).
@@ -32,7 +33,7 @@ from attnlab import masks, scores
 from attnlab.impls.blockwise import visited_share
 from benchmarks import cases, harness
 
-_OUT = _SMOKE = _REPEATS = _ROUNDS = None
+_OUT = _SMOKE = _REPEATS = _ROUNDS = _HEADS = _HEAD_DIM = None
 
 
 def _components(count: int, size: int, degree: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -66,11 +67,13 @@ def _nodes(graph: str) -> int:
 
 def define_flags():
     """The command line's flags (defined when run as a program, so importing this module defines none)."""
-    global _OUT, _SMOKE, _REPEATS, _ROUNDS
+    global _OUT, _SMOKE, _REPEATS, _ROUNDS, _HEADS, _HEAD_DIM
     _OUT = flags.DEFINE_string("out", "results/edges_crossover", "Folder for edges_crossover.json.")
-    _SMOKE = flags.DEFINE_bool("smoke", False, "One small graph per kind, tiny heads (for the test).")
+    _SMOKE = flags.DEFINE_bool("smoke", False, "One small graph per kind, tiny heads unless named (for the test).")
     _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed calls per round.")
     _ROUNDS = flags.DEFINE_integer("rounds", 2, "Alternating rounds.")
+    _HEADS = flags.DEFINE_integer("heads", N, "Query (= key) heads.")
+    _HEAD_DIM = flags.DEFINE_integer("head_dim", H, "H, the head dimension.")
 
 
 def cell(graph, score_name, *, rounds, repeats, heads=N, head_dim=H):
@@ -111,7 +114,10 @@ def main(_):
             f"ratio {rec['ratio']:5.2f}  chosen {rec['chosen']}"
         )
 
-    size = dict(heads=2, head_dim=16) if _SMOKE.value else {}
+    def named_or(flag, smoke_value):  # --smoke: tiny heads unless the command line names them
+        return flag.value if flag.present or not _SMOKE.value else smoke_value
+
+    size = dict(heads=named_or(flags.FLAGS["heads"], 2), head_dim=named_or(flags.FLAGS["head_dim"], 16))
     measure = functools.partial(cell, rounds=_ROUNDS.value, repeats=_REPEATS.value, **size)
     harness.sweep(grid, measure, f"{_OUT.value}/edges_crossover.json", line)
 

@@ -157,23 +157,26 @@ def edges_crossover(folder, names: tuple) -> str:
     """``make edges-crossover`` (``benchmarks.edges_crossover``): the blockwise kernel's time over the edge-list
     kernel's on the same graph (above 1: sparse faster), per graph and score, as the range over the committed
     runs ``names`` (paths under ``folder``), with the pairs of the non-empty tiles per edge and what CPU dispatch
-    runs (``impls.sparse.MIN_PAIRS_PER_EDGE``, as the code has it now)."""
-    from attnlab.impls.sparse import MIN_PAIRS_PER_EDGE  # noqa: PLC0415
+    runs (``impls.sparse.min_pairs_per_edge``, as the code has it now). Runs at several head shapes (heads x H)
+    get a column per score and shape, and one per shape for what dispatch runs."""
+    from attnlab.impls.sparse import min_pairs_per_edge  # noqa: PLC0415
 
     files = [json.loads((Path(folder) / n).read_text()) for n in names]
     records = [r for d in files for r in d["records"]]
     graphs = list(dict.fromkeys(r["graph"] for r in records))
-    score_names = list(dict.fromkeys(r["score"] for r in records))
+    shapes = list(dict.fromkeys((r["heads"], r["H"]) for r in records))
+    columns = list(dict.fromkeys((r["score"], r["heads"], r["H"]) for r in records))
     rows = []
     for g in graphs:
         first = next(r for r in records if r["graph"] == g)
-        ratios = [_span([r["ratio"] for r in records if (r["graph"], r["score"]) == (g, s)]) for s in score_names]
-        runs = "sparse" if first["pairs_per_edge"] >= MIN_PAIRS_PER_EDGE else "blockwise"
-        rows.append([g, f"{first['edges']:,}", f"{first['pairs_per_edge']:.1f}", *ratios, runs])
-    header = [
-        "graph (nodes x edges per node)",
-        "edges",
-        "pairs per edge",
-        *(f"{s}: blockwise / sparse" for s in score_names),
-    ]
-    return _md(header + ["dispatch runs"], rows) + f"{host_line(files)}\n"
+        cells = [
+            [r["ratio"] for r in records if (r["graph"], r["score"], r["heads"], r["H"]) == (g, *c)] for c in columns
+        ]
+        ratios = [_span(c) if c else "-" for c in cells]
+        runs = ["sparse" if first["pairs_per_edge"] >= min_pairs_per_edge(h) else "blockwise" for _, h in shapes]
+        rows.append([g, f"{first['edges']:,}", f"{first['pairs_per_edge']:.1f}", *ratios, *runs])
+    header = ["graph (nodes x edges per node)", "edges", "pairs per edge"]
+    shape = lambda n, h: f", {n} x {h}" if len(shapes) > 1 else ""  # noqa: E731
+    header += [f"{s}{shape(n, h)}: blockwise / sparse" for s, n, h in columns]
+    header += [f"dispatch runs{shape(n, h)}" for n, h in shapes]
+    return _md(header, rows) + f"{host_line(files)}\n"

@@ -213,6 +213,15 @@ TABLES: dict[str, Callable[[Path], str]] = {
         BENCH,
         names=("edges_crossover/edges_crossover.json", "edges_crossover_run2/edges_crossover.json"),
     ),
+    "edges-crossover-shapes": table(
+        "experiments.dispatch_tables:edges_crossover",
+        BENCH,
+        names=tuple(
+            f"edges_crossover_{shape}{run}/edges_crossover.json"
+            for shape in ("4x16", "4x32", "2x128")
+            for run in ("", "_run2")
+        ),
+    ),
     "compare-edge-scores": table(
         "experiments.bench_tables:compare_bench",
         BENCH,

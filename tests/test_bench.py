@@ -167,7 +167,7 @@ def test_scores_benchmark_runs_small(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "scores.json").read_text())
     # part 3: every score on the graph's edges; 256^2 pairs over 2 * 256 edges = 128 pairs per edge, from
-    # MIN_PAIRS_PER_EDGE (64) up, so dispatch runs the sparse kernel for each (it takes them all)
+    # min_pairs_per_edge(H) (at most 64) up, so dispatch runs the sparse kernel for each (it takes them all)
     graph = result["graph"]
     assert [r["score"] for r in graph] == ["dot", "softcap", "alibi_mod", "pair_table_mod", "additive"]
     assert all(r["edges"] == 256 * 2 and r["sparse_s"] > 0 for r in graph)

@@ -80,7 +80,9 @@ def test_dense_fusion_benchmark_runs_small(tmp_path):
 
 @pytest.mark.slow
 def test_edges_crossover_benchmark_runs_small(tmp_path):
-    """`make edges-crossover` --smoke: both kernels on a random and a block-diagonal graph, and its docs table."""
+    """`make edges-crossover` --smoke: both kernels on a random and a block-diagonal graph at the head shape the
+    command names, and its docs table (a column per score, and per head shape where the runs have several)."""
+    from attnlab.impls.sparse import min_pairs_per_edge
     from benchmarks import edges_crossover
 
     cmd = [
@@ -92,11 +94,14 @@ def test_edges_crossover_benchmark_runs_small(tmp_path):
         str(tmp_path),
         "--repeats=1",
         "--rounds=1",
+        "--heads=3",
+        "--head_dim=8",
     ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "edges_crossover.json").read_text())
     recs = result["records"]
+    assert {(r["heads"], r["H"]) for r in recs} == {(3, 8)}
     assert [(r["graph"], r["score"]) for r in recs] == [
         (g, s) for g in ("random 256 x4", "molecules 8 x 30 x3") for s in ("dot", "softcap")
     ]
@@ -109,3 +114,21 @@ def test_edges_crossover_benchmark_runs_small(tmp_path):
     assert (s // 30 == r // 30).all() and len(s) == 64 * 30 * 4  # edges stay inside their component
     table = dispatch_tables.edges_crossover(tmp_path, ("edges_crossover.json",))
     assert "| random 256 x4 | 1,280 | 51.2 |" in table and table.count("|\n") == 4
+    assert "| dot: blockwise / sparse | softcap: blockwise / sparse |" in table
+    # a second run at another head shape, with only the random graph's dot cell: its own column, "-" elsewhere
+    other = dict(result, records=[dict(recs[0], heads=4, H=16, ratio=0.5)])
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    table = dispatch_tables.edges_crossover(tmp_path, ("edges_crossover.json", "other.json"))
+    head = "| dot, 3 x 8: blockwise / sparse | softcap, 3 x 8: blockwise / sparse | dot, 4 x 16: blockwise / sparse |"
+    assert head in table
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:-1]]
+    rows = {c[0]: c[1:] for c in cells}
+    runs = {r["graph"]: "sparse" if r["pairs_per_edge"] >= min_pairs_per_edge(8) else "blockwise" for r in recs}
+    dot = {r["graph"]: f"{r['ratio']:.2f}" for r in recs if r["score"] == "dot"}
+    # cells: edges, pairs per edge, dot / softcap at 3 x 8, dot at 4 x 16, what dispatch runs at 3 x 8 and 4 x 16
+    assert rows["random 256 x4"][2] == dot["random 256 x4"] and rows["random 256 x4"][4:] == [
+        "0.50",
+        "sparse",
+        "sparse",
+    ]
+    assert rows["molecules 8 x 30 x3"][4:] == ["-", runs["molecules 8 x 30 x3"], runs["molecules 8 x 30 x3"]]

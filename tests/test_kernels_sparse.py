@@ -62,16 +62,18 @@ def test_matches_dense_graph_fwd_and_grad(score_kind, kv_heads, dtype):
 
 
 def test_dispatch_takes_sparse_where_the_blockwise_tiles_hold_many_pairs_per_edge():
-    """On the CPU sparse pays off from MIN_PAIRS_PER_EDGE pairs of the blockwise kernel's non-empty tiles per
+    """On the CPU sparse pays off from min_pairs_per_edge(H) pairs of the blockwise kernel's non-empty tiles per
     edge (random graphs: T x S pairs; traced edges too); on a GPU whenever it supports the call."""
-    from attnlab.impls.sparse import MIN_PAIRS_PER_EDGE
+    from attnlab.impls.sparse import MIN_PAIRS_PER_EDGE, min_pairs_per_edge
     from benchmarks.cases import random_graph
 
+    assert [min_pairs_per_edge(h) for h in (8, 16, 17, 32, 33, 64, 128)] == [16, 16, 32, 32, 64, 64, 64]
+    assert MIN_PAIRS_PER_EDGE[-1] == (np.inf, 64)
     T = 1024
     q = jax.ShapeDtypeStruct((1, T, 8, 64), jnp.float32)
     for degree, chosen in ((4, "sparse"), (16, "blockwise")):  # 205 and 60 pairs per edge (with self loops)
         senders, receivers = random_graph(T, degree)
-        assert (T * T >= MIN_PAIRS_PER_EDGE * len(senders)) == (chosen == "sparse")
+        assert (T * T >= 64 * len(senders)) == (chosen == "sparse")
         for score in ("dot", scores.SoftCap(30.0)):
             edges = masks.graph_edges(senders, receivers, T)
             assert attnlab.explain(q, q, q, mask=edges, score=score).implementation == chosen
@@ -83,7 +85,19 @@ def test_dispatch_takes_sparse_where_the_blockwise_tiles_hold_many_pairs_per_edg
             receivers,
         )
         assert seen[0].implementation == chosen
-    assert "from 64 pairs per edge" in seen[0].reason("sparse") and "(here 60.2:" in seen[0].reason("sparse")
+    assert "from 64 pairs per edge (at H = 64)" in seen[0].reason("sparse") and "(here 60.2:" in seen[0].reason(
+        "sparse"
+    )
+    # smaller heads: the blockwise kernel's per-pair softmax weighs more, so sparse pays off from fewer pairs per edge
+    senders, receivers = random_graph(T, 16)  # 60.2 pairs per edge
+    for h, chosen in ((16, "sparse"), (32, "sparse"), (48, "blockwise")):
+        small = jax.ShapeDtypeStruct((1, T, 4, h), jnp.float32)
+        explained = attnlab.explain(small, small, small, mask=masks.graph_edges(senders, receivers, T))
+        assert explained.implementation == chosen, (h, explained)
+    senders, receivers = random_graph(T, 64)  # 15.8 pairs per edge: below even H = 16's threshold
+    small = jax.ShapeDtypeStruct((1, T, 4, 16), jnp.float32)
+    explained = attnlab.explain(small, small, small, mask=masks.graph_edges(senders, receivers, T))
+    assert explained.implementation == "blockwise"
     # a block-diagonal batch of small graphs: the tiles off the diagonal are EMPTY, so few pairs per edge
     blocks = np.repeat(np.arange(16) * 64, 64 * 8) + np.random.default_rng(0).integers(0, 64, (2, 16 * 64 * 8))
     edges = masks.graph_edges(blocks[0], blocks[1], T)

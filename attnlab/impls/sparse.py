@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import math
+
 from attnlab.impls.base import Implementation
 from attnlab.impls.blockwise import visited_share
 from attnlab.kernels import sparse as kernel
 
-__all__ = ["SPARSE", "MIN_PAIRS_PER_EDGE"]
+__all__ = ["SPARSE", "MIN_PAIRS_PER_EDGE", "min_pairs_per_edge"]
 
 # On the CPU the edge-list kernel pays off where the blockwise kernel would visit at least this many (query,
-# key) pairs (its non-empty 64 x 64 tiles) per edge: `make edges-crossover` (8 heads, H = 64, fwd+bwd) timed
-# sparse ahead at 46 and 62 pairs per edge (up to 1.64x) and blockwise at 60, sparse 1.85x or more ahead from 88
-# and blockwise 1.39x or more at 4-20 (docs/kernels.md).
-MIN_PAIRS_PER_EDGE = 64
+# key) pairs (its non-empty 64 x 64 tiles) per edge, by head dimension: (the largest H a row covers, pairs per
+# edge). The blockwise kernel's work per pair (the softmax's) does not shrink with H as the edges' gathers do.
+# `make edges-crossover` (fwd+bwd, dot and SoftCap, two runs per head shape; docs/kernels.md): at 4 heads of 16
+# sparse 1.41x or more ahead from 20 pairs per edge, even at 16 (0.77-0.98); at 8 heads of 64 and 2 of 128
+# sparse 1.85x or more ahead from 88, blockwise ahead at 60 and sparse at 62 (up to 1.64x), blockwise 1.39x or
+# more at 4-20.
+MIN_PAIRS_PER_EDGE = ((16, 16), (32, 32), (math.inf, 64))
+
+
+def min_pairs_per_edge(head_dim: int) -> int:
+    """The pairs per edge from which the edge-list kernel pays off on the CPU at head dimension ``head_dim``."""
+    return next(pairs for largest, pairs in MIN_PAIRS_PER_EDGE if head_dim <= largest)
 
 
 class Sparse(Implementation):
@@ -38,17 +48,19 @@ class Sparse(Implementation):
         return None
 
     def pays_off(self, call, backend):
-        """On the CPU: where the blockwise kernel would visit ``MIN_PAIRS_PER_EDGE`` pairs per edge or more
+        """On the CPU: where the blockwise kernel would visit ``min_pairs_per_edge(H)`` pairs per edge or more
         (from the shapes and the edges' block layout; traced edges: every pair). Elsewhere always."""
         if backend != "cpu":
             return None
         edges = call.mask.edge_list()[0].shape[0]
         pairs = visited_share(call.mask, call.T, call.S, backend) * call.T * call.S
-        if pairs >= MIN_PAIRS_PER_EDGE * edges:
+        threshold = min_pairs_per_edge(call.H)
+        if pairs >= threshold * edges:
             return None
         return (
-            f"pays off on cpu from {MIN_PAIRS_PER_EDGE} pairs per edge in the blockwise kernel's non-empty tiles "
-            f"(here {pairs / max(edges, 1):.1f}: {edges} edges among {call.T} nodes): blockwise or dense is faster"
+            f"pays off on cpu from {threshold} pairs per edge (at H = {call.H}) in the blockwise kernel's non-empty "
+            f"tiles (here {pairs / max(edges, 1):.1f}: {edges} edges among {call.T} nodes): blockwise or dense is "
+            "faster"
         )
 
     def run(self, call):
