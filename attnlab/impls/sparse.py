@@ -14,9 +14,9 @@ __all__ = ["SPARSE", "MIN_PAIRS_PER_EDGE", "min_pairs_per_edge"]
 # key) pairs (its non-empty 64 x 64 tiles) per edge, by head dimension: (the largest H a row covers, pairs per
 # edge). The blockwise kernel's work per pair (the softmax's) does not shrink with H as the edges' gathers do.
 # `make edges-crossover` (fwd+bwd, dot and SoftCap, two runs per head shape; docs/kernels.md): at 4 heads of 16
-# sparse 1.41x or more ahead from 20 pairs per edge, even at 16 (0.77-0.98); at 8 heads of 64 and 2 of 128
-# sparse 1.85x or more ahead from 88, blockwise ahead at 60 and sparse at 62 (up to 1.64x), blockwise 1.39x or
-# more at 4-20.
+# sparse 1.41x or more ahead from 20 pairs per edge, blockwise ahead or even at 16; at 4 heads of 32 sparse
+# ahead at 46 and 62, blockwise at 60 and at 4-20; at 8 heads of 64 and 2 of 128 sparse 1.85x or more ahead
+# from 88, either kernel ahead at 46-62 (the rule costs up to 1.64x there), blockwise at 4-20.
 MIN_PAIRS_PER_EDGE = ((16, 16), (32, 32), (math.inf, 64))
 
 
