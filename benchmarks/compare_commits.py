@@ -438,8 +438,10 @@ def bench_rows(spec: dict, runs: dict) -> list[dict]:
 def _main_bench(spec: dict):
     from benchmarks import harness  # noqa: PLC0415
 
-    head_program = _PROGRAM.value == "head"
-    runs, base_name, head_name = _alternate(lambda tree, out, head: _run_bench(tree, spec, out, head_program and head))
+    def run(tree, out, head):  # --program head: both trees run the head tree's program
+        return _run_bench(tree, spec, out, head if _PROGRAM.value == "head" else None)
+
+    runs, base_name, head_name = _alternate(run)
     rows = bench_rows(spec, runs)
     meta = harness.run_record() | {"base": base_name, "head": head_name, "rounds": _ROUNDS.value}
     meta["bench"], meta["program"] = spec["module"], _PROGRAM.value

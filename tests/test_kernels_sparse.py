@@ -85,9 +85,8 @@ def test_dispatch_takes_sparse_where_the_blockwise_tiles_hold_many_pairs_per_edg
             receivers,
         )
         assert seen[0].implementation == chosen
-    assert "from 64 pairs per edge (at H = 64)" in seen[0].reason("sparse") and "(here 60.2:" in seen[0].reason(
-        "sparse"
-    )
+    reason = seen[0].reason("sparse")
+    assert "from 64 pairs per edge (at H = 64)" in reason and "(here 60.2:" in reason
     # smaller heads: the blockwise kernel's per-pair softmax weighs more, so sparse pays off from fewer pairs per edge
     senders, receivers = random_graph(T, 16)  # 60.2 pairs per edge
     for h, chosen in ((16, "sparse"), (32, "sparse"), (48, "blockwise")):
